@@ -1,0 +1,1 @@
+"""Verbatim desktop app (PySide6). A thin layer over `engine`."""

@@ -1,0 +1,1 @@
+"""Verbatim engine: models, templating, generation, prompt cache, persistence. No Qt here."""
