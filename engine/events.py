@@ -84,6 +84,8 @@ class CacheReport:
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
     model_key: str = ""
+    identical: Optional[bool] = None  # equal to the previous generation of the same prompt+settings
+    first_diff: Optional[int] = None  # first differing token index when not identical
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,210 @@
+"""The engine facade that the CLI and the GUI both use.
+
+One `Engine` per worker thread: MLX streams are thread-local, so the model, its caches and
+every array must be created on the thread that uses them (DESIGN.md). The GUI runs an Engine
+on its worker thread; the CLI and tests use it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .events import CancelToken, Comparison, EventCallback, GenerationResult
+from .generation import LoadedModel, generate
+from .prompt_cache import PromptCache
+from .settings import DEFAULT_CHUNK, GenerationRequest, validate_messages
+
+DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of snapshots kept in memory
+
+
+class EngineError(Exception):
+    """An error a user can cause (bad model, bad input): one clear line, no traceback."""
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    path: str
+    key: str
+    model_type: str
+    layers: int
+    cache_classes: list[str]
+    kv_bits: Optional[int]
+    load_s: float
+
+
+class Engine:
+    def __init__(
+        self,
+        cache_dir: Optional[Path] = None,
+        use_disk: bool = True,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        chunk: int = DEFAULT_CHUNK,
+        disk_budget: Optional[int] = None,
+    ) -> None:
+        if chunk < 1:
+            raise EngineError("chunk size must be at least 1")
+        self.chunk = chunk
+        disk = None
+        if use_disk:
+            disk = _open_disk_tier(cache_dir, disk_budget)
+        self.cache = PromptCache(memory_budget, disk)
+        self.lm: Optional[LoadedModel] = None
+        self.info: Optional[ModelInfo] = None
+        # Last reply per (prompt, settings): lets a report say whether a regenerate was identical.
+        self._previous: dict[tuple, tuple[list[int], list[float]]] = {}
+
+    # -- models ------------------------------------------------------------------------------
+    def load(
+        self,
+        spec: str,
+        progress: Optional[Callable[[float, str], None]] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> ModelInfo:
+        """Load a model: an MLX folder, a `.gguf` file, `demo`, or a repo id in the HF cache."""
+        from mlx_lm import load as mlx_load
+
+        t0 = time.perf_counter()
+        folder = _resolve(spec, progress, cancel)
+        options = _engine_options(folder)
+        try:
+            model, tokenizer = mlx_load(str(folder))
+        except Exception as e:  # mlx-lm raises many kinds; all mean "this folder is not usable"
+            raise EngineError(f"cannot load model from {folder}: {e}") from e
+        key = _model_key(folder, {**options, "chunk": self.chunk})
+        eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        self.lm = LoadedModel(
+            model=model,
+            tokenizer=tokenizer,
+            path=str(folder),
+            name=_display_name(spec, folder),
+            key=key,
+            kv_bits=options.get("kv_bits"),
+            kv_group_size=int(options.get("kv_group_size", 64)),
+            eos_ids=eos,
+        )
+        cache = self.lm.new_cache()
+        self.info = ModelInfo(
+            name=self.lm.name,
+            path=str(folder),
+            key=key,
+            model_type=getattr(getattr(model, "args", None), "model_type", type(model).__module__.split(".")[-1]),
+            layers=len(cache),
+            cache_classes=[type(c).__name__ for c in cache],
+            kv_bits=self.lm.kv_bits,
+            load_s=time.perf_counter() - t0,
+        )
+        return self.info
+
+    # -- generation ----------------------------------------------------------------------------
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        from .templating import render_prompt
+
+        return render_prompt(self._lm().tokenizer, validate_messages(messages))
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        on_event: Optional[EventCallback] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> GenerationResult:
+        lm = self._lm()
+        request = replace(request, messages=validate_messages(request.messages))
+        prompt = self.prompt_ids(request.messages)
+        result = generate(lm, request, self.cache, self.chunk, on_event, cancel, prompt=prompt)
+        if result.finish_reason != "cancelled":
+            k = (lm.key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
+            prev = self._previous.get(k)
+            if prev is not None:
+                cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
+                result.report.identical = cmp.identical
+                result.report.first_diff = cmp.first_diff
+            self._previous[k] = (result.tokens, result.logprobs)
+        return result
+
+    def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
+        """Re-run `request` with no cache at all and compare with `result`."""
+        cold = generate(self._lm(), replace(request, use_cache=False), None, self.chunk, None, cancel,
+                        prompt=self.prompt_ids(request.messages))
+        return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
+
+    # -- cache ---------------------------------------------------------------------------------
+    def cache_stats(self) -> dict[str, Any]:
+        return self.cache.stats()
+
+    def clear_cache(self) -> None:
+        self.cache.clear()
+        self._previous.clear()
+
+    def close(self) -> None:
+        disk = self.cache.disk
+        if disk is not None and hasattr(disk, "close"):
+            disk.close()
+
+    def _lm(self) -> LoadedModel:
+        if self.lm is None:
+            raise EngineError("no model loaded")
+        return self.lm
+
+
+# -- helpers: model resolution, identity and the disk tier (their own modules own the details)
+
+
+def _resolve(spec: str, progress: Any, cancel: Any) -> Path:
+    try:
+        from .models import ModelError, resolve_model
+    except ImportError:  # models module not present yet: plain folders only
+        folder = Path(spec).expanduser()
+        if not (folder / "config.json").is_file():
+            raise EngineError(f"not a model folder (no config.json): {folder}")
+        return folder
+    try:
+        return Path(resolve_model(spec, progress=progress, cancel=cancel))
+    except ModelError as e:
+        raise EngineError(str(e)) from e
+
+
+def _model_key(folder: Path, options: dict[str, Any]) -> str:
+    try:
+        from .model_key import model_key
+    except ImportError:
+        import hashlib
+
+        h = hashlib.sha256()
+        for f in sorted(folder.glob("*.safetensors")):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update((folder / "config.json").read_bytes())
+        h.update(json.dumps(options, sort_keys=True).encode())
+        return h.hexdigest()[:32]
+    return model_key(folder, options)
+
+
+def _engine_options(folder: Path) -> dict[str, Any]:
+    """Cache-affecting options stored beside a model (verbatim.json), e.g. KV quantization."""
+    f = folder / "verbatim.json"
+    if not f.is_file():
+        return {}
+    try:
+        opts = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise EngineError(f"bad {f}: {e}") from e
+    return {k: opts[k] for k in ("kv_bits", "kv_group_size") if k in opts}
+
+
+def _display_name(spec: str, folder: Path) -> str:
+    return "SmolLM2-135M-Instruct (demo)" if spec == "demo" else folder.name
+
+
+def _open_disk_tier(cache_dir: Optional[Path], budget: Optional[int]) -> Any:
+    try:
+        from .disk_cache import DiskCache
+    except ImportError:
+        return None
+    return DiskCache(cache_dir, budget_bytes=budget)

@@ -1,0 +1,275 @@
+"""The generation loop: restore, aligned chunked prefill, last token alone, seeded decode.
+
+Our own loop rather than mlx-lm's `generate_step` because the cache needs control between
+prefill and decode: snapshots at exact points, the last prompt token forwarded alone even on
+a cache hit, and chunks cut at absolute positions so warm and cold runs forward the same
+widths (the only way a reused cache gives bit-identical logprobs, see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+
+from .events import CacheReport, CancelToken, GenerationResult, PrefillProgress, TokenEvent
+from .prompt_cache import (
+    PromptCache,
+    Snapshot,
+    SnapshotMeta,
+    _arrays,
+    cache_nbytes,
+    clone_cache,
+    describe_layers,
+    is_trimmable,
+    layer_offset,
+    new_snapshot_id,
+)
+from .sampling import Sampler
+from .settings import GenerationRequest
+from .templating import TextStream, render_prompt
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to generate: created on the worker thread that will use it."""
+
+    model: Any
+    tokenizer: Any
+    path: str
+    name: str
+    key: str  # model identity + every cache-affecting option; snapshots never cross keys
+    kv_bits: Optional[int] = None
+    kv_group_size: int = 64
+    eos_ids: set[int] = field(default_factory=set)
+
+    def new_cache(self) -> list[Any]:
+        cache = make_prompt_cache(self.model)
+        if self.kv_bits:
+            cache = [
+                QuantizedKVCache(group_size=self.kv_group_size, bits=self.kv_bits) if type(c) is KVCache else c
+                for c in cache
+            ]
+        return cache
+
+
+def chunk_bounds(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) cut at absolute multiples of `chunk`."""
+    out = []
+    pos = start
+    while pos < end:
+        stop = min((pos // chunk + 1) * chunk, end)
+        out.append((pos, stop))
+        pos = stop
+    return out
+
+
+def _eval_cache(cache: Sequence[Any]) -> None:
+    mx.eval([a for c in cache for a in _arrays(c.state)])
+
+
+def _needs_boundary_checkpoints(cache: Sequence[Any]) -> bool:
+    # Plain KV caches can be cut back from the pre-last snapshot; rings and SSM state cannot.
+    return not all(isinstance(c, (KVCache, QuantizedKVCache)) for c in cache)
+
+
+class Cancelled(Exception):
+    pass
+
+
+def generate(
+    lm: LoadedModel,
+    request: GenerationRequest,
+    prompt_cache: Optional[PromptCache],
+    chunk: int,
+    on_event: Optional[Callable[[Any], None]] = None,
+    cancel: Optional[CancelToken] = None,
+    prompt: Optional[list[int]] = None,
+) -> GenerationResult:
+    t0 = time.perf_counter()
+    emit = on_event or (lambda e: None)
+    is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
+    prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages)
+    n_prompt = len(prompt)
+    settings = request.sampler
+    report = CacheReport(
+        prompt_tokens=n_prompt,
+        mode=request.mode,
+        chunk_size=chunk,
+        sampler=settings.to_dict(),
+        seed=settings.seed,
+        model_key=lm.key,
+    )
+    use_cache = request.use_cache and prompt_cache is not None
+
+    # -- restore -----------------------------------------------------------------------------
+    cache: Optional[list[Any]] = None
+    restored = 0
+    src_canonical = 0
+    exact_restore = True  # the restored state equals a cold run's at `restored`
+    if use_cache:
+        plan, cache = prompt_cache.fetch(lm.key, prompt, request.mode, chunk)
+        report.matched = plan.matched
+        report.declines = plan.declines
+        if cache is not None and plan.meta is not None:
+            restored = plan.reuse
+            report.stored = plan.meta.length
+            report.partial = restored < plan.meta.length
+            report.source = plan.source
+            src_canonical = plan.meta.canonical
+            exact_restore = (restored % chunk == 0 and restored <= plan.meta.canonical) or (
+                plan.meta.prefill_exact and restored == plan.meta.prefill_end == n_prompt - 1
+            )
+    if cache is None:
+        cache = lm.new_cache()
+    report.restored = restored
+    report.layers = describe_layers(cache)
+    report.layer_offsets = [layer_offset(c) for c in cache]
+    assert restored <= n_prompt - 1, "never restore the whole prompt"
+
+    # Exactness of what this generation's prefill will compute (see prompt_cache docstring).
+    if exact_restore:
+        canonical = (n_prompt - 1) // chunk * chunk
+    else:
+        canonical = min(restored, src_canonical) // chunk * chunk
+    boundary = (n_prompt - 1) // chunk * chunk
+    want_boundary = use_cache and _needs_boundary_checkpoints(cache) and restored < boundary < n_prompt - 1
+    classes = tuple(type(c).__name__ for c in cache)
+
+    def snapshot(kind: str, tokens: Sequence[int], cache_now: list[Any]) -> None:
+        if not use_cache or not tokens:
+            return
+        snap_cache = clone_cache(cache_now)
+        meta = SnapshotMeta(
+            id=new_snapshot_id(),
+            model_key=lm.key,
+            tokens=tuple(tokens),
+            kind=kind,
+            canonical=min(canonical, len(tokens)) // chunk * chunk,
+            prefill_end=n_prompt - 1,
+            prefill_exact=exact_restore and len(tokens) >= n_prompt - 1,
+            classes=classes,
+            trimmable=is_trimmable(snap_cache),
+            nbytes=cache_nbytes(snap_cache),
+        )
+        prompt_cache.put(Snapshot(meta, snap_cache))
+        report.snapshots_stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
+
+    # -- prefill prompt[restored:-1] in aligned chunks ------------------------------------
+    t_prefill = time.perf_counter()
+    emit(PrefillProgress(restored, n_prompt))
+    for start, end in chunk_bounds(restored, n_prompt - 1, chunk):
+        if is_cancelled():
+            # What is in the cache is complete up to `start`: keep it only if it is exact.
+            if start % chunk == 0 and start <= canonical and start > restored:
+                snapshot("partial", prompt[:start], cache)
+            return _finish(lm, report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
+        lm.model(mx.array([prompt[start:end]]), cache=cache)
+        _eval_cache(cache)
+        report.chunks.append([start, end])
+        emit(PrefillProgress(end, n_prompt))
+        if want_boundary and end == boundary:
+            snapshot("boundary", prompt[:boundary], cache)
+    if use_cache and restored < n_prompt - 1:
+        snapshot("pre-last", prompt[:-1], cache)
+
+    # -- the last prompt token, alone; then decode ---------------------------------------
+    report.chunks.append([n_prompt - 1, n_prompt])
+    report.prefill_tokens = n_prompt - restored
+    sampler = Sampler(settings)
+    use_history = settings.repetition_penalty != 1.0
+    history = mx.array(prompt[-settings.repetition_context :]) if use_history else None
+    stream = TextStream(lm.tokenizer, lm.eos_ids)
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    fed: list[int] = list(prompt)  # what the cache holds once pending forwards are evaluated
+    finish = "length"
+    sent = ""  # text already handed to on_event
+    final_text: Optional[str] = None
+    t_first: Optional[float] = None
+
+    def step(token_in: mx.array) -> tuple[mx.array, mx.array]:
+        logits = lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
+        return sampler(logits, history)
+
+    if is_cancelled():
+        return _finish(lm, report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
+    y, lp = step(mx.array([prompt[-1]]))
+    mx.async_eval(y, lp)
+    max_tokens = settings.max_tokens
+    while len(tokens) < max_tokens:
+        # Schedule the next forward before reading this token (overlaps host and device work),
+        # unless this is the last token we may produce.
+        last_allowed = len(tokens) + 1 >= max_tokens
+        if not last_allowed:
+            if use_history:
+                history = mx.concatenate([history, y])
+            next_y, next_lp = step(y)
+            mx.async_eval(next_y, next_lp)
+        token, logprob = int(y.item()), float(lp.item())
+        if not last_allowed:
+            fed.append(token)
+        if t_first is None:
+            t_first = time.perf_counter()
+        tokens.append(token)
+        logprobs.append(logprob)
+        stream.add(token)
+        if token in lm.eos_ids:
+            finish = "stop"
+            break
+        stop_at = _find_stop(stream.text, request.stop)
+        if stop_at is not None:
+            finish, final_text = "stop", stream.text[:stop_at]
+            break
+        if len(stream.text) > len(sent):
+            emit(TokenEvent(len(tokens) - 1, token, logprob, stream.text[len(sent) :]))
+            sent = stream.text
+        if is_cancelled():
+            finish = "cancelled"
+            break
+        if not last_allowed:
+            y, lp = next_y, next_lp
+    if final_text is None:
+        stream.flush()
+        final_text = stream.text
+    if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
+        emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :]))
+    _eval_cache(cache)
+    if use_cache and tokens:
+        assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
+        snapshot("end", fed, cache)
+    return _finish(lm, report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text)
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
+    hits = [text.find(s) for s in stops if s]
+    hits = [h for h in hits if h >= 0]
+    return min(hits) if hits else None
+
+
+def _finish(
+    lm: LoadedModel,
+    report: CacheReport,
+    prompt: list[int],
+    tokens: list[int],
+    logprobs: list[float],
+    finish: str,
+    seed: int,
+    t0: float,
+    t_prefill: float,
+    t_first: Optional[float],
+    text: Optional[str],
+) -> GenerationResult:
+    now = time.perf_counter()
+    if t_first is not None:
+        report.ttft_s = t_first - t0
+        prefill_s = t_first - t_prefill
+        report.prefill_tps = report.prefill_tokens / prefill_s if prefill_s > 0 else 0.0
+        if len(tokens) > 1 and now > t_first:
+            report.decode_tps = (len(tokens) - 1) / (now - t_first)
+    if text is None:
+        text = ""
+    return GenerationResult(text, tokens, logprobs, finish, seed, prompt, report)  # type: ignore[arg-type]
