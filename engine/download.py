@@ -1,0 +1,105 @@
+"""Download an MLX model repo from the Hugging Face hub into the standard HF cache.
+
+Only what mlx-lm needs (config/tokenizer JSON and safetensors) is fetched: no pickles, no code.
+Progress comes from huggingface_hub's tqdm hook (bytes and files), and the same hook checks the
+cancel token, so a cancel stops the download at the next reported chunk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from engine.gguf import CancelLike, Cancelled
+from engine.models import ModelError, check_folder
+
+Progress = Callable[[float, str], None]
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.tiktoken", "*.txt"]
+
+
+def _tqdm_class(progress: Optional[Progress], cancel: Optional[CancelLike]) -> Any:
+    from tqdm.auto import tqdm
+
+    class Hook(tqdm):  # type: ignore[misc]
+        """huggingface_hub's file-count bar, turned into progress callbacks and cancel checks."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True  # we report ourselves; no terminal bar
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled("download cancelled")
+            out = super().update(n)
+            if progress and self.total:
+                if self.unit == "B":  # the aggregate byte bar
+                    done = f"{self.n / 1e6:.1f}/{self.total / 1e6:.1f} MB"
+                else:
+                    done = f"{int(self.n)}/{int(self.total)} files"
+                progress(min(self.n / self.total, 1.0), f"downloaded {done}")
+            return out
+
+    return Hook
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """Connection-level error classes of whichever HTTP client huggingface_hub uses."""
+    import importlib
+
+    found: list[type[BaseException]] = []
+    for mod in ("httpx2", "httpx", "requests"):
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue
+        for attr in ("TransportError", "ConnectionError", "Timeout"):
+            cls = getattr(m, attr, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                found.append(cls)
+    return tuple(found)
+
+
+def download_model(repo_id: str, progress: Optional[Progress] = None, cancel: Optional[CancelLike] = None,
+                   revision: Optional[str] = None, cache_dir: Optional[Path] = None) -> Path:
+    """Fetch `org/name` (MLX format) and return its snapshot folder; ModelError on failure."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub import errors as hf_errors
+
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ModelError(f"not a Hugging Face repo id (expected org/name): {repo_id!r}")
+    if cancel is not None and cancel.cancelled:
+        raise Cancelled("download cancelled")
+    if progress:
+        progress(0.0, f"downloading {repo_id}")
+    try:
+        folder = snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=cache_dir,
+            allow_patterns=ALLOW_PATTERNS,
+            tqdm_class=_tqdm_class(progress, cancel),
+        )
+    except Cancelled:
+        raise
+    except hf_errors.GatedRepoError:
+        raise ModelError(f"{repo_id} is gated: accept its license on huggingface.co and log in (hf auth login)") from None
+    except hf_errors.RepositoryNotFoundError:
+        raise ModelError(f"repository {repo_id} not found on the Hugging Face hub") from None
+    except hf_errors.RevisionNotFoundError:
+        raise ModelError(f"revision {revision!r} not found in {repo_id}") from None
+    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled, *_transport_errors(), OSError) as e:
+        # offline (no route, DNS, proxy, HF_HUB_OFFLINE) and nothing cached to fall back on
+        root = e.__cause__ or e
+        msg = (str(root).strip().splitlines() or [""])[0].removeprefix("Got: ")
+        msg = f"{type(root).__name__}: {msg}" if msg else type(root).__name__
+        raise ModelError(f"cannot reach the Hugging Face hub: {msg}") from None
+    except hf_errors.HfHubHTTPError as e:
+        raise ModelError(f"the Hugging Face hub refused {repo_id}: {str(e).splitlines()[0]}") from None
+    folder = Path(folder)
+    try:
+        check_folder(folder)
+    except ModelError as e:
+        raise ModelError(f"{repo_id} is not an MLX model repo: {e}") from None
+    if progress:
+        progress(1.0, "done")
+    return folder
