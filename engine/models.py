@@ -225,11 +225,15 @@ def folder_entry(folder: Path, source: str, name: Optional[str] = None) -> Optio
 
 def gguf_entry(path: Path, source: str = "gguf") -> Optional[ModelEntry]:
     """A not-yet-imported GGUF, described from its header (cheap: no tensors read)."""
+    from engine.gguf import SUPPORTED_ARCHITECTURES, SUPPORTED_TYPES
+
     try:
         g = read_gguf(path)
         arch = g.architecture
     except GGUFError:
         return None
+    if arch not in SUPPORTED_ARCHITECTURES or any(t.ggml_type not in SUPPORTED_TYPES for t in g.tensors.values()):
+        return None  # listed models must be usable; `import` explains what is unsupported
     types: dict[str, int] = {}
     for t in g.tensors.values():
         types[t.type_name] = types.get(t.type_name, 0) + t.nbytes
