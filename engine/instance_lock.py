@@ -27,7 +27,10 @@ class InstanceLockedError(RuntimeError):
 
 @dataclass
 class InstanceLock:
-    """A held lock; release it (or let the process end) to free the data dir."""
+    """A held lock; release it (or let the process end) to free the data dir.
+
+    Deliberately no __del__: an app that drops the object keeps the lock until it exits, which is
+    the safe direction."""
 
     path: Path
     _fd: Optional[int] = field(default=None, repr=False)
@@ -50,12 +53,6 @@ class InstanceLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-    def __del__(self) -> None:  # a forgotten lock must not outlive its object
-        try:
-            self.release()
-        except OSError:
-            pass
 
 
 def lock_path(data_dir: Union[str, Path]) -> Path:

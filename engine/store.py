@@ -33,7 +33,7 @@ import threading
 import time
 from array import array
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
@@ -50,6 +50,8 @@ ASSISTANT_FIELDS = (
 )  # fmt: skip
 _JSON_FIELDS = ("sampler", "cache_report", "timings")
 EXPORT_FORMAT = "verbatim.conversation"
+# Message fields written to JSON as they are; ids are replaced by file-local ones.
+_EXPORTED_FIELDS = ("role", "content", "created_at", "status", *ASSISTANT_FIELDS)
 EXPORT_VERSION = 1
 
 
@@ -290,7 +292,10 @@ class ConversationStore:
         if self.read_only and not self.path.exists():
             raise StoreError(f"No conversation database at {where}.")
         if not self.read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"Cannot create the data folder {self.path.parent}: {e}") from e
         mode = "ro" if self.read_only else "rwc"
         try:
             conn = sqlite3.connect(
@@ -307,7 +312,10 @@ class ConversationStore:
                 conn.execute("PRAGMA query_only = ON")
             else:
                 conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = FULL")  # a returned commit survives power loss
+                # A returned commit survives power loss: fsync per commit, and on macOS F_FULLFSYNC
+                # (plain fsync there does not flush the drive's cache). A few ms per commit.
+                conn.execute("PRAGMA synchronous = FULL")
+                conn.execute("PRAGMA fullfsync = ON")
                 conn.execute("PRAGMA foreign_keys = ON")
                 self._upgrade(conn)
                 # A row still "generating" was being written by a process that died (we hold the
@@ -410,7 +418,9 @@ class ConversationStore:
 
     # ---- conversations
 
-    def create_conversation(self, title: str = "New conversation", settings: Optional[dict[str, Any]] = None) -> Conversation:
+    def create_conversation(
+        self, title: str = "New conversation", settings: Optional[dict[str, Any]] = None
+    ) -> Conversation:
         now = time.time()
         with self._tx() as c:
             cur = c.execute(
@@ -759,7 +769,7 @@ class ConversationStore:
             },  # fmt: skip
             "messages": [
                 {
-                    **{k: v for k, v in asdict(m).items() if k not in ("id", "conversation_id", "parent_id", "active_child_id")},
+                    **{k: getattr(m, k) for k in _EXPORTED_FIELDS},
                     "id": local[m.id],
                     "parent": local.get(m.parent_id),
                     "active_child": local.get(m.active_child_id),
@@ -797,7 +807,9 @@ class ConversationStore:
                 ids[m["id"]] = c.execute(f"INSERT INTO messages ({names}) VALUES ({marks})", cols).lastrowid
             for m in msgs:
                 if m["active_child"] is not None:
-                    c.execute("UPDATE messages SET active_child_id = ? WHERE id = ?", (ids[m["active_child"]], ids[m["id"]]))
+                    c.execute(
+                        "UPDATE messages SET active_child_id = ? WHERE id = ?", (ids[m["active_child"]], ids[m["id"]])
+                    )
             c.execute(
                 "UPDATE conversations SET active_root_id = ? WHERE id = ?", (ids.get(conv["active_root"]), new_conv)
             )
@@ -913,7 +925,8 @@ def _check_export(doc: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         seen[mid] = m
     for m in seen.values():
         ch = m["active_child"]
-        check(ch is None or (ch in seen and seen[ch]["parent"] == m["id"]), f"message id {m['id']} has an invalid active child")
+        ok = ch is None or (ch in seen and seen[ch]["parent"] == m["id"])
+        check(ok, f"message id {m['id']} has an invalid active child")
     root = conv.get("active_root")
     check(
         root is None and not seen or (root in seen and seen[root]["parent"] is None),

@@ -119,7 +119,9 @@ def test_reply_lifecycle_and_prompt(store: ConversationStore) -> None:
 def test_fields_from_engine_result(store: ConversationStore) -> None:
     from engine.events import CacheReport, GenerationResult
 
-    report = CacheReport(prompt_tokens=9, restored=8, source="disk", seed=7, sampler={"temperature": 0.0}, model_key="mk")
+    report = CacheReport(
+        prompt_tokens=9, restored=8, source="disk", seed=7, sampler={"temperature": 0.0}, model_key="mk"
+    )
     result = GenerationResult("Paris.", [1, 2], [-0.25, -0.5], "stop", 7, [3] * 9, report)
     conv = store.create_conversation()
     u = store.add_message(conv.id, None, "user", "Capital of France?")
@@ -184,7 +186,8 @@ def test_deleting_a_long_chain_is_fast(store: ConversationStore) -> None:
     parent = None
     with store._tx():  # one transaction: building 2000 rows one fsync each would be slow
         for i in range(2000):
-            parent = store._insert_message(conv.id, parent, "user" if i % 2 == 0 else "assistant", f"m{i}", "complete", {}).id
+            role = "user" if i % 2 == 0 else "assistant"
+            parent = store._insert_message(conv.id, parent, role, f"m{i}", "complete", {}).id
     assert len(store.active_path(conv.id)) == 2000
     t = time.perf_counter()
     store.delete_message(store.active_path(conv.id)[0].id)
@@ -291,7 +294,9 @@ def test_migration_from_v1_keeps_data_and_backs_up(db: Path) -> None:
     conn = sqlite3.connect(db, isolation_level=None)
     assert migrate(conn, MIGRATIONS[:1]) == 1
     conn.execute("INSERT INTO conversations (id, title, created_at, updated_at) VALUES (1, 'old', 1.0, 1.0)")
-    conn.execute("INSERT INTO messages (id, conversation_id, role, content, created_at) VALUES (1, 1, 'user', 'hi', 1.0)")
+    conn.execute(
+        "INSERT INTO messages (id, conversation_id, role, content, created_at) VALUES (1, 1, 'user', 'hi', 1.0)"
+    )
     conn.execute("UPDATE conversations SET active_root_id = 1")
     conn.close()
     with ConversationStore(db) as s:
@@ -596,7 +601,8 @@ def test_sigkill_during_import_leaves_whole_conversations_only(tmp_path: Path, d
         parent = None
         with s._tx():
             for i in range(1500):
-                parent = s._insert_message(conv.id, parent, "user" if i % 2 == 0 else "assistant", f"m{i}", "complete", {"tokens": list(range(50))} if i % 2 else {}).id
+                role, fields = ("assistant", {"tokens": list(range(50))}) if i % 2 else ("user", {})
+                parent = s._insert_message(conv.id, parent, role, f"m{i}", "complete", fields).id
         exported = s.export_json(conv.id)
     (tmp_path / "big.json").write_text(exported)
     (tmp_path / "importer.py").write_text(IMPORTER)
