@@ -16,7 +16,9 @@ How the app is meant to use it (one reply):
     ... generate; optionally store.update_message(reply.id, content=partial) now and then ...
     store.update_message(reply.id, content=text, status="complete", **assistant_fields_from_result(r))
 
-Every public write is its own transaction, so each call above is durable when it returns. If the
+Every public write is its own transaction, so each call above is durable when it returns; if it
+raises StoreError (disk full...) nothing was saved and generation must not start. Each commit costs an
+fsync, so save streamed text now and then (about once a second), not per token. If the
 process dies mid-generation the reply row stays "generating" and the next writable open turns it
 into "interrupted" (keeping the partial text last saved): the tree stays consistent.
 
