@@ -1,0 +1,225 @@
+"""The prompt cache guarantees (G1, G3, G4, G5) on every cache family, compared exactly."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from engine.events import CancelToken, PrefillProgress
+from engine.generation import chunk_bounds
+from engine.prompt_cache import PromptCache, layer_offset
+from engine.sampling import Sampler
+from engine.settings import SamplerSettings
+
+from .engine_helpers import ALL_FAMILIES, QUESTIONS, cold_request, make_engine, model_dir, request, require_openblas
+
+LONG_Q = "Explain how a prompt cache works in two sentences. " * 3
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {f: model_dir(root, f) for f in ALL_FAMILIES}
+
+
+def kv_offsets(report):
+    return [o for o in report.layer_offsets if o is not None]
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_whole_prompt_hit_restores_len_minus_one_and_is_identical(models, family):
+    eng = make_engine(models[family])
+    msgs = [{"role": "user", "content": LONG_Q}]
+    first = eng.generate(request(msgs, max_tokens=24))
+    again = eng.generate(request(msgs, max_tokens=24))
+    n = again.report.prompt_tokens
+    assert again.report.restored == n - 1
+    assert again.report.source == "memory"
+    assert kv_offsets(again.report) and all(o == n - 1 for o in kv_offsets(again.report))
+    assert again.report.prefill_tokens == 1  # only the last prompt token is forwarded (G4)
+    assert again.report.chunks == [[n - 1, n]]
+    assert again.tokens == first.tokens
+    assert again.logprobs == first.logprobs  # bit-equal, not approximately
+    assert again.report.identical is True
+    # And it is the cold answer too (exact mode: G3).
+    cold = make_engine(models[family]).generate(cold_request(request(msgs, max_tokens=24)))
+    assert cold.tokens == first.tokens and cold.logprobs == first.logprobs
+
+
+def test_whole_prompt_bug_reproduced_on_purpose(models):
+    """Restoring the whole prompt and forwarding its last token again: the classic bug.
+
+    The guard in the engine must never do this; this test shows what goes wrong if it did, so
+    the guard's test above cannot silently become meaningless.
+    """
+    eng = make_engine(models["llama"])
+    lm = eng.lm
+    prompt = eng.prompt_ids([{"role": "user", "content": LONG_Q}])
+    n = len(prompt)
+
+    def decode(cache, steps=12):
+        """Forward the last prompt token, then decode greedily; offsets after that forward too."""
+        sampler = Sampler(SamplerSettings())
+        y, lps, offsets = mx.array([prompt[-1]]), [], None
+        for _ in range(steps):
+            tok, lp = sampler(lm.model(y.reshape(1, 1), cache=cache)[:, -1, :])
+            offsets = offsets or [c.offset for c in cache]
+            lps.append(lp.item())
+            y = tok
+        return lps, offsets
+
+    def prefilled(upto):
+        cache = lm.new_cache()
+        for s, e in chunk_bounds(0, upto, eng.chunk):
+            lm.model(mx.array([prompt[s:e]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        return cache
+
+    cold, offsets = decode(prefilled(n - 1))  # the right way: cache holds prompt[:-1]
+    assert offsets == [n] * len(offsets)
+    buggy, offsets = decode(prefilled(n))  # a cache holding the whole prompt, last token again
+    assert offsets == [n + 1] * len(offsets)  # the last prompt token now sits in the cache twice
+    assert max(abs(a - b) for a, b in zip(buggy, cold)) > 1e-4
+
+
+def _conversation(eng, mode, turns=3, q=QUESTIONS[0]):
+    msgs = [{"role": "user", "content": q}]
+    results = []
+    for t in range(turns):
+        req = request(msgs, mode=mode, max_tokens=12)
+        r = eng.generate(req)
+        results.append((req, r))
+        msgs = msgs + [{"role": "assistant", "content": r.text}, {"role": "user", "content": f"And then? ({t})"}]
+    return results
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_exact_mode_multi_turn_equals_cold_with_cache_used(models, family):
+    require_openblas()
+    eng = make_engine(models[family])
+    results = _conversation(eng, "exact")
+    for req, r in results[1:]:
+        assert r.report.restored > 0, "the cache must actually be used"
+        assert r.report.restored % eng.chunk == 0 or r.report.restored == r.report.prompt_tokens - 1
+        cold = make_engine(models[family]).generate(cold_request(req))
+        assert r.tokens == cold.tokens
+        assert r.logprobs == cold.logprobs
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_control_fast_mode_reuse_differs_from_cold(models, family):
+    """Same conditions, fast mode (decoded tokens, unaligned boundary): must differ in most
+    conversations, else the exact-mode test above could not fail."""
+    require_openblas()
+    differ = exact_differ = 0
+    for q in QUESTIONS:
+        for mode in ("fast", "exact"):
+            eng = make_engine(models[family], chunk=8)
+            (_, _), (req, warm) = _conversation(eng, mode, turns=2, q=q)
+            assert warm.report.restored > 0
+            cmp = eng.verify(req, warm)
+            if mode == "fast":
+                differ += not cmp.identical
+            else:
+                exact_differ += not cmp.identical
+    assert exact_differ == 0
+    assert differ >= len(QUESTIONS) // 2 + 1, f"fast-mode reuse differed in only {differ}/{len(QUESTIONS)}"
+
+
+@pytest.mark.parametrize("family,reason", [("gemma3", "sliding window wrapped"), ("lfm2", "SSM/conv state")])
+def test_uncuttable_cache_declined_never_partially_restored(models, family, reason):
+    # Chunk 512: no aligned boundary checkpoint exists, so turn 2 can only reuse by cutting back.
+    eng = make_engine(models[family], chunk=512)
+    (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q)
+    rep = second.report
+    assert any(reason in d and "cannot cut" in d for d in rep.declines), rep.declines
+    assert rep.restored == 0 and rep.stored is None and rep.source is None
+    assert all(o in (None, 0) for o in rep.layer_offsets)  # nothing partial was installed
+    cold = make_engine(models[family], chunk=512).generate(cold_request(req))
+    assert second.tokens == cold.tokens and second.logprobs == cold.logprobs
+
+
+@pytest.mark.parametrize("family", ["gemma3", "lfm2"])
+def test_uncuttable_cache_uses_boundary_checkpoint(models, family):
+    eng = make_engine(models[family], chunk=8)
+    (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q)
+    rep = second.report
+    boundary = (first.report.prompt_tokens - 1) // 8 * 8
+    assert rep.restored == boundary and rep.stored == boundary and not rep.partial
+    assert any(s["kind"] == "boundary" for s in first.report.snapshots_stored)
+    assert any("cannot cut" in d for d in rep.declines)  # the longer snapshots could not be cut
+    assert eng.verify(req, second).identical
+
+
+def test_fast_mode_reuses_decoded_tokens(models):
+    eng = make_engine(models["llama"])
+    (_, first), (req, second) = _conversation(eng, "fast", turns=2)
+    assert second.report.restored > first.report.prompt_tokens  # part of the reply was reused
+    # the end snapshot: prompt + reply minus its last token (never forwarded: max_tokens reached)
+    assert second.report.stored == first.report.prompt_tokens + len(first.tokens) - 1
+    assert second.report.restored <= second.report.stored
+
+
+def test_cancel_mid_prefill_leaves_no_lying_snapshot(models):
+    eng = make_engine(models["llama"], chunk=8)
+    msgs = [{"role": "user", "content": LONG_Q * 2}]
+    cancel = CancelToken()
+    seen = []
+
+    def on_event(e):
+        if isinstance(e, PrefillProgress):
+            seen.append(e.done)
+            if e.done >= 24:
+                cancel.cancel()
+
+    r = eng.generate(request(msgs), on_event, cancel)
+    assert r.finish_reason == "cancelled" and r.tokens == []
+    assert seen[-1] < r.report.prompt_tokens - 1  # stopped inside prefill
+    for meta in eng.cache.metas():
+        snap = eng.cache._items[meta.id]
+        assert all(layer_offset(c) in (None, meta.length) for c in snap.cache)
+        assert meta.length <= seen[-1]
+    # Resuming reuses the checkpoint and still matches a cold run exactly.
+    again = eng.generate(request(msgs))
+    assert again.report.restored > 0
+    assert eng.verify(request(msgs), again).identical
+
+
+def test_restore_never_aliases_the_stored_snapshot(models):
+    eng = make_engine(models["llama"])
+    msgs = [{"role": "user", "content": LONG_Q}]
+    eng.generate(request(msgs))
+    before = {m.id: [mx.array(c.keys) for c in eng.cache._items[m.id].cache] for m in eng.cache.metas()}
+    before_np = {k: [v.tolist() for v in vs] for k, vs in before.items()}
+    eng.generate(request(msgs))  # restores, then writes new tokens into the restored copy
+    for sid, arrays in before_np.items():
+        if sid in eng.cache._items:
+            now = [c.keys.tolist() for c in eng.cache._items[sid].cache]
+            assert now == arrays
+
+
+def test_memory_budget_evicts_lru(models):
+    eng = make_engine(models["llama"])
+    eng.generate(request([{"role": "user", "content": QUESTIONS[0]}]))
+    one = eng.cache.stats()["memory_bytes"]
+    eng.cache = PromptCache(budget_bytes=int(one * 1.5))
+    for q in QUESTIONS[:5]:
+        eng.generate(request([{"role": "user", "content": q}]))
+        assert eng.cache.stats()["memory_bytes"] <= int(one * 1.5)
+    prompts = [m.tokens for m in eng.cache.metas()]
+    last_prompt = eng.prompt_ids([{"role": "user", "content": QUESTIONS[4]}])
+    assert any(tuple(last_prompt[:-1]) == t[: len(last_prompt) - 1] for t in prompts)  # newest kept
+
+
+def test_report_describes_layers_and_aligned_chunks(models):
+    eng = make_engine(models["gemma3"], chunk=8)
+    r = eng.generate(request([{"role": "user", "content": LONG_Q}]))
+    rep = r.report
+    assert [l.cache_class for l in rep.layers] == ["RotatingKVCache", "KVCache", "RotatingKVCache", "KVCache"]
+    n = rep.prompt_tokens
+    assert rep.chunks[-1] == [n - 1, n]
+    for s, e in rep.chunks[:-1]:
+        assert e % 8 == 0 or e == n - 1
+        assert s // 8 == (e - 1) // 8  # never crosses an aligned boundary
+    assert rep.prefill_tokens == n and rep.restored == 0
+    assert rep.ttft_s > 0 and rep.decode_tps > 0
