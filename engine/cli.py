@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .gguf import GGUFError
+from .models import ModelError
+from .models_cli import add_subcommands
 from .events import CancelToken, GenerationResult, TokenEvent
 from .settings import DEFAULT_CHUNK, GenerationRequest, RequestError, SamplerSettings, validate_messages
 
@@ -49,12 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="interactive terminal chat (/regenerate, /new, /debug, /quit)")
     _add_sampler_args(c)
     c.add_argument("--system", default="", help="system prompt")
-    try:
-        from .models_cli import add_subcommands
-    except ImportError:
-        pass
-    else:
-        add_subcommands(sub)
+    add_subcommands(sub)
     return parser
 
 
@@ -192,11 +190,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handler = handlers.get(args.command) or getattr(args, "func", None)
     try:
         return int(handler(args) or 0)
-    except (CLIError, EngineError, RequestError) as e:
+    except (CLIError, EngineError, RequestError, ModelError, GGUFError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # errors raised by other engine modules carry their own clear message
-        if type(e).__name__ in ("ModelError", "GGUFError", "StoreError"):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise

@@ -15,6 +15,9 @@ from typing import Any, Callable, Optional
 
 from .events import CancelToken, Comparison, EventCallback, GenerationResult
 from .generation import LoadedModel, generate
+from .gguf import GGUFError
+from .model_key import model_key
+from .models import ModelError, resolve_model
 from .prompt_cache import PromptCache
 from .settings import DEFAULT_CHUNK, GenerationRequest, validate_messages
 
@@ -75,7 +78,7 @@ class Engine:
             model, tokenizer = mlx_load(str(folder))
         except Exception as e:  # mlx-lm raises many kinds; all mean "this folder is not usable"
             raise EngineError(f"cannot load model from {folder}: {e}") from e
-        key = _model_key(folder, {**options, "chunk": self.chunk})
+        key = model_key(folder, {**options, "chunk": self.chunk})
         eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
         if tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
@@ -158,32 +161,9 @@ class Engine:
 
 def _resolve(spec: str, progress: Any, cancel: Any) -> Path:
     try:
-        from .models import ModelError, resolve_model
-    except ImportError:  # models module not present yet: plain folders only
-        folder = Path(spec).expanduser()
-        if not (folder / "config.json").is_file():
-            raise EngineError(f"not a model folder (no config.json): {folder}")
-        return folder
-    try:
         return Path(resolve_model(spec, progress=progress, cancel=cancel))
-    except ModelError as e:
+    except (ModelError, GGUFError) as e:
         raise EngineError(str(e)) from e
-
-
-def _model_key(folder: Path, options: dict[str, Any]) -> str:
-    try:
-        from .model_key import model_key
-    except ImportError:
-        import hashlib
-
-        h = hashlib.sha256()
-        for f in sorted(folder.glob("*.safetensors")):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-        h.update((folder / "config.json").read_bytes())
-        h.update(json.dumps(options, sort_keys=True).encode())
-        return h.hexdigest()[:32]
-    return model_key(folder, options)
 
 
 def _engine_options(folder: Path) -> dict[str, Any]:

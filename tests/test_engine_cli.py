@@ -1,0 +1,120 @@
+"""`python -m engine generate` as a contract: JSON shape, seeds across processes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .engine_helpers import make_engine, model_dir, request
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("cli-models"), "llama")
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(proc.stderr)
+    return proc
+
+
+def write(tmp_path: Path, name: str, data) -> Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else json.dumps(data))
+    return p
+
+
+CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Why is the sky blue?"}]
+
+
+def test_generate_json_contract_and_repeat(llama, tmp_path):
+    m1 = write(tmp_path, "a.json", CHAT)
+    m2 = write(tmp_path, "b.json", CHAT + [{"role": "assistant", "content": "Rayleigh."}, {"role": "user", "content": "More?"}])
+    proc = run_cli("generate", "--model", str(llama), "--messages", str(m1), "--messages", str(m2),
+                   "--repeat", "2", "--max-tokens", "8", "--chunk", "8", "--no-cache", "--json")
+    lines = [json.loads(l) for l in proc.stdout.splitlines()]
+    assert len(lines) == 4
+    for obj in lines:
+        assert set(obj) >= {"text", "tokens", "logprobs", "finish_reason", "seed", "cache", "timings"}
+        assert len(obj["tokens"]) == len(obj["logprobs"]) <= 8
+        assert all(isinstance(x, float) for x in obj["logprobs"])
+        assert set(obj["timings"]) == {"ttft_s", "prefill_tps", "decode_tps"}
+        for key in ("prompt_tokens", "matched", "restored", "stored", "partial", "source", "layer_offsets",
+                    "layers", "declines", "prefill_tokens", "chunks", "mode", "sampler", "seed"):
+            assert key in obj["cache"]
+        assert obj["cache"]["restored"] == 0 and obj["cache"]["source"] is None  # --no-cache
+    assert lines[0]["tokens"] == lines[1]["tokens"] and lines[0]["logprobs"] == lines[1]["logprobs"]
+
+
+def test_generate_cached_in_process_then_whole_prompt_hit(llama, tmp_path):
+    m1 = write(tmp_path, "a.json", CHAT)
+    proc = run_cli("generate", "--model", str(llama), "--messages", str(m1), "--repeat", "2", "--max-tokens", "8",
+                   "--cache-dir", str(tmp_path / "cache"), "--json")
+    first, second = (json.loads(l) for l in proc.stdout.splitlines())
+    n = second["cache"]["prompt_tokens"]
+    assert second["cache"]["restored"] == n - 1 and second["cache"]["source"] == "memory"
+    assert first["tokens"] == second["tokens"] and first["logprobs"] == second["logprobs"]
+
+
+def test_same_seed_reproduces_across_processes_and_threads(llama, tmp_path):
+    m1 = write(tmp_path, "a.json", CHAT)
+    args = ("generate", "--model", str(llama), "--messages", str(m1), "--max-tokens", "16", "--temperature", "0.9",
+            "--top-p", "0.95", "--top-k", "50", "--no-cache", "--json")
+    a = json.loads(run_cli(*args, "--seed", "7").stdout)
+    b = json.loads(run_cli(*args, "--seed", "7").stdout)
+    c = json.loads(run_cli(*args, "--seed", "8").stdout)
+    assert a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"]
+    assert a["tokens"] != c["tokens"]
+    # In-process on a worker thread (where MLX streams are thread-local) too.
+    import threading
+
+    out = {}
+
+    def work():
+        eng = make_engine(llama, chunk=512)
+        out["r"] = eng.generate(request(CHAT, max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=7))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert out["r"].tokens == a["tokens"] and out["r"].logprobs == a["logprobs"]
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        ('[{"role": "wizard", "content": "x"}]', "unknown role 'wizard'"),
+        ("{not json", "is not valid JSON"),
+        ("[]", "non-empty list"),
+        ('[{"role": "user"}]', "'role' and 'content'"),
+    ],
+)
+def test_bad_messages_one_line_error(llama, tmp_path, content, expected):
+    m = write(tmp_path, "bad.json", content)
+    proc = run_cli("generate", "--model", str(llama), "--messages", str(m), "--no-cache", check=False)
+    assert proc.returncode == 2
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_bad_model_and_missing_file_one_line_error(llama, tmp_path):
+    m = write(tmp_path, "a.json", CHAT)
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for args in (("--model", str(empty), "--messages", str(m)),
+                 ("--model", str(tmp_path / "nope"), "--messages", str(m)),
+                 ("--model", str(llama), "--messages", str(tmp_path / "missing.json"))):
+        proc = run_cli("generate", *args, "--no-cache", check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
