@@ -444,12 +444,14 @@ def convert(path: Path | str, out_dir: Path | str, progress: Optional[Progress] 
     report = progress or (lambda f, m: None)
     out_dir = Path(out_dir)
     g = info or read_gguf(path)
-    config = llama_config(g)
-    n_layers = config["num_hidden_layers"]
-    # validate everything before the (slow) tensor load
+    # validate everything before the (slow) tensor load: architecture, tensor types, config
+    if g.architecture not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"unsupported architecture {g.architecture!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     bad = sorted({t.type_name for t in g.tensors.values() if t.ggml_type not in SUPPORTED_TYPES})
     if bad:
         raise GGUFError(f"unsupported tensor type(s) {', '.join(bad)} (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)")
+    config = llama_config(g)
+    n_layers = config["num_hidden_layers"]
     names = {t.name: mlx_name(t.name.removesuffix(".weight"), n_layers) for t in g.tensors.values()}
     for t in g.tensors.values():
         if not t.name.endswith(".weight"):
