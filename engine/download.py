@@ -7,6 +7,7 @@ cancel token, so a cancel stops the download at the next reported chunk.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -24,19 +25,22 @@ def _tqdm_class(progress: Optional[Progress], cancel: Optional[CancelLike]) -> A
         """huggingface_hub's file-count bar, turned into progress callbacks and cancel checks."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True  # we report ourselves; no terminal bar
+            kwargs["disable"] = False  # a disabled tqdm stops counting; we silence its output instead
+            kwargs["file"] = io.StringIO()
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
             if cancel is not None and cancel.cancelled:
                 raise Cancelled("download cancelled")
             out = super().update(n)
-            if progress and self.total:
-                if self.unit == "B":  # the aggregate byte bar
-                    done = f"{self.n / 1e6:.1f}/{self.total / 1e6:.1f} MB"
+            total = getattr(self, "total", None)
+            if progress and total:
+                done = getattr(self, "n", 0)
+                if getattr(self, "unit", "") == "B":  # the aggregate byte bar
+                    what = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB"
                 else:
-                    done = f"{int(self.n)}/{int(self.total)} files"
-                progress(min(self.n / self.total, 1.0), f"downloaded {done}")
+                    what = f"{int(done)}/{int(total)} files"
+                progress(min(done / total, 1.0), f"downloaded {what}")
             return out
 
     return Hook
@@ -60,8 +64,14 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 
 def download_model(repo_id: str, progress: Optional[Progress] = None, cancel: Optional[CancelLike] = None,
-                   revision: Optional[str] = None, cache_dir: Optional[Path] = None) -> Path:
-    """Fetch `org/name` (MLX format) and return its snapshot folder; ModelError on failure."""
+                   revision: Optional[str] = None, cache_dir: Optional[Path] = None,
+                   endpoint: Optional[str] = None) -> Path:
+    """Fetch `org/name` (MLX format) and return its snapshot folder; ModelError on failure.
+
+    `endpoint` defaults to $HF_ENDPOINT read now (huggingface_hub reads it once, at import).
+    """
+    import os
+
     from huggingface_hub import snapshot_download
     from huggingface_hub import errors as hf_errors
 
@@ -77,6 +87,7 @@ def download_model(repo_id: str, progress: Optional[Progress] = None, cancel: Op
             revision=revision,
             cache_dir=cache_dir,
             allow_patterns=ALLOW_PATTERNS,
+            endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None,
             tqdm_class=_tqdm_class(progress, cancel),
         )
     except Cancelled:
