@@ -21,6 +21,8 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.ti
 def _tqdm_class(progress: Optional[Progress], cancel: Optional[CancelLike]) -> Any:
     from tqdm.auto import tqdm
 
+    best = [0.0]
+
     class Hook(tqdm):  # type: ignore[misc]
         """huggingface_hub's file-count bar, turned into progress callbacks and cancel checks."""
 
@@ -40,7 +42,9 @@ def _tqdm_class(progress: Optional[Progress], cancel: Optional[CancelLike]) -> A
                     what = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB"
                 else:
                     what = f"{int(done)}/{int(total)} files"
-                progress(min(done / total, 1.0), f"downloaded {what}")
+                # two bars (bytes, files) report here: keep the fraction monotonic for the UI
+                best[0] = max(best[0], min(done / total, 1.0))
+                progress(best[0], f"downloaded {what}")
             return out
 
     return Hook
