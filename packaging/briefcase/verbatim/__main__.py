@@ -1,0 +1,23 @@
+"""Entry point that briefcase runs: `python -m verbatim` inside the bundle / dev environment."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--self-check" in argv:
+        from verbatim.selfcheck import run
+
+        return run()
+    from app.main import main as app_main
+
+    # app.main.main() reads sys.argv itself; hand it only the passthrough arguments.
+    sys.argv = [sys.argv[0], *argv]
+    result = app_main()
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

