@@ -68,6 +68,11 @@ FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
 SUPPORTED_TYPES = set(QUANTIZED) | set(FLOATS)
 MAX_DIMS = 4
 MAX_ARRAY_DEPTH = 3
+# Caps far above any real model (vocabularies ~250k, ~1k-100k tensors, <100 metadata keys)
+# that keep a hostile header from making millions of Python objects out of a big file.
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 20
+MAX_LIST = 1 << 23
 
 
 def type_name(t: int) -> str:
@@ -144,13 +149,16 @@ class _Cursor:
             if etype in _VALUE_FMT:
                 n = count * struct.calcsize(_VALUE_FMT[etype])
                 self.need(n, what)
-                arr = np.frombuffer(self.buf, _NP_DTYPE[etype], count, self.pos).tolist()
+                # numpy, not a list: one byte in the file stays about one byte in memory
+                arr = np.frombuffer(self.buf, _NP_DTYPE[etype], count, self.pos).copy()
                 self.pos += n
                 return arr
             if etype not in (_STRING, _ARRAY):
                 raise GGUFError(f"{what}: unknown array element type {etype}")
             # each element takes at least 8 bytes (a length), so the count is bounded by the file
             self.need(count * 8, what)
+            if count > MAX_LIST:
+                raise GGUFError(f"{what}: {count} elements is more than the {MAX_LIST} supported")
             return [self.value(etype, what, depth + 1) for _ in range(count)]
         raise GGUFError(f"{what}: unknown metadata value type {vtype}")
 
@@ -187,6 +195,8 @@ def _parse(path: Path, buf: Any, size: int) -> GGUFFile:
         raise GGUFError(f"corrupt header: {n_kv} metadata entries cannot fit in {size} bytes")
     if n_tensors * 32 > size - c.pos:
         raise GGUFError(f"corrupt header: {n_tensors} tensors cannot fit in {size} bytes")
+    if n_kv > MAX_KV or n_tensors > MAX_TENSORS:
+        raise GGUFError(f"implausible header: {n_kv} metadata entries, {n_tensors} tensors")
 
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
@@ -366,8 +376,8 @@ def build_tokenizer(md: dict[str, Any], config: dict[str, Any]) -> tuple[Any, di
         raise GGUFError("missing or invalid tokenizer.ggml.tokens")
     if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
         raise GGUFError("missing or invalid tokenizer.ggml.merges")
-    types = md.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    if not isinstance(types, list) or len(types) != len(tokens):
+    types = md.get("tokenizer.ggml.token_type", np.ones(len(tokens), np.int32))
+    if not isinstance(types, np.ndarray) or types.ndim != 1 or len(types) != len(tokens):
         raise GGUFError("tokenizer.ggml.token_type does not match the token list")
     vocab = {}
     for i, t in enumerate(tokens):
@@ -377,7 +387,7 @@ def build_tokenizer(md: dict[str, Any], config: dict[str, Any]) -> tuple[Any, di
     tok.pre_tokenizer = _pre_tokenizer(str(md.get("tokenizer.ggml.pre", "default")))
     tok.decoder = decoders.ByteLevel()
     # control tokens (3) are special; user-defined ones (4) match verbatim but are kept in decode
-    added = [AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
+    added = [AddedToken(t, special=int(ty) == 3, normalized=False) for t, ty in zip(tokens, types.tolist()) if ty in (3, 4)]
     if added:
         tok.add_tokens(added)  # same ids: they are already in the vocab
 
@@ -567,14 +577,15 @@ def file_sha256(path: Path, progress: Optional[Progress] = None, cancel: Optiona
     """Content hash of a file, read in 8 MiB blocks (cancellable, with progress)."""
     h = hashlib.sha256()
     total = max(path.stat().st_size, 1)
-    done = 0
+    done, shown = 0, -1.0
     with open(path, "rb") as f:
         while block := f.read(8 << 20):
             h.update(block)
             done += len(block)
             _check_cancel(cancel)
-            if progress:
-                progress(span[0] + (span[1] - span[0]) * done / total, "hashing")
+            if progress and done / total - shown >= 0.1:  # ~10 updates, whatever the size
+                shown = done / total
+                progress(span[0] + (span[1] - span[0]) * shown, "hashing")
     return h.hexdigest()
 
 
