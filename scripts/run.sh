@@ -25,9 +25,10 @@ fi
 cd "$ROOT"
 case "$MODE" in
     chat)
-        if [ "$#" -eq 0 ]; then
-            set -- --model demo
-        fi
+        case " $* " in
+            *" --model "* | *" --model="*) ;;
+            *) set -- --model demo "$@" ;;
+        esac
         exec "$PY" -m engine chat "$@"
         ;;
     gui)
