@@ -435,6 +435,7 @@ class DiskCache:
             self._open_index()
         self._thread: Optional[threading.Thread] = None
         if self.writable:
+            self._queue.append(_Task("sync"))  # apply the budget (it may have shrunk) off this thread
             self._thread = threading.Thread(target=self._run, name="verbatim-disk-cache", daemon=True)
             self._thread.start()
             # Best effort on exit without close(): pending writes get a short grace period.
