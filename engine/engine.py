@@ -37,6 +37,7 @@ class ModelInfo:
     layers: int
     cache_classes: list[str]
     kv_bits: Optional[int]
+    dequantized: bool
     load_s: float
 
 
@@ -48,10 +49,12 @@ class Engine:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         chunk: int = DEFAULT_CHUNK,
         disk_budget: Optional[int] = None,
+        dequantize: Optional[bool] = None,
     ) -> None:
         if chunk < 1:
             raise EngineError("chunk size must be at least 1")
         self.chunk = chunk
+        self.dequantize = dequantize  # None: decide per backend (see _should_dequantize)
         disk = None
         if use_disk:
             disk = _open_disk_tier(cache_dir, disk_budget)
@@ -78,7 +81,12 @@ class Engine:
             model, tokenizer = mlx_load(str(folder))
         except Exception as e:  # mlx-lm raises many kinds; all mean "this folder is not usable"
             raise EngineError(f"cannot load model from {folder}: {e}") from e
-        key = model_key(folder, {**options, "chunk": self.chunk})
+        dequantized = _is_quantized(model) and _should_dequantize(self.dequantize)
+        if dequantized:
+            model = _dequantize_f32(model)
+        # The key covers everything that changes cache contents: weights, KV quantization,
+        # chunk size, and whether 4-bit weights were expanded (different arithmetic).
+        key = model_key(folder, {**options, "chunk": self.chunk, "dequantized": dequantized})
         eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
         if tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
@@ -101,6 +109,7 @@ class Engine:
             layers=len(cache),
             cache_classes=[type(c).__name__ for c in cache],
             kv_bits=self.lm.kv_bits,
+            dequantized=dequantized,
             load_s=time.perf_counter() - t0,
         )
         return self.info
@@ -164,6 +173,47 @@ def _resolve(spec: str, progress: Any, cancel: Any) -> Path:
         return Path(resolve_model(spec, progress=progress, cancel=cancel))
     except (ModelError, GGUFError) as e:
         raise EngineError(str(e)) from e
+
+
+def optimized_blas_loaded() -> bool:
+    """True if an optimized BLAS (OpenBLAS) is mapped into this process (Linux)."""
+    try:
+        return "openblas" in Path("/proc/self/maps").read_text().lower()
+    except OSError:
+        return False
+
+
+def _should_dequantize(choice: Optional[bool]) -> bool:
+    """Expand quantized weights to f32 at load? Only pays on the CPU backend with a fast BLAS.
+
+    MLX's CPU quantized matmul does not use BLAS; with OpenBLAS preloaded, f32 weights ran the
+    demo model's prefill ~30x and decode ~2.4x faster (docs/benchmarks.md). With the reference
+    BLAS the 4-bit weights decode faster, and on Metal/CUDA quantized kernels win.
+    """
+    if choice is not None:
+        return choice
+    import mlx.core as mx
+
+    return mx.default_device() == mx.cpu and optimized_blas_loaded()
+
+
+def _is_quantized(model: Any) -> bool:
+    import mlx.nn as nn
+
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+
+
+def _dequantize_f32(model: Any) -> Any:
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import dequantize_model
+
+    model = dequantize_model(model)
+    # f16 scales dequantize to f16, which the CPU backend multiplies without BLAS: use f32.
+    model.update(tree_map(lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a,
+                          model.parameters()))
+    mx.eval(model.parameters())
+    return model
 
 
 def _engine_options(folder: Path) -> dict[str, Any]:
