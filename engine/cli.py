@@ -98,6 +98,34 @@ def summary_line(result: GenerationResult) -> str:
     )
 
 
+def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
+    """The debug panel, as text: what the cache did for the last reply."""
+    r = result.report
+    chunks = ", ".join(f"{a}-{b}" for a, b in r.chunks[:6]) + (" ..." if len(r.chunks) > 6 else "")
+    # Consecutive layers that look alike are shown once ("0-29: KVCache ..."), as 30 lines help nobody.
+    groups: list[tuple[int, int, str]] = []
+    for l in r.layers:
+        desc = (f"{l.cache_class} off={l.offset if l.offset is not None else '-'} size={l.size}"
+                f"{'' if l.trimmable else ' (no trim)'}")
+        if groups and groups[-1][2] == desc and groups[-1][1] == l.index - 1:
+            groups[-1] = (groups[-1][0], l.index, desc)
+        else:
+            groups.append((l.index, l.index, desc))
+    layers = "; ".join(f"{a}{'' if a == b else f'-{b}'}: {d}" for a, b, d in groups)
+    lines = [
+        f"prompt tokens {r.prompt_tokens}, matched {r.matched}, restored {r.restored} / stored "
+        f"{r.stored if r.stored is not None else '-'}{' (partial)' if r.partial else ''}, source {r.source or 'none'}",
+        f"mode {r.mode}, chunk {r.chunk_size}, seed {r.seed}, prefilled {r.prefill_tokens} in chunks {chunks}",
+        f"layers after restore: {layers}",
+        f"declines: {'; '.join(r.declines) if r.declines else 'none'}",
+        "stored: " + (", ".join(f"{s['kind']} {s['length']}" for s in r.snapshots_stored) or "nothing"),
+        f"ttft {r.ttft_s * 1000:.0f} ms, prefill {r.prefill_tps:.1f} tok/s, decode {r.decode_tps:.1f} tok/s",
+        "identical to previous: " + ("n/a" if r.identical is None else "yes" if r.identical else f"no (token {r.first_diff})"),
+        "cache store: " + ", ".join(f"{k} {v}" for k, v in stats.items()),
+    ]
+    return "\n".join(lines)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     conversations = [read_messages(p) for p in args.messages]  # all input checked before loading
     if args.repeat < 1:
@@ -160,8 +188,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 if last is None:
                     print("(nothing generated yet)", file=sys.stderr)
                 else:
-                    print(json.dumps(last[1].report.to_dict(), indent=2), file=sys.stderr)
-                    print(json.dumps(eng.cache_stats(), indent=2), file=sys.stderr)
+                    print(debug_text(last[1], eng.cache_stats()), file=sys.stderr)
                 continue
             if line == "/regenerate":
                 if last is None:
