@@ -118,3 +118,19 @@ def test_bad_model_and_missing_file_one_line_error(llama, tmp_path):
         proc = run_cli("generate", *args, "--no-cache", check=False)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_chat_regenerate_new_debug(llama, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = "Why is the sky blue?\n/regenerate\n/debug\n/new\n/debug\nhello\n/quit\n"
+    proc = subprocess.run([sys.executable, "-m", "engine", "chat", "--model", str(llama), "--max-tokens", "6",
+                           "--chunk", "8", "--cache-dir", str(tmp_path / "c")], input=script, capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summaries = [l for l in proc.stderr.splitlines() if l.startswith("[6 tokens")]
+    assert len(summaries) == 3
+    assert "identical to previous" in summaries[1] and "restored" in summaries[1]
+    n = int(summaries[1].split(" of ")[1].split()[0])
+    assert f"restored {n - 1} " in summaries[1]  # the regenerate was a whole-prompt hit
+    assert "identical to previous: yes" in proc.stderr
+    assert "(nothing generated yet)" in proc.stderr  # /debug right after /new
