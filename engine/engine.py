@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,6 +23,7 @@ from .prompt_cache import PromptCache
 from .settings import DEFAULT_CHUNK, GenerationRequest, validate_messages
 
 DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of snapshots kept in memory
+_PREVIOUS_KEPT = 256  # replies remembered for "identical to previous"
 
 
 class EngineError(Exception):
@@ -62,7 +64,7 @@ class Engine:
         self.lm: Optional[LoadedModel] = None
         self.info: Optional[ModelInfo] = None
         # Last reply per (prompt, settings): lets a report say whether a regenerate was identical.
-        self._previous: dict[tuple, tuple[list[int], list[float]]] = {}
+        self._previous: "OrderedDict[tuple, tuple[list[int], list[float]]]" = OrderedDict()
 
     # -- models ------------------------------------------------------------------------------
     def load(
@@ -138,6 +140,9 @@ class Engine:
                 result.report.identical = cmp.identical
                 result.report.first_diff = cmp.first_diff
             self._previous[k] = (result.tokens, result.logprobs)
+            self._previous.move_to_end(k)
+            while len(self._previous) > _PREVIOUS_KEPT:
+                self._previous.popitem(last=False)
         return result
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
