@@ -122,6 +122,7 @@ def main() -> int:
     from engine.tiny import build_model
 
     build_model(MODEL_DIR, "llama", **SHAPE)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     reference = run_child(args, None)
     fast = run_child(args, openblas)
     prefill_ratio = fast["prefill_tps"] / reference["prefill_tps"]
@@ -135,7 +136,8 @@ def main() -> int:
         f"MLX {mx.__version__} CPU backend, {os.cpu_count()} cores ({cpu}), random f32 llama "
         f"(hidden {SHAPE['hidden_size']}, {SHAPE['num_hidden_layers']} layers, intermediate "
         f"{SHAPE['intermediate_size']}), {args.tokens}-token prefill in one forward (best of "
-        f"{args.repeats}), {args.decode} greedy decode steps.",
+        f"{args.repeats}), {args.decode} greedy decode steps. Load average before the run: {load:.1f} "
+        f"(other work on the machine makes the numbers noisy, decode especially).",
         "",
         "| BLAS | prefill s | prefill tok/s | decode tok/s |",
         "|---|---:|---:|---:|",
