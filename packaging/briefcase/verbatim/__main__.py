@@ -13,9 +13,8 @@ def main(argv: list[str] | None = None) -> int:
         return run()
     from app.main import main as app_main
 
-    # app.main.main() reads sys.argv itself; hand it only the passthrough arguments.
     sys.argv = [sys.argv[0], *argv]
-    result = app_main()
+    result = app_main(argv)
     return int(result or 0)
 
 
