@@ -20,6 +20,10 @@ Invariants, and why they hold:
   only then builds cache objects: a flipped, truncated, swapped or missing file raises
   ``SnapshotError`` and its entry is removed. Nothing partial is ever restored.
 - Only ids matching ``_ID_RE`` ever become paths, so no index content can reach outside the root.
+- Each entry records the compute environment (MLX and mlx-lm versions, device, BLAS libraries):
+  a state computed by other kernels is not bit-equal to a cold run here (G3), and unlike the
+  memory tier the disk outlives an app update or a BLAS change. Entries from another environment
+  are kept (within the budget) but never returned.
 - All disk I/O (snapshot files, index, deletions) runs on one writer thread; ``save_async`` only
   appends to a queue. Snapshot arrays are already evaluated (``clone_cache``), so serialising them
   off the engine thread needs no MLX stream (checked: ``mx.save_safetensors`` works there).
@@ -74,6 +78,7 @@ MAX_FILE_BYTES = 1 << 40
 MAX_INDEX_BYTES = 512 << 20
 MAX_HEADER_BYTES = 256 << 20
 KINDS = ("pre-last", "end", "boundary", "partial")
+MAX_ENV_LEN = 1024
 
 # Cache classes whose whole state is `.state` (arrays and scalars) and can be rebuilt with
 # `from_state`. Anything else is not written (counted as skipped) and never instantiated on load.
@@ -83,9 +88,56 @@ CACHE_CLASSES: dict[str, type] = {
 
 
 def default_cache_dir() -> Path:
-    import platformdirs
+    """platformdirs.user_cache_dir("Verbatim")/prompt-cache ($VERBATIM_CACHE_DIR overrides the root)."""
+    from .model_key import cache_root
 
-    return Path(platformdirs.user_cache_dir("Verbatim")) / "prompt-cache"
+    return cache_root() / "prompt-cache"
+
+
+_ENV: Optional[str] = None
+
+
+def compute_env() -> str:
+    """What, besides the model key, decides the bits of a forward: versions, device, BLAS."""
+    global _ENV
+    if _ENV is None:
+        import platform
+
+        import mlx_lm
+
+        _ENV = (f"mlx {mx.__version__}; mlx-lm {mlx_lm.__version__}; {mx.default_device()}; "
+                f"{platform.system()} {platform.machine()}; blas {blas_library()}")[:MAX_ENV_LEN]
+    return _ENV
+
+
+def blas_library() -> str:
+    """The library MLX's `cblas_sgemm` binds to, as `<dir>/<file>` (e.g. a preloaded OpenBLAS).
+
+    Asked of the dynamic linker: a preloaded library wins in the global scope, else libmlx's own
+    dependency. (Scanning /proc/self/maps for "openblas" is wrong: numpy maps its own copy.)
+    """
+    import ctypes
+    import glob
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                    ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+        handles = [ctypes.CDLL(None)]
+        handles += [ctypes.CDLL(p) for p in glob.glob(os.path.join(os.path.dirname(mx.__file__), "lib", "libmlx.*"))]
+        for h in handles:
+            for sym in ("cblas_sgemm", "sgemm_"):
+                fn = getattr(h, sym, None)
+                info = DlInfo()
+                if fn is not None and dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info)) and info.fname:
+                    path = os.path.realpath(info.fname.decode(errors="replace"))
+                    return "/".join(path.split(os.sep)[-2:])
+    except (OSError, AttributeError):
+        pass
+    return "unknown"
 
 
 def _fsync(fd: int) -> None:
@@ -285,10 +337,12 @@ class Entry:
     sha256: str
     created: float
     last_used: float
+    env: str  # compute_env() of the process that computed it
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **meta_to_dict(self.meta),
+            "env": self.env,
             "file_bytes": self.file_bytes,
             "sha256": self.sha256,
             "created": self.created,
@@ -306,7 +360,10 @@ def entry_from_dict(d: Any) -> Entry:
     times = [d.get("created", 0.0), d.get("last_used", 0.0)]
     if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 1e11 for t in times):
         raise ValueError("bad timestamps")
-    return Entry(meta, fb, sha, float(times[0]), float(times[1]))
+    env = d.get("env")
+    if not isinstance(env, str) or len(env) > MAX_ENV_LEN:
+        raise ValueError("bad environment")
+    return Entry(meta, fb, sha, float(times[0]), float(times[1]), env)
 
 
 class _HashingWriter:
@@ -394,6 +451,7 @@ class DiskCache:
         self._dirty = False
         self._lock_fd: Optional[int] = None
         self._hook = _load_hook()
+        self.env = compute_env()
         # stats
         self.writes = 0
         self.write_errors = 0
@@ -511,7 +569,9 @@ class DiskCache:
         with self._lock:
             return {
                 "dir": str(self.root),
+                "env": self.env,
                 "entries": len(self._entries),
+                "entries_other_env": sum(1 for e in self._entries.values() if e.env != self.env),
                 "bytes": sum(e.file_bytes for e in self._entries.values()),
                 "budget_bytes": self.budget_bytes,
                 "writable": self.writable,
@@ -675,7 +735,8 @@ class DiskCache:
 
     def _add(self, e: Entry) -> None:
         self._entries[e.meta.id] = e
-        self._by_key.setdefault(e.meta.model_key, {})[e.meta.id] = e.meta
+        if e.env == self.env:  # other environments' entries only count toward the budget
+            self._by_key.setdefault(e.meta.model_key, {})[e.meta.id] = e.meta
 
     def _drop(self, sid: str) -> Optional[Entry]:
         e = self._entries.pop(sid, None)
@@ -701,10 +762,12 @@ class DiskCache:
         if hashlib.sha256(data).hexdigest() != entry.sha256:
             raise SnapshotError("checksum mismatch")
         try:
-            fmeta, layers = file_meta(read_header(data))
+            header = read_header(data)
+            fmeta, layers = file_meta(header)
+            env = header["__metadata__"].get("env")
         except ValueError as e:
             raise SnapshotError(f"bad header: {e}") from None
-        if meta_to_dict(fmeta) != meta_to_dict(meta):
+        if meta_to_dict(fmeta) != meta_to_dict(meta) or env != entry.env or entry.env != self.env:
             raise SnapshotError("file does not match its index entry")
         try:
             tensors, _ = mx.load(io.BytesIO(data), format="safetensors", return_metadata=True)
@@ -813,6 +876,7 @@ class DiskCache:
             "version": str(FORMAT_VERSION),
             "meta": json.dumps(meta_to_dict(meta), separators=(",", ":")),
             "layers": json.dumps(layers, separators=(",", ":")),
+            "env": self.env,
         }
         final = self.snap_dir / f"{meta.id}.safetensors"
         tmp = self.snap_dir / f"{TMP_PREFIX}{meta.id}-{os.getpid()}.safetensors"
@@ -834,7 +898,7 @@ class DiskCache:
             sha = writer.hash.hexdigest() if writer.linear and writer.pos == size else _file_sha256(tmp)
             self._hook_point("temp_synced")
             now = time.time()
-            entry = Entry(meta, size, sha, now, now)
+            entry = Entry(meta, size, sha, now, now, self.env)
             # The index lists the entry before the file appears under its final name (module doc);
             # entries() shows it only once the file is there.
             self._write_index(extra=entry)

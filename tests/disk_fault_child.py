@@ -18,15 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.disk_cache import blas_library  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.settings import GenerationRequest, SamplerSettings  # noqa: E402
-
-
-def openblas_loaded() -> bool:
-    try:
-        return "openblas" in Path("/proc/self/maps").read_text().lower()
-    except OSError:
-        return False
 
 
 def main() -> None:
@@ -43,7 +37,7 @@ def main() -> None:
             "tokens": r.tokens,
             "logprobs": r.logprobs,
             "report": r.report.to_dict(),
-            "openblas": openblas_loaded(),
+            "blas": blas_library(),  # what MLX's sgemm binds to (numpy's own OpenBLAS does not count)
         })
         out.write_text(json.dumps(results))
         eng.close()

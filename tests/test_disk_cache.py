@@ -8,6 +8,7 @@ write level (or with a real tmpfs when the test may mount one).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -84,13 +85,22 @@ def assert_consistent(cache_dir: Path) -> None:
     for r in rows:
         data = (cache_dir / "snapshots" / f"{r['id']}.safetensors").read_bytes()
         assert len(data) == r["file_bytes"]
-        assert dc.hashlib.sha256(data).hexdigest() == r["sha256"]
+        assert hashlib.sha256(data).hexdigest() == r["sha256"]
 
 
-def child_env(**extra: str) -> dict[str, str]:
+def openblas_here() -> bool:
+    return "openblas" in dc.blas_library()
+
+
+def child_env(openblas: bool | None = None, **extra: str) -> dict[str, str]:
+    """Env for a child; OpenBLAS preloaded by default (the forward-width effect needs it, DESIGN.md).
+
+    openblas=False: without it. Tests that restore a child's snapshots in this process pass
+    openblas_here(): the disk tier never restores a state computed with another BLAS."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-    if OPENBLAS.exists():
-        env["LD_PRELOAD"] = str(OPENBLAS)  # the forward-width effect only shows with it (DESIGN.md)
+    env.pop("LD_PRELOAD", None)
+    if (openblas if openblas is not None else True) and OPENBLAS.exists():
+        env["LD_PRELOAD"] = str(OPENBLAS)
     return env
 
 
@@ -127,7 +137,27 @@ def test_restart_restores_from_disk_bit_identical_on_every_family(models, tmp_pa
         assert rep["prefill_tokens"] == 1, fam
         assert b["tokens"] == a["tokens"], fam
         assert b["logprobs"] == a["logprobs"], fam  # bit-equal (JSON floats round-trip exactly)
-        assert a["openblas"] == b["openblas"] == OPENBLAS.exists()
+        assert ("openblas" in a["blas"]) == ("openblas" in b["blas"]) == OPENBLAS.exists()
+    if not OPENBLAS.exists():
+        return
+    # The same cache under MLX's reference BLAS: those states are not its bits, so never restored.
+    third = child_results(tmp_path, "third", run_child(tmp_path, "third", cache_dir, runs, child_env(openblas=False)))
+    for fam, c in zip(FAMILIES, third):
+        assert "openblas" not in c["blas"]
+        assert c["report"]["source"] is None and c["report"]["declines"] == [], fam
+        assert c["disk"]["entries_other_env"] >= 1, fam
+
+
+def test_entries_from_another_compute_environment_are_kept_but_never_returned(tmp_path, monkeypatch):
+    d = DiskCache(tmp_path / "c", budget_bytes=1 << 30)
+    d.save_async(make_snapshot(list(range(20))))
+    d.close()
+    monkeypatch.setattr(dc, "_ENV", "mlx 9.9; other kernels")
+    d = DiskCache(tmp_path / "c", budget_bytes=1 << 30)
+    assert d.entries(KEY) == []
+    assert d.stats()["entries"] == d.stats()["entries_other_env"] == 1  # still counts toward the budget
+    d.close()
+    assert_consistent(tmp_path / "c")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +173,8 @@ def test_sigkill_while_writing_leaves_consistent_cache(models, tmp_path, point):
     trace = tmp_path / "trace"
     hook = json.dumps({"trace": str(trace), "sleep": {point: 120}})
     run = [{"model": str(models["llama"]), "messages": MESSAGES, "max_tokens": MAX_TOKENS}]
-    proc = run_child(tmp_path, "victim", cache_dir, run, child_env(VERBATIM_DISK_CACHE_HOOK=hook))
+    env = child_env(openblas=openblas_here(), VERBATIM_DISK_CACHE_HOOK=hook)  # restored here below
+    proc = run_child(tmp_path, "victim", cache_dir, run, env)
     deadline = time.monotonic() + 60
     while not (trace.exists() and point in trace.read_text().split()):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -555,7 +586,7 @@ def test_hostile_file_with_matching_checksum_is_refused(tmp_path):
 
     def forge(data: bytes) -> None:
         path.write_bytes(data)
-        doc["entries"] = [dict(good, file_bytes=len(data), sha256=dc.hashlib.sha256(data).hexdigest())]
+        doc["entries"] = [dict(good, file_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())]
         (root / "index.json").write_text(json.dumps(doc))
 
     for why, md in forgeries.items():
