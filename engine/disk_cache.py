@@ -53,6 +53,7 @@ from typing import Any, Callable, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
+from .blas import blas_library
 from .prompt_cache import Snapshot, SnapshotError, SnapshotMeta, dominates, layer_offset
 
 FORMAT = "verbatim-prompt-cache"
@@ -108,36 +109,6 @@ def compute_env() -> str:
         _ENV = (f"mlx {mx.__version__}; mlx-lm {mlx_lm.__version__}; {mx.default_device()}; "
                 f"{platform.system()} {platform.machine()}; blas {blas_library()}")[:MAX_ENV_LEN]
     return _ENV
-
-
-def blas_library() -> str:
-    """The library MLX's `cblas_sgemm` binds to, as `<dir>/<file>` (e.g. a preloaded OpenBLAS).
-
-    Asked of the dynamic linker: a preloaded library wins in the global scope, else libmlx's own
-    dependency. (Scanning /proc/self/maps for "openblas" is wrong: numpy maps its own copy.)
-    """
-    import ctypes
-    import glob
-
-    class DlInfo(ctypes.Structure):
-        _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
-                    ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
-
-    try:
-        dladdr = ctypes.CDLL(None).dladdr
-        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
-        handles = [ctypes.CDLL(None)]
-        handles += [ctypes.CDLL(p) for p in glob.glob(os.path.join(os.path.dirname(mx.__file__), "lib", "libmlx.*"))]
-        for h in handles:
-            for sym in ("cblas_sgemm", "sgemm_"):
-                fn = getattr(h, sym, None)
-                info = DlInfo()
-                if fn is not None and dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info)) and info.fname:
-                    path = os.path.realpath(info.fname.decode(errors="replace"))
-                    return "/".join(path.split(os.sep)[-2:])
-    except (OSError, AttributeError):
-        pass
-    return "unknown"
 
 
 def _fsync(fd: int) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .events import CancelToken, Comparison, EventCallback, GenerationResult
+from .blas import optimized_blas
 from .generation import LoadedModel, generate
 from .gguf import GGUFError
 from .model_key import model_key
@@ -180,14 +181,6 @@ def _resolve(spec: str, progress: Any, cancel: Any) -> Path:
         raise EngineError(str(e)) from e
 
 
-def optimized_blas_loaded() -> bool:
-    """True if an optimized BLAS (OpenBLAS) is mapped into this process (Linux)."""
-    try:
-        return "openblas" in Path("/proc/self/maps").read_text().lower()
-    except OSError:
-        return False
-
-
 def _should_dequantize(choice: Optional[bool]) -> bool:
     """Expand quantized weights to f32 at load? Only pays on the CPU backend with a fast BLAS.
 
@@ -199,7 +192,7 @@ def _should_dequantize(choice: Optional[bool]) -> bool:
         return choice
     import mlx.core as mx
 
-    return mx.default_device() == mx.cpu and optimized_blas_loaded()
+    return mx.default_device() == mx.cpu and optimized_blas()
 
 
 def _is_quantized(model: Any) -> bool:

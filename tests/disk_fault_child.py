@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.disk_cache import blas_library  # noqa: E402
+from engine.blas import blas_library  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.settings import GenerationRequest, SamplerSettings  # noqa: E402
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.blas import optimized_blas
 from engine.engine import Engine
 from engine.settings import GenerationRequest, SamplerSettings
 from engine.tiny import FAMILIES, build_model
@@ -47,16 +48,9 @@ def cold_request(req: GenerationRequest) -> GenerationRequest:
     return dataclasses.replace(req, use_cache=False)
 
 
-def openblas_loaded() -> bool:
-    try:
-        return "openblas" in Path("/proc/self/maps").read_text().lower()
-    except OSError:
-        return False
-
-
 def require_openblas() -> None:
     """Determinism controls only bite with an optimized BLAS (DESIGN.md): fail in CI, skip locally."""
-    if openblas_loaded():
+    if optimized_blas():
         return
     msg = ("OpenBLAS is not preloaded: the forward-width effect these tests control for does not show "
            "with MLX's reference BLAS. Run the suite via `make test` (apt-get install libopenblas0-pthread).")

@@ -24,6 +24,7 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from engine import disk_cache as dc
+from engine.blas import optimized_blas
 from engine.disk_cache import DiskCache
 from engine.engine import Engine
 from engine.prompt_cache import Snapshot, SnapshotError, SnapshotMeta, cache_nbytes, clone_cache, new_snapshot_id
@@ -89,7 +90,7 @@ def assert_consistent(cache_dir: Path) -> None:
 
 
 def openblas_here() -> bool:
-    return "openblas" in dc.blas_library()
+    return optimized_blas()
 
 
 def child_env(openblas: bool | None = None, **extra: str) -> dict[str, str]:
