@@ -88,6 +88,12 @@ def read_messages(path: Path) -> list[dict[str, str]]:
         raise CLIError(f"{path}: {e}")
 
 
+def print_summary(result: GenerationResult) -> None:
+    for w in result.report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(summary_line(result), file=sys.stderr)
+
+
 def summary_line(result: GenerationResult) -> str:
     r = result.report
     same = "" if r.identical is None else ("  identical to previous" if r.identical else f"  DIFFERS at token {r.first_diff}")
@@ -141,7 +147,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     print(json.dumps(result.to_dict()), flush=True)
                 else:
                     print(result.text, flush=True)
-                    print(summary_line(result), file=sys.stderr)
+                    print_summary(result)
     finally:
         eng.close()
     return 0
@@ -167,7 +173,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             cancel.cancel()
             raise
         print()
-        print(summary_line(result), file=sys.stderr)
+        print_summary(result)
         return result
 
     try:

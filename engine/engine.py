@@ -133,6 +133,8 @@ class Engine:
         request = replace(request, messages=validate_messages(request.messages))
         prompt = self.prompt_ids(request.messages)
         result = generate(lm, request, self.cache, self.chunk, on_event, cancel, prompt=prompt)
+        if self.cache.disk is not None:
+            result.report.warnings = self.cache.disk.pop_warnings()
         if result.finish_reason != "cancelled":
             k = (lm.key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
             prev = self._previous.get(k)

@@ -86,6 +86,7 @@ class CacheReport:
     model_key: str = ""
     identical: Optional[bool] = None  # equal to the previous generation of the same prompt+settings
     first_diff: Optional[int] = None  # first differing token index when not identical
+    warnings: list[str] = field(default_factory=list)  # e.g. "prompt cache disk full": shown once
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

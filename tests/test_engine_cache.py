@@ -223,3 +223,18 @@ def test_report_describes_layers_and_aligned_chunks(models):
         assert s // 8 == (e - 1) // 8  # never crosses an aligned boundary
     assert rep.prefill_tokens == n and rep.restored == 0
     assert rep.ttft_s > 0 and rep.decode_tps > 0
+
+
+def test_disk_problem_reaches_the_report_once(models, tmp_path):
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / "snapshots").write_text("not a folder")  # the tier cannot write anything here
+    eng = make_engine(models["llama"], use_disk=True, cache_dir=cache_dir)
+    msgs = [{"role": "user", "content": QUESTIONS[0]}]
+    first = eng.generate(request(msgs))
+    second = eng.generate(request(msgs))
+    eng.close()
+    assert len(first.report.warnings) == 1 and "cache" in first.report.warnings[0].lower()
+    assert second.report.warnings == []
+    assert second.report.restored == second.report.prompt_tokens - 1  # memory tier still works
+    assert first.tokens == second.tokens
