@@ -134,3 +134,20 @@ def test_chat_regenerate_new_debug(llama, tmp_path):
     assert f"restored {n - 1} " in summaries[1]  # the regenerate was a whole-prompt hit
     assert "identical to previous: yes" in proc.stderr
     assert "(nothing generated yet)" in proc.stderr  # /debug right after /new
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "lfm2", "kvquant"])
+def test_two_processes_regenerate_from_disk(tmp_path, family):
+    """Issue 5's contract through the CLI: a second process regenerates from the disk tier."""
+    from engine.tiny import build_model
+
+    model = build_model(tmp_path / family, family)
+    m = write(tmp_path, "a.json", [{"role": "user", "content": "Explain how a prompt cache works in two sentences. " * 3}])
+    args = ("generate", "--model", str(model), "--messages", str(m), "--max-tokens", "12", "--chunk", "8",
+            "--cache-dir", str(tmp_path / "cache"), "--json")
+    first = json.loads(run_cli(*args).stdout)
+    second = json.loads(run_cli(*args).stdout)
+    assert first["cache"]["source"] is None
+    assert second["cache"]["source"] == "disk"
+    assert second["cache"]["restored"] == second["cache"]["prompt_tokens"] - 1
+    assert second["tokens"] == first["tokens"] and second["logprobs"] == first["logprobs"]
