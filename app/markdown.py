@@ -1,0 +1,153 @@
+"""Model output as safe HTML for Qt's rich-text engine.
+
+Model text is untrusted: raw HTML is escaped (markdown-it with html=False), links only keep
+http(s)/mailto targets, images become plain links (nothing is ever fetched), and the view
+refuses every resource load (see chat_view.MessageBody.loadResource). Fenced code blocks are
+highlighted with Pygments inline styles (Qt ignores CSS classes) and get a "Copy" link whose
+`copy:N` target indexes `Rendered.code_blocks`. No Qt import here, so it is testable alone.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from markdown_it import MarkdownIt
+
+SAFE_SCHEMES = ("http://", "https://", "mailto:")
+
+
+@dataclass(frozen=True)
+class Palette:
+    """The colours rendering needs (theme.Theme provides one)."""
+
+    text: str = "#1f2328"
+    muted: str = "#656d76"
+    link: str = "#0969da"
+    code_bg: str = "#f6f8fa"
+    code_border: str = "#d0d7de"
+    inline_code_bg: str = "#eff1f3"
+    quote: str = "#656d76"
+    pygments_style: str = "default"
+    mono: str = "Menlo, 'DejaVu Sans Mono', 'Noto Mono', monospace"
+
+
+@dataclass
+class Rendered:
+    html: str
+    code_blocks: list[str] = field(default_factory=list)
+
+
+@lru_cache(maxsize=1)
+def _parser() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    md.enable(["table", "strikethrough"])
+    return md
+
+
+def render(text: str, palette: Palette = Palette(), streaming: bool = False) -> Rendered:
+    """Markdown -> HTML. `streaming` appends a cursor (an unclosed fence renders as code)."""
+    md = _parser()
+    tokens = md.parse(text)
+    out = Rendered("")
+    renderer = md.renderer
+    rules: dict[str, Any] = {
+        "fence": lambda toks, i, opts, env: _code_block(toks[i].content, toks[i].info, palette, out),
+        "code_block": lambda toks, i, opts, env: _code_block(toks[i].content, "", palette, out),
+        "code_inline": lambda toks, i, opts, env: (
+            f'<code style="background-color:{palette.inline_code_bg}; font-family:{palette.mono}">'
+            f"{html.escape(toks[i].content)}</code>"
+        ),
+        "image": lambda toks, i, opts, env: _image(toks[i], palette),
+        "link_open": lambda toks, i, opts, env: _link_open(toks[i], palette, env),
+        "link_close": lambda toks, i, opts, env: "</a>" if env["links"].pop() else "</span>",
+        "blockquote_open": lambda toks, i, opts, env: f'<blockquote style="color:{palette.quote}">',
+        "table_open": lambda toks, i, opts, env: (
+            f'<table cellspacing="0" cellpadding="4" border="1" style="border-color:{palette.code_border};'
+            ' border-collapse:collapse">'
+        ),
+    }
+    saved = {k: renderer.rules.get(k) for k in rules}
+    renderer.rules.update(rules)  # per call: the parser is shared, so restore afterwards
+    try:
+        body = renderer.render(tokens, md.options, {"links": []})
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                renderer.rules.pop(k, None)
+            else:
+                renderer.rules[k] = v
+    if streaming:
+        body += f'<span style="color:{palette.muted}">▍</span>'
+    out.html = body
+    return out
+
+
+def _link_open(tok: Any, palette: Palette, env: dict[str, Any]) -> str:
+    href = str(tok.attrGet("href") or "")
+    safe = href.lower().startswith(SAFE_SCHEMES)
+    env["links"].append(safe)
+    if not safe:
+        return "<span>"  # keep the text, drop the target (javascript:, file:, relative paths...)
+    return f'<a href="{html.escape(href, quote=True)}" style="color:{palette.link}">'
+
+
+def _image(tok: Any, palette: Palette) -> str:
+    """Never load an image: show its alt text, linked when the target is http(s)."""
+    src = str(tok.attrGet("src") or "")
+    alt = html.escape("".join(c.content for c in (tok.children or [])) or "image")
+    if src.lower().startswith(("http://", "https://")):
+        return f'<a href="{html.escape(src, quote=True)}" style="color:{palette.link}">[image: {alt}]</a>'
+    return f"[image: {alt}]"
+
+
+def _code_block(code: str, info: str, palette: Palette, out: Rendered) -> str:
+    index = len(out.code_blocks)
+    out.code_blocks.append(code.rstrip("\n"))
+    lang = (info or "").strip().split()[0] if (info or "").strip() else ""
+    body = highlight(code.rstrip("\n"), lang, palette.pygments_style)
+    label = html.escape(lang) if lang else "code"
+    return (
+        f'<table width="100%" cellspacing="0" cellpadding="6" '
+        f'style="background-color:{palette.code_bg}; border:1px solid {palette.code_border}; '
+        f'margin-top:4px; margin-bottom:8px">'
+        f'<tr><td style="color:{palette.muted}; font-size:small">{label}</td>'
+        f'<td align="right" style="font-size:small"><a href="copy:{index}" '
+        f'style="color:{palette.link}; text-decoration:none">Copy</a></td></tr>'
+        f'<tr><td colspan="2"><pre style="font-family:{palette.mono}; white-space:pre-wrap; '
+        f'margin:0">{body}</pre></td></tr></table>'
+    )
+
+
+def highlight(code: str, lang: str, style: str) -> str:
+    """Pygments with inline styles; plain escaped text when the language is unknown."""
+    try:
+        from pygments import highlight as pyg_highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import get_lexer_by_name
+        from pygments.util import ClassNotFound
+    except ImportError:  # Pygments is optional: unhighlighted but still escaped
+        return html.escape(code)
+    if not lang:
+        return html.escape(code)
+    try:
+        lexer = get_lexer_by_name(lang, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return html.escape(code)
+    formatter = _formatter(style)
+    return pyg_highlight(code, lexer, formatter).rstrip("\n")
+
+
+@lru_cache(maxsize=4)
+def _formatter(style: str) -> Any:
+    from pygments.formatters import HtmlFormatter
+
+    # nowrap: we supply our own <pre>; noclasses: Qt understands inline style attributes only.
+    return HtmlFormatter(nowrap=True, noclasses=True, style=style)
+
+
+def plain_text(text: str) -> str:
+    """What "Copy" puts on the clipboard for a whole message: the markdown source itself."""
+    return text
