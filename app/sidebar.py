@@ -1,0 +1,116 @@
+"""The conversation list: search, new, rename (F2 / double-click), delete (context menu / Del)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+
+@dataclass(frozen=True)
+class ConversationItem:
+    id: int
+    title: str
+    subtitle: str = ""  # a search snippet, or when it was last used
+
+
+class Sidebar(QWidget):
+    selected = Signal(int)
+    newRequested = Signal()
+    renameRequested = Signal(int)
+    deleteRequested = Signal(int)
+    exportRequested = Signal(int)
+    searchChanged = Signal(str)  # debounced
+
+    def __init__(self, parent: Optional[QWidget] = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("sidebar")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 10, 10, 10)
+        lay.setSpacing(8)
+        self.new_button = QPushButton("+  New chat")
+        self.new_button.setObjectName("newChatButton")
+        self.new_button.setToolTip("New conversation (Ctrl+N)")
+        self.new_button.clicked.connect(self.newRequested)
+        lay.addWidget(self.new_button)
+        self.search = QLineEdit()
+        self.search.setObjectName("conversationSearch")
+        self.search.setPlaceholderText("Search conversations")
+        self.search.setClearButtonEnabled(True)
+        lay.addWidget(self.search)
+        self.list = QListWidget()
+        self.list.setObjectName("conversationList")
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._menu)
+        self.list.currentItemChanged.connect(self._on_current)
+        self.list.itemDoubleClicked.connect(lambda it: self.renameRequested.emit(it.data(Qt.ItemDataRole.UserRole)))
+        lay.addWidget(self.list, 1)
+        self.empty = QLabel("No conversations yet.")
+        self.empty.setObjectName("hint")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        lay.addWidget(self.empty)
+        QShortcut(QKeySequence(Qt.Key.Key_F2), self.list, lambda: self._emit_current(self.renameRequested))
+        QShortcut(QKeySequence.StandardKey.Delete, self.list, lambda: self._emit_current(self.deleteRequested))
+        self._debounce = QTimer(self)
+        self._debounce.setSingleShot(True)
+        self._debounce.setInterval(150)
+        self._debounce.timeout.connect(lambda: self.searchChanged.emit(self.search.text().strip()))
+        self.search.textChanged.connect(lambda _: self._debounce.start())
+        self._quiet = False
+
+    def set_items(self, items: list[ConversationItem], current: Optional[int]) -> None:
+        self._quiet = True  # repopulating is not the user choosing a conversation
+        try:
+            self.list.clear()
+            for it in items:
+                item = QListWidgetItem(it.title if not it.subtitle else f"{it.title}\n{it.subtitle}")
+                item.setData(Qt.ItemDataRole.UserRole, it.id)
+                item.setToolTip(it.title)
+                self.list.addItem(item)
+                if it.id == current:
+                    self.list.setCurrentItem(item)
+        finally:
+            self._quiet = False
+        searching = bool(self.search.text().strip())
+        self.empty.setVisible(not items)
+        self.empty.setText("No matches." if searching else "No conversations yet.")
+
+    def current_id(self) -> Optional[int]:
+        it = self.list.currentItem()
+        return it.data(Qt.ItemDataRole.UserRole) if it is not None else None
+
+    def ids(self) -> list[int]:
+        return [self.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.list.count())]
+
+    def _on_current(self, item: Optional[QListWidgetItem], _prev: Optional[QListWidgetItem]) -> None:
+        if item is not None and not self._quiet:
+            self.selected.emit(item.data(Qt.ItemDataRole.UserRole))
+
+    def _emit_current(self, signal: Signal) -> None:
+        cid = self.current_id()
+        if cid is not None:
+            signal.emit(cid)
+
+    def _menu(self, pos: QPoint) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.renameRequested.emit(cid))
+        menu.addAction("Export…", lambda: self.exportRequested.emit(cid))
+        menu.addSeparator()
+        menu.addAction("Delete", lambda: self.deleteRequested.emit(cid))
+        menu.exec(self.list.mapToGlobal(pos))
