@@ -1,0 +1,132 @@
+"""The chat logic behind the window, without Qt: what the GUI does, a test does through engine APIs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.markdown import render
+from app.session import ChatSession, ChatSettings, title_from
+from app.view_models import footer_text, identity_text
+from engine.engine import Engine
+from engine.settings import SamplerSettings
+from engine.store import ConversationStore
+
+
+@pytest.fixture
+def chat(tiny_model: Path, tmp_path: Path):
+    store = ConversationStore(tmp_path / "db.sqlite3")
+    engine = Engine(use_disk=False, chunk=16)
+    engine.load(str(tiny_model))
+    session = ChatSession(store)
+    yield session, engine
+    engine.close()
+    store.close()
+
+
+def run(session: ChatSession, engine: Engine, pending):
+    return session.finish(pending, engine.generate(pending.request))
+
+
+def settings(**kw) -> ChatSettings:
+    return ChatSettings(sampler=SamplerSettings(temperature=0.9, max_tokens=16), **kw)
+
+
+def test_send_regenerate_variant_edit_without_qt(chat) -> None:
+    session, engine = chat
+    conv = session.new_conversation(settings(system_prompt="Be brief."))
+    p1 = session.begin_send(conv, "Why is the sky blue?", model_name="tiny")
+    assert session.store.get_message(p1.reply_id).status == "generating"  # saved before generating
+    assert p1.request.messages[0] == {"role": "system", "content": "Be brief."}
+    first = run(session, engine, p1)
+    assert first.status == "complete" and first.tokens and first.model_name == "tiny"
+    assert session.store.get_conversation(conv).title == "Why is the sky blue?"
+
+    again = run(session, engine, session.begin_regenerate(first.id))
+    assert again.seed == first.seed and again.tokens == first.tokens and again.logprobs == first.logprobs
+    rep = again.cache_report
+    assert rep["identical"] is True and rep["action"] == "regenerate" and rep["previous_id"] == first.id
+    assert rep["restored"] == rep["prompt_tokens"] - 1
+
+    variant = run(session, engine, session.begin_regenerate(again.id, fresh=True))
+    assert variant.seed != first.seed and variant.cache_report["action"] == "variant"
+    view = session.view(conv)
+    assert [vm.role for vm in view] == ["user", "assistant"]
+    assert view[-1].navigator == "3 / 3" and view[-1].prev_id == again.id
+
+    edited = session.begin_edit(p1.user_id, "What is Rome?")
+    reply = run(session, engine, edited)
+    view = session.view(conv)
+    assert view[0].content == "What is Rome?" and view[0].navigator == "2 / 2" and view[1].id == reply.id
+    session.store.set_active(p1.user_id)
+    assert [vm.id for vm in session.view(conv)][0] == p1.user_id
+
+
+def test_verify_inputs_reproduce_the_reply_cold(chat) -> None:
+    session, engine = chat
+    conv = session.new_conversation(settings())
+    reply = run(session, engine, session.begin_send(conv, "The capital of France is"))
+    request, tokens, logprobs = session.verify_inputs(reply.id)
+    from engine.events import CacheReport, GenerationResult
+
+    stored = GenerationResult("", tokens, logprobs, "stop", request.sampler.seed, [], CacheReport())
+    assert engine.verify(request, stored).identical
+
+
+def test_failed_generation_keeps_the_users_message(chat) -> None:
+    session, _ = chat
+    conv = session.new_conversation(settings())
+    p = session.begin_send(conv, "hello")
+    session.fail(p)
+    assert [m.role for m in session.store.active_path(conv)] == ["user"]
+    retry = session.begin_reply_to(p.user_id)
+    assert retry.request.messages[-1] == {"role": "user", "content": "hello"}
+
+
+def test_settings_round_trip_and_labels() -> None:
+    s = ChatSettings(system_prompt="x", sampler=SamplerSettings(temperature=0.3, seed=7), random_seed=False, mode="fast")
+    assert ChatSettings.from_dict(s.to_dict()) == s
+    assert ChatSettings.from_dict({"mode": "bogus", "sampler": "nope"}) == ChatSettings()
+    assert s.seed_for_new_reply() == 7
+    assert title_from("  a\nlong   question " * 10).endswith("…")
+    assert identity_text({"identical": True}) == "identical to previous"
+    assert identity_text({"identical": False, "first_diff": 3}) == "differs from previous at token 3"
+    assert identity_text({}) == ""
+
+
+def test_footer_text_for_a_stored_reply(chat) -> None:
+    session, engine = chat
+    conv = session.new_conversation(settings())
+    reply = run(session, engine, session.begin_send(conv, "hi"))
+    text = footer_text(reply)
+    assert text.startswith(f"{len(reply.tokens)} token") and "TTFT" in text and "cache: restored 0 / " in text
+
+
+def test_markdown_is_safe_and_highlighted() -> None:
+    r = render(
+        "<script>alert(1)</script> [x](javascript:alert(1)) [ok](https://example.com) "
+        "![pic](http://example.com/a.png) <img src=x onerror=y>\n\n```python\nx = '<b>'\n```\n"
+    )
+    assert "<script" not in r.html and "<img" not in r.html and "javascript:" not in r.html.split("[x]")[0]
+    assert 'href="javascript' not in r.html and 'href="https://example.com"' in r.html
+    assert "[image: pic]" in r.html
+    assert r.code_blocks == ["x = '<b>'"] and 'href="copy:0"' in r.html
+    assert "&lt;b&gt;" in r.html and "style=" in r.html  # highlighted with inline styles, escaped
+
+
+def test_markdown_streaming_unclosed_fence() -> None:
+    r = render("Here:\n```js\nlet a = 1", streaming=True)
+    assert r.code_blocks == ["let a = 1"] and r.html.endswith("▍</span>")
+
+
+def test_chat_logic_does_not_import_qt() -> None:
+    import subprocess
+
+    code = (
+        "import sys, app.session, app.view_models, app.markdown; "
+        "sys.exit(any(m.startswith('PySide6') for m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)}).returncode == 0
