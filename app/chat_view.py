@@ -346,6 +346,10 @@ class ChatView(QScrollArea):
         for mid in [m for m in self.widgets if m not in keep]:
             w = self.widgets.pop(mid)
             self.col_layout.removeWidget(w)
+            # Hide and detach now: deleteLater waits for the event loop, and until then the old
+            # widget would still paint under its replacement.
+            w.hide()
+            w.setParent(None)
             w.deleteLater()
         for i, vm in enumerate(vms):
             w = self.widgets.get(vm.id)

@@ -107,19 +107,6 @@ class DebugPanel(QDockWidget):
         _form(cache_box, REPORT_FIELDS, self.values)
         lay.addWidget(cache_box)
 
-        self.layers = QTableWidget(0, 5)
-        self.layers.setObjectName("layerTable")
-        self.layers.setHorizontalHeaderLabels(["Layer", "Cache class", "Offset", "Size", "Trim"])
-        self.layers.verticalHeader().setVisible(False)
-        self.layers.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.layers.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        self.layers.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.layers.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
-        self.layers.setMinimumHeight(120)
-        layer_box = QGroupBox("Layers after restore")
-        QVBoxLayout(layer_box).addWidget(self.layers)
-        lay.addWidget(layer_box)
-
         decl_box = QGroupBox("Declined snapshots")
         self.declines = QLabel("none")
         self.declines.setObjectName("debug_declines")
@@ -127,10 +114,6 @@ class DebugPanel(QDockWidget):
         self.declines.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         QVBoxLayout(decl_box).addWidget(self.declines)
         lay.addWidget(decl_box)
-
-        time_box = QGroupBox("Timings")
-        _form(time_box, TIMING_FIELDS, self.values)
-        lay.addWidget(time_box)
 
         ident_box = QGroupBox("Identity")
         ident = _form(ident_box, [("identity", "Previous variant"), ("verify", "Cold run")], self.values)
@@ -140,6 +123,10 @@ class DebugPanel(QDockWidget):
         self.verify_button.clicked.connect(lambda: self.reply_id is not None and self.verifyRequested.emit(self.reply_id))
         ident.addRow(self.verify_button)
         lay.addWidget(ident_box)
+
+        time_box = QGroupBox("Timings")
+        _form(time_box, TIMING_FIELDS, self.values)
+        lay.addWidget(time_box)
 
         store_box = QGroupBox("Cache store")
         store = _form(store_box, STORE_FIELDS, self.values)
@@ -151,6 +138,23 @@ class DebugPanel(QDockWidget):
         row.addWidget(self.clear_button)
         store.addRow(row)
         lay.addWidget(store_box)
+
+        self.layers = QTableWidget(0, 5)
+        self.layers.setObjectName("layerTable")
+        self.layers.setHorizontalHeaderLabels(["#", "Cache class", "Offset", "Size", "Trim"])
+        self.layers.verticalHeader().setVisible(False)
+        self.layers.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.layers.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.layers.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.layers.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        self.layers.setMinimumHeight(120)
+        self.layers.setMaximumHeight(320)
+        self.layers.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.layers.verticalHeader().setDefaultSectionSize(22)
+        layer_box = QGroupBox("Layers after restore")
+        QVBoxLayout(layer_box).addWidget(self.layers)
+        lay.addWidget(layer_box)
+
         lay.addStretch(1)
 
         scroll = QScrollArea()

@@ -27,6 +27,7 @@ class Palette:
     muted: str = "#656d76"
     link: str = "#0969da"
     code_bg: str = "#f6f8fa"
+    code_head: str = "#eaeef2"  # the band above a code block (language, Copy)
     code_border: str = "#d0d7de"
     inline_code_bg: str = "#eff1f3"
     quote: str = "#656d76"
@@ -109,12 +110,12 @@ def _code_block(code: str, info: str, palette: Palette, out: Rendered) -> str:
     lang = (info or "").strip().split()[0] if (info or "").strip() else ""
     body = highlight(code.rstrip("\n"), lang, palette.pygments_style)
     label = html.escape(lang) if lang else "code"
+    head = f"background-color:{palette.code_head}; font-size:small"
     return (
-        f'<table width="100%" cellspacing="0" cellpadding="6" '
-        f'style="background-color:{palette.code_bg}; border:1px solid {palette.code_border}; '
-        f'margin-top:4px; margin-bottom:8px">'
-        f'<tr><td style="color:{palette.muted}; font-size:small">{label}</td>'
-        f'<td align="right" style="font-size:small"><a href="copy:{index}" '
+        f'<table width="100%" cellspacing="0" cellpadding="6" border="0" '
+        f'style="background-color:{palette.code_bg}; margin-top:4px; margin-bottom:8px">'
+        f'<tr><td style="{head}; color:{palette.muted}">{label}</td>'
+        f'<td align="right" style="{head}"><a href="copy:{index}" '
         f'style="color:{palette.link}; text-decoration:none">Copy</a></td></tr>'
         f'<tr><td colspan="2"><pre style="font-family:{palette.mono}; white-space:pre-wrap; '
         f'margin:0">{body}</pre></td></tr></table>'

@@ -55,7 +55,8 @@ DARK = Theme(
     accent="#4c8dff", accent_text="#ffffff", border="#33363d", user_bg="#232a36", selected="#2b3445",
     good="#3fb950", bad="#f85149",
     code=Palette(
-        text="#e6e8eb", muted="#9198a1", link="#6cb6ff", code_bg="#0f1012", code_border="#33363d",
+        text="#e6e8eb", muted="#9198a1", link="#6cb6ff", code_bg="#0f1012", code_head="#25282e",
+        code_border="#33363d",
         inline_code_bg="#2a2d33", quote="#9198a1", pygments_style="github-dark",
     ),
 )  # fmt: skip
@@ -101,7 +102,10 @@ def palette_for(theme: Theme) -> QPalette:
 
 def style_sheet(theme: Theme) -> str:
     template = (RESOURCES / "styles" / "app.qss").read_text()
-    return Template(template).safe_substitute({k: v for k, v in theme.__dict__.items() if isinstance(v, str)})
+    values = {k: v for k, v in theme.__dict__.items() if isinstance(v, str)}
+    icons = RESOURCES / "icons"
+    values["chevron"] = (icons / f"chevron-down-{theme.name}.svg").as_posix()
+    return Template(template).safe_substitute(values)
 
 
 def apply_theme(app: QApplication, theme: Theme) -> None:

@@ -1,0 +1,134 @@
+"""Regenerate docs/screenshot-{main,debug,models}.png from a real session with a real model.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
+        .venv/bin/python docs/make_screenshots.py [--model demo] [--theme light] [--scale 1.5]
+
+Runs offscreen (no display needed; fonts come from fontconfig), in a throw-away data dir, with
+a fixed seed so the conversation is the same every time on the same model. It asks questions,
+streams the replies, regenerates the last one (which must come back identical: the script fails
+otherwise), opens the debug panel on that reply and the model manager, and grabs each view.
+Takes a minute or two on a CPU with the demo model (OpenBLAS preloaded on Linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SIDE_CHATS = [
+    "What is the capital of France?",
+    "Give me three tips for a good night's sleep.",
+]
+MAIN_CHAT = [
+    "Why is the sky blue? Answer in two sentences.",
+    "Write a Python function that checks whether a number is prime.",
+]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="demo")
+    p.add_argument("--theme", default="light", choices=["light", "dark"])
+    p.add_argument("--scale", default="1", help="device pixel ratio of the images (QT_SCALE_FACTOR)")
+    p.add_argument("--out", type=Path, default=ROOT / "docs")
+    p.add_argument("--seed", type=int, default=7)
+    args = p.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["QT_SCALE_FACTOR"] = args.scale
+
+    from PySide6.QtCore import QEventLoop
+    from PySide6.QtWidgets import QApplication
+
+    from app import build_main_window
+    from app.main import ensure_application
+    from app.session import ChatSettings
+    from engine.settings import SamplerSettings
+
+    app = ensure_application()
+
+    def wait_until(pred: Callable[[], bool], timeout: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                raise TimeoutError("timed out waiting for the app")
+            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            time.sleep(0.01)
+
+    def settle(seconds: float = 0.3) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            time.sleep(0.01)
+
+    data = Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
+    w = build_main_window(args.model, data, theme=args.theme)
+    w.resize(1280, 820)
+    wait_until(lambda: w.model_ready or w.last_error is not None)
+    if not w.model_ready:
+        print(f"cannot load {args.model}: {w.last_error}", file=sys.stderr)
+        return 1
+    w.apply_settings(
+        ChatSettings(
+            sampler=SamplerSettings(temperature=0.3, top_p=0.9, repetition_penalty=1.1, max_tokens=300, seed=args.seed),
+            random_seed=False,
+        )
+    )
+
+    def ask(text: str) -> None:
+        w.composer.setPlainText(text)
+        w.send()
+        wait_until(lambda: not w.generating)
+        if w.last_error:
+            raise RuntimeError(w.last_error)
+
+    for q in SIDE_CHATS:
+        w.new_conversation()
+        ask(q)
+    w.new_conversation()
+    for q in MAIN_CHAT:
+        ask(q)
+    first = w.message_vms()[-1]
+    w.regenerate(fresh=False)
+    wait_until(lambda: not w.generating)
+    again = w.message_vms()[-1]
+    if again.identical is not True or again.content != first.content:
+        print("regenerate was not identical: refusing to take screenshots of that", file=sys.stderr)
+        return 1
+    w.chat_view.select(again.id)
+    w.chat_view.scroll_to_bottom()
+    settle()
+    args.out.mkdir(parents=True, exist_ok=True)
+    w.grab().save(str(args.out / "screenshot-main.png"))
+
+    w.resize(1560, 900)
+    w.debug_panel.show()
+    w.debug_panel.verifyRequested.emit(again.id)
+    wait_until(lambda: w.verify_job is None)
+    w.chat_view.scroll_to_bottom()
+    settle()
+    w.grab().save(str(args.out / "screenshot-debug.png"))
+    w.debug_panel.hide()
+
+    w.resize(1280, 820)
+    dlg = w.open_model_manager()
+    wait_until(lambda: "found" in dlg.status.text() or "No models" in dlg.status.text())
+    dlg.repo.setText("mlx-community/SmolLM2-360M-Instruct")
+    settle()
+    dlg.grab().save(str(args.out / "screenshot-models.png"))
+    dlg.close()
+    w.close()
+    print(f"wrote {', '.join(f'screenshot-{n}.png' for n in ('main', 'debug', 'models'))} to {args.out}")
+    QApplication.processEvents()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
