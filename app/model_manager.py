@@ -160,6 +160,9 @@ class ModelManager(QDialog):
                 e.source, e.source
             )
             name = "SmolLM2-135M-Instruct (demo)" if e.source == "demo" else e.name
+            in_use = entry_spec(e) == self.current_spec or str(e.path) == self.current_spec
+            if in_use:
+                name += "  ● in use"
             for c, text in enumerate([name, e.family, format_bytes(e.size_bytes), e.quantization, ctx, source]):
                 item = QTableWidgetItem(text)
                 item.setToolTip(str(e.path))

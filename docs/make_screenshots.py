@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SIDE_CHATS = [
-    "What is the capital of France?",
-    "Give me three tips for a good night's sleep.",
+    "Name three planets in our solar system.",
+    "What are the three primary colors?",
 ]
 MAIN_CHAT = [
-    "Why is the sky blue? Answer in two sentences.",
+    "What is photosynthesis? Answer in one sentence.",
     "Write a Python function that checks whether a number is prime.",
 ]
 
@@ -108,7 +108,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     w.grab().save(str(args.out / "screenshot-main.png"))
 
-    w.resize(1560, 900)
+    w.resize(1560, 1080)
     w.debug_panel.show()
     w.debug_panel.verifyRequested.emit(again.id)
     wait_until(lambda: w.verify_job is None)
@@ -120,7 +120,10 @@ def main() -> int:
     w.resize(1280, 820)
     dlg = w.open_model_manager()
     wait_until(lambda: "found" in dlg.status.text() or "No models" in dlg.status.text())
-    dlg.repo.setText("mlx-community/SmolLM2-360M-Instruct")
+    dlg.resize(820, 380)
+    # This machine is offline: show what a failed download looks like (one clear line).
+    dlg.download("mlx-community/SmolLM2-360M-Instruct")
+    wait_until(lambda: "Download" in dlg.status.text() and dlg.cancel_button.isHidden())
     settle()
     dlg.grab().save(str(args.out / "screenshot-models.png"))
     dlg.close()
