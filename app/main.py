@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QMessageBox
 
@@ -77,8 +78,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
     app.lastWindowClosed.connect(closed.set)
+    # Ctrl+C / SIGTERM close the window like the close button (the reply in progress is saved).
+    # Python runs signal handlers only between bytecodes: a light timer gives it the chance.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: window.close())
+    tick = QTimer()
+    tick.timeout.connect(lambda: None)
+    tick.start(200)
     with loop:
         loop.run_until_complete(closed.wait())
+    tick.stop()
     window.shutdown()
     return 0
 

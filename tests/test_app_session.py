@@ -130,3 +130,35 @@ def test_chat_logic_does_not_import_qt() -> None:
     )
     root = Path(__file__).resolve().parent.parent
     assert subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)}).returncode == 0
+
+
+def test_python_m_app_starts_and_closes_cleanly_on_sigint(tiny_model: Path, tmp_path: Path) -> None:
+    """The real entry point (QApplication + qasync loop + window + worker), ended with Ctrl+C."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("PySide6")
+    root = Path(__file__).resolve().parent.parent
+    data = tmp_path / "data"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "--model", str(tiny_model), "--data-dir", str(data)],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (data / "cache").exists():  # the worker made its engine (and disk cache)
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out, out
+    assert (data / "settings.ini").is_file()  # geometry saved on the way out

@@ -425,3 +425,17 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     assert w.model_picker.currentData() == str(mgr.entries[row].path)
     send(qtbot, w, "hello")
     assert replies(w)[-1].status == "complete"
+
+
+def test_second_window_on_the_same_data_is_read_only(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    w1 = open_window(data, max_tokens=4)
+    send(qtbot, w1, "only the first window writes")
+    w2 = open_window(data, wait=False)
+    assert w2.read_only and w2.banner.isVisible() and "read-only" in w2.banner.text()
+    assert w2.message_vms()[0].content == "only the first window writes"  # it can read
+    qtbot.waitUntil(lambda: w2.model_ready, timeout=LONG)
+    assert not w2.findChild(QPushButton, "sendButton").isEnabled()
+    assert not w2.findChild(QPushButton, "regenerateButton").isEnabled()
