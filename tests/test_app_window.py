@@ -417,6 +417,21 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     qtbot.mouseClick(mgr.download_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: "Download failed" in mgr.status.text(), timeout=LONG)
     assert mgr.status.property("error") is True
+    # A corrupt GGUF: one clear line. A cancelled import (queued behind a long reply): "cancelled".
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    mgr.import_gguf(str(bad))
+    qtbot.waitUntil(lambda: "Import failed" in mgr.status.text(), timeout=LONG)
+    assert "broken.gguf" in mgr.status.text() or "GGUF" in mgr.status.text()
+    w.apply_settings(settings(3000))
+    send(qtbot, w, "a long reply keeps the engine busy", wait=False)
+    mgr.import_gguf(str(gguf))
+    qtbot.mouseClick(mgr.cancel_button, Qt.MouseButton.LeftButton)
+    w.stop()
+    wait_idle(qtbot, w)
+    qtbot.waitUntil(lambda: "Import cancelled" in mgr.status.text(), timeout=LONG)
+    assert mgr.import_button.isEnabled() and not mgr.cancel_button.isVisible()
+    w.apply_settings(settings(4))
     # Use the imported model.
     row = next(i for i, e in enumerate(mgr.entries) if e.source == "gguf")
     mgr.table.selectRow(row)
