@@ -67,6 +67,7 @@ class ModelManager(QDialog):
         self._task: Optional[BackgroundTask] = None  # discovery or download
         self._import_job: Optional[int] = None
         self._select_after: Optional[str] = None
+        self._importing = ""
         self._note = ""  # shown instead of the model count after the next discovery
 
         lay = QVBoxLayout(self)
@@ -213,7 +214,8 @@ class ModelManager(QDialog):
         from engine.gguf import import_gguf
         from engine.models import models_dir
 
-        self._busy(True, f"Importing {Path(path).name}…")
+        self._importing = Path(path).name
+        self._busy(True, f"Importing {self._importing}…")
 
         def run(progress: Any, cancel: Any) -> Path:
             return import_gguf(path, models_dir(), progress, cancel)
@@ -239,7 +241,7 @@ class ModelManager(QDialog):
             return
         self._import_job = None
         self._busy(False)
-        self._set_status("Import cancelled." if message == "cancelled" else f"Import failed: {message}",
+        self._set_status("Import cancelled." if message == "cancelled" else f"Import failed ({self._importing}): {message}",
                          error=message != "cancelled")
 
     # -- download (background thread: network only) -------------------------------------------

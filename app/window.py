@@ -390,7 +390,17 @@ class MainWindow(QMainWindow):
         seed = "random seed" if s.random_seed else f"seed {s.sampler.seed}"
         self.settings_summary.setText(f"{s.mode} · T {s.sampler.temperature:g} · {seed} · max {s.sampler.max_tokens}")
 
+    def _update_title(self) -> None:
+        title = "Verbatim"
+        if self.conv_id is not None:
+            try:
+                title = f"{self.store.get_conversation(self.conv_id).title} — Verbatim"
+            except StoreError:
+                pass
+        self.setWindowTitle(title)
+
     def refresh_conversations(self) -> None:
+        self._update_title()
         q = self.sidebar.search.text().strip()
         if q:
             items = [ConversationItem(h.conversation.id, h.conversation.title, h.snippet) for h in self.store.search(q)]
@@ -406,6 +416,7 @@ class MainWindow(QMainWindow):
     def show_conversation(self, conv_id: Optional[int]) -> None:
         self.conv_id = conv_id
         self.chat_view.selected_id = None
+        self._update_title()
         self.refresh_messages()
         self.chat_view.scroll_to_bottom()
         self._update_actions()
