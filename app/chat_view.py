@@ -113,6 +113,7 @@ class MessageWidget(QFrame):
         self.assistant_name = assistant_name
         self.streaming = False
         self.stream_text = ""
+        self._shown: tuple[str, str, bool] = ("", "", True)  # what the body shows now
         self.setObjectName("userMessage" if vm.role == "user" else "assistantMessage")
         self.setProperty("selected", False)
         lay = QVBoxLayout(self)
@@ -180,7 +181,7 @@ class MessageWidget(QFrame):
 
     # -- content -----------------------------------------------------------------------------------
     def update_vm(self, vm: MessageVM, force: bool = False) -> None:
-        changed = force or vm != self.vm
+        changed = force or vm != self.vm or self._shown != (vm.content, vm.status, False)
         self.vm = vm
         if not changed:
             return
@@ -207,8 +208,10 @@ class MessageWidget(QFrame):
         self.identity.style().polish(self.identity)
         if vm.status == "generating" and not self.streaming:
             self.set_stream("", 0)
-        elif not self.streaming:
+        elif not self.streaming and self._shown != (vm.content, vm.status, False):
+            # Only when the text changed: a new sibling elsewhere only changes the navigator.
             self._render(vm.content)
+            self._shown = (vm.content, vm.status, False)
 
     def _render(self, text: str, streaming: bool = False) -> None:
         if self.vm.role == "user":
@@ -225,6 +228,8 @@ class MessageWidget(QFrame):
         self.body.set_rendered(render(text, self.palette_, streaming=streaming))
 
     def set_palette(self, palette: Palette) -> None:
+        if palette == self.palette_:
+            return
         self.palette_ = palette
         if self.streaming:
             self._render(self.stream_text, streaming=True)
@@ -235,6 +240,7 @@ class MessageWidget(QFrame):
     def set_stream(self, text: str, count: int) -> None:
         self.streaming = True
         self.stream_text = text
+        self._shown = (text, "generating", True)
         if text:
             self._render(text, streaming=True)
             self.footer.setText(f"{count} tokens…")

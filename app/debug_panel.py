@@ -92,6 +92,8 @@ class DebugPanel(QDockWidget):
         self.reply_id: Optional[int] = None
         self.values: dict[str, QLabel] = {}
         self.report: dict[str, Any] = {}
+        self._pending_vm: Optional[MessageVM] = None
+        self._dirty = False
 
         inner = QWidget()
         inner.setObjectName("debugInner")
@@ -162,13 +164,28 @@ class DebugPanel(QDockWidget):
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(inner)
         self.setWidget(scroll)
-        self.show_reply(None)
+        self._fill(None)
 
     def value(self, key: str) -> str:
         return self.values[key].text()
 
     # -- the selected reply ----------------------------------------------------------------------
     def show_reply(self, vm: Optional[MessageVM]) -> None:
+        """Show `vm`'s report; while the panel is hidden only remember it (filled when shown)."""
+        self._pending_vm = vm
+        if not self.isVisible():
+            self._dirty = True
+            return
+        self._dirty = False
+        self._fill(vm)
+
+    def showEvent(self, event: Any) -> None:  # type: ignore[override]
+        super().showEvent(event)
+        if self._dirty:
+            self._dirty = False
+            self._fill(self._pending_vm)
+
+    def _fill(self, vm: Optional[MessageVM]) -> None:
         same = vm is not None and vm.id == self.reply_id
         self.reply_id = vm.id if vm is not None else None
         r = dict(vm.report) if vm is not None else {}

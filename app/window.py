@@ -656,8 +656,7 @@ class MainWindow(QMainWindow):
             return
         self._end_generation()
         self.last_finished = finished
-        self.refresh_messages()
-        self.refresh_conversations()
+        self.refresh_messages()  # the sidebar was refreshed when the reply started
         r = finished.result
         rep = r.report
         msg = f"{len(r.tokens)} tokens · restored {rep.restored} / {rep.prompt_tokens}"

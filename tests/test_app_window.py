@@ -355,19 +355,35 @@ def test_settings_apply_to_the_next_reply(qtbot: Any, open_window: Callable[...,
     assert w.store.messages_for_prompt(w.conv_id, reply.parent_id)[0] == {"role": "system", "content": "You are terse."}
 
 
+def _runqueue_wait_s() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux schedstat), else 0."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def test_gui_thread_never_stalls_during_generation(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     """A 5 ms heartbeat on the GUI thread; the largest gap between beats while a reply is being
-    generated (prefill, streaming, and the final save and re-render) must stay under 50 ms."""
+    generated (prefill, streaming, and the final save and re-render) must stay under 50 ms.
+
+    A gap is the GUI thread being busy or blocked (GIL, locks, our own work). On Linux the time
+    it spent runnable but waiting for a CPU (other processes saturating the cores: the scheduler,
+    not the app) is read from schedstat and taken out; both numbers are printed."""
     w = open_window(max_tokens=200)
     send(qtbot, w, LONG_PROMPT[:600])  # warm-up: first paint, glyph caches, MLX kernels
-    gaps: list[float] = []
-    state = {"last": time.perf_counter(), "was": False}
+    raw: list[float] = []
+    own: list[float] = []
+    state = {"last": time.perf_counter(), "wait": _runqueue_wait_s(), "was": False}
 
     def beat() -> None:
-        now = time.perf_counter()
+        now, wait = time.perf_counter(), _runqueue_wait_s()
         if state["was"]:  # the gap ended a beat taken while generating: it counts
-            gaps.append(now - state["last"])
-        state["last"], state["was"] = now, w.generating
+            gap = now - state["last"]
+            raw.append(gap)
+            own.append(gap - (wait - state["wait"]))
+        state["last"], state["wait"], state["was"] = now, wait, w.generating
 
     timer = QTimer()
     timer.setTimerType(Qt.TimerType.PreciseTimer)
@@ -376,16 +392,16 @@ def test_gui_thread_never_stalls_during_generation(qtbot: Any, open_window: Call
     tokens = 0
     for _ in range(8):  # random weights can hit EOS early: generate until enough tokens streamed
         click(qtbot, w, "newVariantButton")
-        state["last"], state["was"] = time.perf_counter(), True
+        state["last"], state["wait"], state["was"] = time.perf_counter(), _runqueue_wait_s(), True
         wait_idle(qtbot, w)
         tokens += len(w.store.get_message(replies(w)[-1].id).tokens)
         if tokens >= 300:
             break
     qtbot.wait(20)
     timer.stop()
-    worst = max(gaps) * 1000
-    print(f"\nGUI heartbeat: {len(gaps)} beats while generating {tokens} tokens, "
-          f"max gap {worst:.1f} ms, mean {1000 * sum(gaps) / len(gaps):.1f} ms")
+    worst, worst_raw = max(own) * 1000, max(raw) * 1000
+    print(f"\nGUI heartbeat: {len(raw)} beats while generating {tokens} tokens; max gap {worst:.1f} ms "
+          f"({worst_raw:.1f} ms wall clock, incl. waiting for a CPU), mean {1000 * sum(raw) / len(raw):.1f} ms")
     assert tokens >= 150
     assert worst < 50, f"GUI thread stalled {worst:.1f} ms"
 
