@@ -668,6 +668,9 @@ class MainWindow(QMainWindow):
         elif ident is False:
             msg += " · differs from previous"
         self.statusBar().showMessage(msg, 8000)
+        if rep.warnings:  # the engine hands each disk problem over once; keep it in view
+            self._banner("Prompt cache: " + "; ".join(rep.warnings)
+                         + " Replies still work; the cache is kept in memory only.")
 
     def _on_generation_failed(self, job: int, message: str) -> None:
         if job != self.gen_job or self._closed:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from dataclasses import replace
@@ -15,7 +14,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QObject, Qt, QTimer  # noqa: E402
-from PySide6.QtWidgets import QApplication, QMessageBox, QPushButton  # noqa: E402
+from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QPushButton  # noqa: E402
 
 from app import build_main_window  # noqa: E402
 from app.session import ChatSettings  # noqa: E402
@@ -276,10 +275,23 @@ def test_restart_keeps_everything_and_regenerates_identically(
     wait_idle(qtbot, w2)
     second = replies(w2)[-1]
     assert second.content == first.content and second.identical is True
-    if importlib.util.find_spec("engine.disk_cache") is None:
-        pytest.skip("engine/disk_cache.py not present yet: the disk-tier part of this check is pending")
     report = w2.store.get_message(second.id).cache_report
     assert report["source"] == "disk" and report["restored"] == report["prompt_tokens"] - 1
+
+
+def test_disk_cache_problem_is_shown_once_in_the_window(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    (data / "cache").mkdir(parents=True)
+    (data / "cache" / "snapshots").write_text("not a folder")  # the disk tier cannot write here
+    w = open_window(data, max_tokens=4)
+    send(qtbot, w, "hello")
+    banner = w.findChild(QLabel, "banner")
+    assert banner.isVisible() and "Prompt cache" in banner.text()
+    assert w.store.get_message(replies(w)[-1].id).cache_report["warnings"]
+    send(qtbot, w, "again")
+    assert w.store.get_message(replies(w)[-1].id).cache_report["warnings"] == []  # told once
 
 
 def test_close_mid_generation_saves_partial_reply(
