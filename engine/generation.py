@@ -139,7 +139,20 @@ def generate(
     want_boundary = use_cache and _needs_boundary_checkpoints(cache) and restored < boundary < n_prompt - 1
     classes = tuple(type(c).__name__ for c in cache)
 
-    def snapshot(kind: str, tokens: Sequence[int], cache_now: list[Any]) -> None:
+    # Snapshots taken before decode go to the disk tier only once decoding is over: its writer
+    # thread (serialise, SHA-256, fsync) otherwise competes with the decode loop for the CPU;
+    # on 2 cores that cost the demo model ~13% decode tok/s (docs/benchmarks.md, items 2 and 4).
+    # Queued together, a pre-last snapshot that the end snapshot supersedes is not written at all.
+    deferred: list[Snapshot] = []
+
+    def persist_deferred() -> None:
+        disk = prompt_cache.disk if prompt_cache is not None else None
+        if disk is not None:
+            for snap in deferred:
+                disk.save_async(snap)
+        deferred.clear()
+
+    def snapshot(kind: str, tokens: Sequence[int], cache_now: list[Any], defer: bool = False) -> None:
         if not use_cache or not tokens:
             return
         snap_cache = clone_cache(cache_now)
@@ -155,7 +168,10 @@ def generate(
             trimmable=is_trimmable(snap_cache),
             nbytes=cache_nbytes(snap_cache),
         )
-        prompt_cache.put(Snapshot(meta, snap_cache))
+        snap = Snapshot(meta, snap_cache)
+        prompt_cache.put(snap, persist=not defer)
+        if defer:
+            deferred.append(snap)
         report.snapshots_stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
 
     # -- prefill prompt[restored:-1] in aligned chunks ------------------------------------
@@ -174,7 +190,7 @@ def generate(
         if want_boundary and end == boundary:
             snapshot("boundary", prompt[:boundary], cache)
     if use_cache and restored < n_prompt - 1:
-        snapshot("pre-last", prompt[:-1], cache)
+        snapshot("pre-last", prompt[:-1], cache, defer=True)
 
     # -- the last prompt token, alone; then decode ---------------------------------------
     report.chunks.append([n_prompt - 1, n_prompt])
@@ -196,6 +212,7 @@ def generate(
         return sampler(logits, history)
 
     if is_cancelled():
+        persist_deferred()
         return _finish(lm, report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
     y, lp = step(mx.array([prompt[-1]]))
     mx.async_eval(y, lp)
@@ -238,6 +255,7 @@ def generate(
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
         emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :]))
     _eval_cache(cache)
+    persist_deferred()
     if use_cache and tokens:
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
         snapshot("end", fed, cache)
