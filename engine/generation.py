@@ -142,7 +142,7 @@ def generate(
     # Snapshots taken before decode go to the disk tier only once decoding is over: its writer
     # thread (serialise, SHA-256, fsync) otherwise competes with the decode loop for the CPU;
     # on 2 cores that cost the demo model ~13% decode tok/s (docs/benchmarks.md, items 2 and 4).
-    # Queued together, a pre-last snapshot that the end snapshot supersedes is not written at all.
+    # Queued after the end snapshot, a pre-last snapshot that it supersedes is not written at all.
     deferred: list[Snapshot] = []
 
     def persist_deferred() -> None:
@@ -255,10 +255,10 @@ def generate(
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
         emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :]))
     _eval_cache(cache)
-    persist_deferred()
     if use_cache and tokens:
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
         snapshot("end", fed, cache)
+    persist_deferred()  # after the end snapshot: the writer then skips a pre-last that it supersedes
     return _finish(lm, report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text)
 
 
