@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from PySide6.QtCore import QObject, Signal
 
 from engine.events import CancelToken, GenerationResult, PrefillProgress, TokenEvent
+from engine.threads import lower_thread_priority
 
 from .session import ChatSession, PendingReply
 
@@ -85,21 +86,6 @@ def is_cancelled_error(e: BaseException) -> bool:
 
 
 WORKER_NICE = 5
-
-
-def _lower_priority() -> None:
-    """Give this thread (and the MLX threads it starts, which inherit it) a lower CPU priority
-    than the GUI thread. On Linux the CPU backend computes on the cores the GUI also needs; on
-    macOS the GPU does the work and per-thread nice does not apply, so this is a no-op there."""
-    import os
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
-    except (OSError, AttributeError):
-        pass
 
 
 class EngineWorker(QObject):
@@ -210,7 +196,7 @@ class EngineWorker(QObject):
     def _run(self) -> None:
         from engine.engine import Engine
 
-        _lower_priority()
+        lower_thread_priority(WORKER_NICE)
         engine_error: Optional[str] = None
         try:
             self._engine = Engine(cache_dir=self.cache_dir, use_disk=self.use_disk, chunk=self.chunk)

@@ -55,7 +55,9 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 
 from .blas import blas_library
 from .prompt_cache import Snapshot, SnapshotError, SnapshotMeta, dominates, layer_offset
+from .threads import lower_thread_priority
 
+WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI (0)
 FORMAT = "verbatim-prompt-cache"
 FORMAT_VERSION = 1
 INDEX_NAME = "index.json"
@@ -776,6 +778,9 @@ class DiskCache:
             return task
 
     def _run(self) -> None:
+        # Writes are never urgent; decode is. On 2 cores this cut the slowdown of a regenerate
+        # started while writes are in flight from 1.61x to 1.36x (docs/benchmarks.md, item 4).
+        lower_thread_priority(WRITER_NICE)
         while (task := self._next_task()) is not None:
             try:
                 if not self.writable:

@@ -634,3 +634,15 @@ def test_slow_disk_writes_do_not_delay_the_first_token(models, tmp_path, monkeyp
     assert close_s > 0.5  # close() really waited for the slow writes
     assert eng.cache.disk.stats()["writes"] >= 2
     assert_consistent(cache_dir)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is a Linux notion")
+def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
+    eng = engine(models["llama"], tmp_path / "cache")
+    eng.generate(req())
+    assert eng.cache.disk.flush(10)
+    tid = eng.cache.disk._thread.native_id
+    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+    nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat, counted after "(comm)"
+    assert nice == dc.WRITER_NICE
+    eng.close()
