@@ -132,9 +132,16 @@ class Engine:
         lm = self._lm()
         request = replace(request, messages=validate_messages(request.messages))
         prompt = self.prompt_ids(request.messages)
-        result = generate(lm, request, self.cache, self.chunk, on_event, cancel, prompt=prompt)
-        if self.cache.disk is not None:
-            result.report.warnings = self.cache.disk.pop_warnings()
+        disk = self.cache.disk
+        if disk is not None:
+            disk.hold_writes()
+        try:
+            result = generate(lm, request, self.cache, self.chunk, on_event, cancel, prompt=prompt)
+        finally:
+            if disk is not None:
+                disk.release_writes()
+        if disk is not None:
+            result.report.warnings = disk.pop_warnings()
         if result.finish_reason != "cancelled":
             k = (lm.key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
             prev = self._previous.get(k)

@@ -646,3 +646,22 @@ def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
     nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat, counted after "(comm)"
     assert nice == dc.WRITER_NICE
     eng.close()
+
+
+def test_writes_wait_while_a_generation_holds_them(models, tmp_path):
+    eng = engine(models["llama"], tmp_path / "cache")
+    disk = eng.cache.disk
+    disk.hold_writes()  # as if a generation were running (generate() nests its own hold)
+    eng.generate(req())
+    time.sleep(0.3)
+    assert not list((tmp_path / "cache" / "snapshots").glob("*.safetensors"))
+    assert disk.stats()["pending"] >= 1
+    disk.release_writes()
+    assert disk.flush(10)
+    assert list((tmp_path / "cache" / "snapshots").glob("*.safetensors"))
+    # flush() is never blocked by a hold (closing the app mid-generation must not hang)
+    disk.hold_writes()
+    eng.generate(req(OTHER))
+    assert disk.flush(10) and disk.stats()["pending"] == 0
+    disk.release_writes()
+    eng.close()
