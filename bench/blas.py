@@ -23,15 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "blas.md"
-MODEL_DIR = ROOT / "build" / "bench-models" / "blas-llama-h1024-l8"
-SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=2816,
-    num_hidden_layers=8,
-    num_attention_heads=16,
-    num_key_value_heads=4,
-    head_dim=64,
-)
+sys.path.insert(0, str(ROOT))
+from bench.common import LARGE_TINY_DIR as MODEL_DIR  # noqa: E402  (one model folder for all benches)
+from bench.common import LARGE_TINY_SHAPE as SHAPE  # noqa: E402
 
 
 def child(folder: Path, tokens: int, repeats: int, decode: int) -> dict:
@@ -118,7 +112,6 @@ def main() -> int:
         print("error: no OpenBLAS found (Debian/Ubuntu: apt-get install libopenblas0-pthread)", file=sys.stderr)
         return 1
 
-    sys.path.insert(0, str(ROOT))
     from engine.tiny import build_model
 
     build_model(MODEL_DIR, "llama", **SHAPE)
