@@ -151,3 +151,18 @@ def test_two_processes_regenerate_from_disk(tmp_path, family):
     assert second["cache"]["source"] == "disk"
     assert second["cache"]["restored"] == second["cache"]["prompt_tokens"] - 1
     assert second["tokens"] == first["tokens"] and second["logprobs"] == first["logprobs"]
+
+
+def test_demo_model_answers_paris(tmp_path):
+    """Issue 3's contract: the embedded default model, imported from the wheel's GGUF."""
+    from engine.models import ModelError, demo_gguf_path
+
+    try:
+        demo_gguf_path()
+    except ModelError as e:
+        pytest.fail(f"the demo model is part of the set-up (make test installs it): {e}")
+    m = write(tmp_path, "capital.json", [{"role": "user", "content": "What is the capital of France?"}])
+    proc = run_cli("generate", "--model", "demo", "--messages", str(m), "--max-tokens", "16", "--json",
+                   "--cache-dir", str(tmp_path / "cache"))
+    obj = json.loads(proc.stdout)
+    assert "Paris" in obj["text"] and obj["finish_reason"] == "stop"
