@@ -24,6 +24,7 @@ from .prompt_cache import (
     cache_nbytes,
     clone_cache,
     describe_layers,
+    exact_at,
     is_trimmable,
     layer_offset,
     new_snapshot_id,
@@ -120,9 +121,7 @@ def generate(
             report.partial = restored < plan.meta.length
             report.source = plan.source
             src_canonical = plan.meta.canonical
-            exact_restore = (restored % chunk == 0 and restored <= plan.meta.canonical) or (
-                plan.meta.prefill_exact and restored == plan.meta.prefill_end == n_prompt - 1
-            )
+            exact_restore = exact_at(plan.meta, restored, n_prompt, chunk)
     if cache is None:
         cache = lm.new_cache()
     report.restored = restored

@@ -198,16 +198,25 @@ class Plan:
     declines: list[str] = field(default_factory=list)
 
 
+def exact_at(meta: SnapshotMeta, reuse: int, prompt_len: int, chunk: int) -> bool:
+    """Does the snapshot's state after `reuse` tokens equal a cold run's, for a prompt of
+    `prompt_len` tokens? (An aligned boundary reached in full chunks, or a whole-prompt hit on
+    an exact prefill: see the module docstring.)"""
+    return (
+        reuse == 0
+        or (reuse % chunk == 0 and reuse <= meta.canonical)
+        or (meta.prefill_exact and reuse == meta.prefill_end == prompt_len - 1)
+    )
+
+
 def reuse_point(meta: SnapshotMeta, matched: int, prompt_len: int, mode: str, chunk: int) -> int:
     """The longest prefix of `meta` that may be restored for a prompt of `prompt_len` tokens.
 
     `matched` is the common prefix with the prompt, already capped at prompt_len - 1 so that
-    the last prompt token is always forwarded, alone.
+    the last prompt token is always forwarded, alone. Exact mode: the longest exact point.
     """
-    if mode == "fast":
+    if mode == "fast" or exact_at(meta, matched, prompt_len, chunk):
         return matched
-    if meta.prefill_exact and matched == meta.prefill_end == prompt_len - 1:
-        return matched  # whole-prompt hit on an exact prefill: the cold state at len-1
     return min(matched // chunk * chunk, meta.canonical // chunk * chunk)
 
 
