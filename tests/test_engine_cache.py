@@ -238,3 +238,18 @@ def test_disk_problem_reaches_the_report_once(models, tmp_path):
     assert second.report.warnings == []
     assert second.report.restored == second.report.prompt_tokens - 1  # memory tier still works
     assert first.tokens == second.tokens
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("family", ["llama", "lfm2"])
+def test_regenerate_identical_when_sampling(models, family, mode):
+    """G1 at temperature > 0, in both modes: the seed's draws meet the same logits again."""
+    eng = make_engine(models[family])
+    _, (req, _) = _conversation(eng, mode, turns=2)  # a second turn, to regenerate it
+    opts = dict(max_tokens=24, temperature=0.9, top_p=0.95, top_k=40, min_p=0.02, repetition_penalty=1.1, seed=11)
+    a = eng.generate(request(req.messages, mode=mode, **opts))
+    b = eng.generate(request(req.messages, mode=mode, **opts))
+    assert b.report.restored == b.report.prompt_tokens - 1
+    assert (a.tokens, a.logprobs) == (b.tokens, b.logprobs) and b.report.identical is True
+    other = eng.generate(request(req.messages, mode=mode, **{**opts, "seed": 12}))
+    assert other.tokens != a.tokens
