@@ -598,6 +598,13 @@ class DiskCache:
         with self._cond:
             self._holds += 1
 
+    def _wait_while_held(self) -> None:
+        """Called by the writer between pieces of a write: a generation that started meanwhile
+        gets the CPU (and the GIL) back at once; the temp file simply waits to be finished."""
+        with self._cond:
+            while self._holds > 0 and not self._flushers and not self._stop:
+                self._cond.wait(0.1)
+
     def release_writes(self) -> None:
         with self._cond:
             self._holds = max(0, self._holds - 1)
@@ -885,10 +892,12 @@ class DiskCache:
                     if n == 2 and self._hook:  # header written, data not yet: a partial file
                         f.flush()
                         self._hook_point("temp_partial")
+                    self._wait_while_held()  # MLX writes one array per call: pause between them
 
                 writer = _HashingWriter(f, on_write)
                 mx.save_safetensors(writer, tensors, metadata=header_meta)
                 f.flush()
+                self._wait_while_held()
                 _fsync(f.fileno())
                 size = f.tell()
             sha = writer.hash.hexdigest() if writer.linear and writer.pos == size else _file_sha256(tmp)

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -665,3 +666,31 @@ def test_writes_wait_while_a_generation_holds_them(models, tmp_path):
     assert disk.flush(10) and disk.stats()["pending"] == 0
     disk.release_writes()
     eng.close()
+
+
+def test_a_write_in_progress_pauses_for_a_generation(models, tmp_path, monkeypatch):
+    """A hold that arrives mid-write parks the writer between arrays; the file completes after."""
+    eng = engine(models["llama"], tmp_path / "cache")
+    disk = eng.cache.disk
+    started = threading.Event()
+    original = dc._HashingWriter.write
+
+    def write(self, b):
+        n = original(self, b)
+        if self.writes == 2 and not started.is_set():
+            started.set()
+            disk.hold_writes()  # a generation starts while this snapshot is half-written
+        return n
+
+    monkeypatch.setattr(dc._HashingWriter, "write", write)
+    eng.generate(req())
+    assert started.wait(10)
+    time.sleep(0.3)
+    snaps = tmp_path / "cache" / "snapshots"
+    assert not list(snaps.glob("*.safetensors")) or all(p.name.startswith(dc.TMP_PREFIX) for p in snaps.iterdir())
+    assert disk.stats()["pending"] >= 1
+    disk.release_writes()
+    assert disk.flush(10)
+    assert [p for p in snaps.iterdir() if not p.name.startswith(dc.TMP_PREFIX)]
+    eng.close()
+    assert_consistent(tmp_path / "cache")
