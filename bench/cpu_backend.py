@@ -26,10 +26,9 @@ DECODE = 12
 
 
 def child(prompt_len: int, decode: int, reps: int) -> dict:
-    from engine.engine import _should_dequantize
     from engine.settings import GenerationRequest, SamplerSettings
 
-    auto = _should_dequantize(None)
+    auto = C.load_engine("demo", use_disk=False)[0].info.dequantized  # what the engine picks by itself
     engines = {}
     for name, deq in (("q4", False), ("f32", True)):
         e, load_s = C.load_engine("demo", use_disk=False, dequantize=deq)
@@ -104,7 +103,7 @@ def main() -> None:
         f"Demo model, {prompt}-token prompts, {args.decode} decode tokens, {reps} repetition(s) per cell; the f32 / "
         "4-bit ratios are medians of per-repetition ratios within one process, the OpenBLAS / reference ratios "
         "compare medians of two back-to-back processes. The auto rule (engine/engine.py `_should_dequantize`): "
-        "expand to f32 iff the default device is the CPU and OpenBLAS is mapped into the process.")
+        "expand to f32 on the CPU backend while the f32 weights take at most a quarter of the RAM.")
     res.data["auto_reference_best"] = best_auto_ref
     C.finish(res, args, t0)
 

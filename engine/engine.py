@@ -8,6 +8,7 @@ on its worker thread; the CLI and tests use it directly.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -84,7 +85,7 @@ class Engine:
             model, tokenizer = mlx_load(str(folder))
         except Exception as e:  # mlx-lm raises many kinds; all mean "this folder is not usable"
             raise EngineError(f"cannot load model from {folder}: {e}") from e
-        dequantized = _is_quantized(model) and _should_dequantize(self.dequantize)
+        dequantized = _is_quantized(model) and _should_dequantize(self.dequantize, _expanded_f32_bytes(model))
         if dequantized:
             model = _dequantize_f32(model)
         # The key covers everything that changes cache contents: weights, KV quantization,
@@ -190,18 +191,42 @@ def _resolve(spec: str, progress: Any, cancel: Any) -> Path:
         raise EngineError(str(e)) from e
 
 
-def _should_dequantize(choice: Optional[bool]) -> bool:
-    """Expand quantized weights to f32 at load? Only pays on the CPU backend with a fast BLAS.
+DEQUANTIZE_MAX_RAM_FRACTION = 0.25  # expanded f32 weights may take at most this much of the RAM
 
-    MLX's CPU quantized matmul does not use BLAS; with OpenBLAS preloaded, f32 weights ran the
-    demo model's prefill ~30x and decode ~2.4x faster (docs/benchmarks.md). With the reference
-    BLAS the 4-bit weights decode faster, and on Metal/CUDA quantized kernels win.
+
+def _should_dequantize(choice: Optional[bool], f32_bytes: int) -> bool:
+    """Expand quantized weights to f32 at load? On the CPU backend, when they fit.
+
+    MLX's CPU quantized matmul uses no BLAS. f32 weights were faster on both BLASes here (demo
+    model, docs/benchmarks.md item 6: with OpenBLAS prefill ~22x and decode ~2.1x, with MLX's
+    reference BLAS ~1.1x and ~1.16x), at 8x the weight memory for 4-bit: so only while the f32
+    copy stays under a quarter of the machine's RAM. On Metal/CUDA the quantized kernels win.
     """
     if choice is not None:
         return choice
     import mlx.core as mx
 
-    return mx.default_device() == mx.cpu and optimized_blas()
+    return mx.default_device() == mx.cpu and f32_bytes <= DEQUANTIZE_MAX_RAM_FRACTION * _physical_memory()
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0  # unknown: keep the quantized weights
+
+
+def _expanded_f32_bytes(model: Any) -> int:
+    """Bytes of all weights as f32 once the quantized layers are expanded."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    total = sum(p.size * 4 for _, p in tree_flatten(model.parameters()))
+    for _, m in model.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            packed = m.weight.size + m.scales.size + (m.biases.size if m.biases is not None else 0)
+            total += (m.weight.size * (32 // m.bits) - packed) * 4
+    return total
 
 
 def _is_quantized(model: Any) -> bool:

@@ -116,14 +116,21 @@ def build_tokenizer(folder: Path) -> None:
     )
 
 
-def build_model(folder: Path | str, family: str = "llama", seed: int = 0, **overrides: Any) -> Path:
-    """Write a random-weight model folder of `family` to `folder` (idempotent) and return it."""
+def build_model(folder: Path | str, family: str = "llama", seed: int = 0, quantize_bits: int | None = None,
+                **overrides: Any) -> Path:
+    """Write a random-weight model folder of `family` to `folder` (idempotent) and return it.
+
+    `quantize_bits`: store the weights MLX-quantized (affine, group size 64), as mlx-community
+    4-bit models are."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_map
     from mlx_lm.utils import _get_classes
 
     folder = Path(folder)
     config = {**FAMILIES[family], **overrides}
+    if quantize_bits:
+        config["quantization"] = {"group_size": 64, "bits": quantize_bits}
     marker = folder / "config.json"
     if marker.exists() and json.loads(marker.read_text()) == config:
         return folder
@@ -131,9 +138,10 @@ def build_model(folder: Path | str, family: str = "llama", seed: int = 0, **over
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
-    # Default init is small; scale embeddings so logits are not flat (random but decisive).
+    model.update(tree_map(lambda a: a.astype(mx.float32), model.parameters()))
+    if quantize_bits:
+        nn.quantize(model, group_size=64, bits=quantize_bits)
     weights = dict(tree_flatten(model.parameters()))
-    weights = {k: v.astype(mx.float32) for k, v in weights.items()}
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from engine.events import CancelToken, PrefillProgress
 from engine.generation import chunk_bounds
@@ -253,3 +254,25 @@ def test_regenerate_identical_when_sampling(models, family, mode):
     assert (a.tokens, a.logprobs) == (b.tokens, b.logprobs) and b.report.identical is True
     other = eng.generate(request(req.messages, mode=mode, **{**opts, "seed": 12}))
     assert other.tokens != a.tokens
+
+
+def test_quantized_weights_expanded_on_cpu_when_they_fit(tmp_path):
+    from engine import engine as engine_mod
+    from engine.tiny import build_model
+
+    folder = build_model(tmp_path / "q4", "llama", quantize_bits=4)
+    auto, kept = make_engine(folder), make_engine(folder, dequantize=False)
+    assert auto.info.dequantized is True and kept.info.dequantized is False  # CPU backend, tiny model
+    assert auto.info.key != kept.info.key  # different arithmetic: never share snapshots
+    msgs = [{"role": "user", "content": QUESTIONS[0]}]
+    a = auto.generate(request(msgs))
+    forced = make_engine(folder, dequantize=True).generate(request(msgs))
+    assert (a.tokens, a.logprobs) == (forced.tokens, forced.logprobs)
+    assert kept.generate(request(msgs)).tokens  # the 4-bit path still works
+    # The size rule: expanded weights must fit a quarter of the RAM.
+    f32 = engine_mod._expanded_f32_bytes(kept.lm.model)
+    plain = make_engine(build_model(tmp_path / "f32", "llama")).lm.model
+    assert f32 == sum(p.nbytes for _, p in tree_flatten(plain.parameters()))  # same shapes, as f32
+    assert engine_mod._should_dequantize(None, f32) is True
+    assert engine_mod._should_dequantize(None, 10 ** 15) is False
+    assert engine_mod._should_dequantize(False, f32) is False
