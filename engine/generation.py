@@ -141,7 +141,6 @@ def generate(
     # Snapshots taken before decode go to the disk tier only once decoding is over: its writer
     # thread (serialise, SHA-256, fsync) otherwise competes with the decode loop for the CPU;
     # on 2 cores that cost the demo model ~13% decode tok/s (docs/benchmarks.md, items 2 and 4).
-    # Queued after the end snapshot, a pre-last snapshot that it supersedes is not written at all.
     deferred: list[Snapshot] = []
 
     def persist_deferred() -> None:
@@ -188,7 +187,11 @@ def generate(
         emit(PrefillProgress(end, n_prompt))
         if want_boundary and end == boundary:
             snapshot("boundary", prompt[:boundary], cache)
-    if use_cache and restored < n_prompt - 1:
+    # The pre-last snapshot (cache = prompt[:-1]). Plain KV caches can be cut back, so the end
+    # snapshot taken after decode serves every restore this one could: copying it here would
+    # only delay the first token. It is taken for them only if no token gets decoded.
+    prelast_by_end = use_cache and restored < n_prompt - 1 and not _needs_boundary_checkpoints(cache)
+    if use_cache and restored < n_prompt - 1 and not prelast_by_end:
         snapshot("pre-last", prompt[:-1], cache, defer=True)
 
     # -- the last prompt token, alone; then decode ---------------------------------------
@@ -211,6 +214,8 @@ def generate(
         return sampler(logits, history)
 
     if is_cancelled():
+        if prelast_by_end:
+            snapshot("pre-last", prompt[:-1], cache)
         persist_deferred()
         return _finish(lm, report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
     y, lp = step(mx.array([prompt[-1]]))
@@ -257,7 +262,7 @@ def generate(
     if use_cache and tokens:
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
         snapshot("end", fed, cache)
-    persist_deferred()  # after the end snapshot: the writer then skips a pre-last that it supersedes
+    persist_deferred()
     return _finish(lm, report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text)
 
 

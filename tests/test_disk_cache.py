@@ -390,7 +390,7 @@ def test_real_full_and_read_only_filesystem(models, tmp_path):
     try:
         cache_dir = mnt / "cache"
         eng = engine(models["llama"], cache_dir, disk_budget=64 << 20)
-        a = eng.generate(req())  # pre-last fits (~240 KB), end (~320 KB) does not
+        a = eng.generate(req())  # two end snapshots (~320 KB each) do not both fit in 400 KB
         eng.generate(req(OTHER))
         eng.close()
         stats = eng.cache.disk.stats()
@@ -619,7 +619,7 @@ def test_slow_disk_writes_do_not_delay_the_first_token(models, tmp_path, monkeyp
     monkeypatch.setenv("VERBATIM_DISK_CACHE_HOOK", json.dumps({"sleep": {"begin": 1.0}}))
     cache_dir = tmp_path / "cache"
     eng = engine(models["llama"], cache_dir)
-    eng.generate(req())  # queues pre-last + end; each takes the writer > 1 s
+    eng.generate(req())  # queues the end snapshot; the writer takes > 1 s for it
     t0 = time.perf_counter()
     again = eng.generate(req())
     wall = time.perf_counter() - t0
