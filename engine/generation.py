@@ -208,6 +208,7 @@ def generate(
     sent = ""  # text already handed to on_event
     final_text: Optional[str] = None
     t_first: Optional[float] = None
+    t_last: Optional[float] = None
 
     def step(token_in: mx.array) -> tuple[mx.array, mx.array]:
         logits = lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
@@ -231,10 +232,11 @@ def generate(
             next_y, next_lp = step(y)
             mx.async_eval(next_y, next_lp)
         token, logprob = int(y.item()), float(lp.item())
+        t_last = time.perf_counter()
         if not last_allowed:
             fed.append(token)
         if t_first is None:
-            t_first = time.perf_counter()
+            t_first = t_last
         tokens.append(token)
         logprobs.append(logprob)
         stream.add(token)
@@ -263,7 +265,8 @@ def generate(
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
         snapshot("end", fed, cache)
     persist_deferred()
-    return _finish(lm, report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text)
+    return _finish(lm, report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text,
+                   t_last)
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
@@ -284,14 +287,15 @@ def _finish(
     t_prefill: float,
     t_first: Optional[float],
     text: Optional[str],
+    t_last: Optional[float] = None,
 ) -> GenerationResult:
-    now = time.perf_counter()
     if t_first is not None:
         report.ttft_s = t_first - t0
         prefill_s = t_first - t_prefill
         report.prefill_tps = report.prefill_tokens / prefill_s if prefill_s > 0 else 0.0
-        if len(tokens) > 1 and now > t_first:
-            report.decode_tps = (len(tokens) - 1) / (now - t_first)
+        # Decode rate from the first to the last token read: storing the end snapshot is not decoding.
+        if len(tokens) > 1 and t_last is not None and t_last > t_first:
+            report.decode_tps = (len(tokens) - 1) / (t_last - t_first)
     if text is None:
         text = ""
     return GenerationResult(text, tokens, logprobs, finish, seed, prompt, report)  # type: ignore[arg-type]
