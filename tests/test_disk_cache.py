@@ -150,10 +150,17 @@ def test_restart_restores_from_disk_bit_identical_on_every_family(models, tmp_pa
         assert c["disk"]["entries_other_env"] >= 1, fam
 
 
-def test_entries_from_another_compute_environment_are_kept_but_never_returned(tmp_path, monkeypatch):
-    d = DiskCache(tmp_path / "c", budget_bytes=1 << 30)
+def write_one_entry(root: Path) -> dict:
+    """A cache folder holding one small snapshot; returns its index row."""
+    d = DiskCache(root, budget_bytes=1 << 30)
     d.save_async(make_snapshot(list(range(20))))
+    assert d.flush(10)
     d.close()
+    return index_rows(root)[0]
+
+
+def test_entries_from_another_compute_environment_are_kept_but_never_returned(tmp_path, monkeypatch):
+    write_one_entry(tmp_path / "c")
     monkeypatch.setattr(dc, "_ENV", "mlx 9.9; other kernels")
     d = DiskCache(tmp_path / "c", budget_bytes=1 << 30)
     assert d.entries(KEY) == []
@@ -520,11 +527,7 @@ def test_budget_evicts_least_recently_used(tmp_path):
 
 def test_hostile_index_entries_are_rejected(tmp_path):
     root = tmp_path / "c"
-    d = DiskCache(root, budget_bytes=1 << 30)
-    d.save_async(make_snapshot(list(range(20))))
-    assert d.flush(10)
-    d.close()
-    good = index_rows(root)[0]
+    good = write_one_entry(root)
     victim = tmp_path / "x.safetensors"  # what "../x" would reach
     victim.write_bytes(b"precious")
     outside = tmp_path / "outside.safetensors"
@@ -573,11 +576,7 @@ def test_hostile_index_entries_are_rejected(tmp_path):
 def test_hostile_file_with_matching_checksum_is_refused(tmp_path):
     """Index and file both forged (checksums match): the header is still validated before use."""
     root = tmp_path / "c"
-    d = DiskCache(root, budget_bytes=1 << 30)
-    d.save_async(make_snapshot(list(range(20))))
-    assert d.flush(10)
-    d.close()
-    good = index_rows(root)[0]
+    good = write_one_entry(root)
     path = root / "snapshots" / f"{good['id']}.safetensors"
     header = dc.read_header(path)["__metadata__"]
     forgeries = {
