@@ -96,12 +96,16 @@ class ChatSession:
         self.store.set_settings(conv_id, settings.to_dict())
 
     def view(self, conv_id: int) -> list[MessageVM]:
-        """The active path as view models (what the chat view shows)."""
-        out = []
-        for m in self.store.active_path(conv_id):
-            sibs = [s.id for s in self.store.siblings(m.id)]
-            out.append(message_vm(m, sibs))
-        return out
+        """The active path as view models (what the chat view shows).
+
+        Siblings come from one read of the whole conversation (not one query per message): the
+        worker thread may delete a failed reply's placeholder meanwhile, and a message that is
+        gone by then simply counts as its own only variant."""
+        path = self.store.active_path(conv_id)
+        siblings: dict[Optional[int], list[int]] = {}
+        for m in self.store.messages(conv_id):  # ordered by id, as store.siblings() is
+            siblings.setdefault(m.parent_id, []).append(m.id)
+        return [message_vm(m, siblings.get(m.parent_id) or [m.id]) for m in path]
 
     def last_reply(self, conv_id: int) -> Optional[Message]:
         path = self.store.active_path(conv_id)
