@@ -72,13 +72,9 @@ def _eval_cache(cache: Sequence[Any]) -> None:
     mx.eval([a for c in cache for a in _arrays(c.state)])
 
 
-def _needs_boundary_checkpoints(cache: Sequence[Any]) -> bool:
-    # Plain KV caches can be cut back from the pre-last snapshot; rings and SSM state cannot.
-    return not all(isinstance(c, (KVCache, QuantizedKVCache)) for c in cache)
-
-
-class Cancelled(Exception):
-    pass
+def _plain_kv(cache: Sequence[Any]) -> bool:
+    # Plain KV caches can always be cut back; rings and SSM state cannot.
+    return all(isinstance(c, (KVCache, QuantizedKVCache)) for c in cache)
 
 
 def generate(
@@ -135,7 +131,8 @@ def generate(
     else:
         canonical = min(restored, src_canonical) // chunk * chunk
     boundary = (n_prompt - 1) // chunk * chunk
-    want_boundary = use_cache and _needs_boundary_checkpoints(cache) and restored < boundary < n_prompt - 1
+    plain_kv = _plain_kv(cache)
+    want_boundary = use_cache and not plain_kv and restored < boundary < n_prompt - 1
     classes = tuple(type(c).__name__ for c in cache)
 
     # Snapshots taken before decode go to the disk tier only once decoding is over: its writer
@@ -180,7 +177,7 @@ def generate(
             # What is in the cache is complete up to `start`: keep it only if it is exact.
             if start % chunk == 0 and start <= canonical and start > restored:
                 snapshot("partial", prompt[:start], cache)
-            return _finish(lm, report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
+            return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
         lm.model(mx.array([prompt[start:end]]), cache=cache)
         _eval_cache(cache)
         report.chunks.append([start, end])
@@ -190,8 +187,9 @@ def generate(
     # The pre-last snapshot (cache = prompt[:-1]). Plain KV caches can be cut back, so the end
     # snapshot taken after decode serves every restore this one could: copying it here would
     # only delay the first token. It is taken for them only if no token gets decoded.
-    prelast_by_end = use_cache and restored < n_prompt - 1 and not _needs_boundary_checkpoints(cache)
-    if use_cache and restored < n_prompt - 1 and not prelast_by_end:
+    prelast_due = use_cache and restored < n_prompt - 1
+    prelast_by_end = prelast_due and plain_kv
+    if prelast_due and not plain_kv:
         snapshot("pre-last", prompt[:-1], cache, defer=True)
 
     # -- the last prompt token, alone; then decode ---------------------------------------
@@ -218,7 +216,7 @@ def generate(
         if prelast_by_end:
             snapshot("pre-last", prompt[:-1], cache)
         persist_deferred()
-        return _finish(lm, report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
+        return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
     y, lp = step(mx.array([prompt[-1]]))
     mx.async_eval(y, lp)
     max_tokens = settings.max_tokens
@@ -265,7 +263,7 @@ def generate(
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
         snapshot("end", fed, cache)
     persist_deferred()
-    return _finish(lm, report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text,
+    return _finish(report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text,
                    t_last)
 
 
@@ -276,7 +274,6 @@ def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
 
 
 def _finish(
-    lm: LoadedModel,
     report: CacheReport,
     prompt: list[int],
     tokens: list[int],

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from .events import LayerInfo
 
@@ -35,9 +37,6 @@ _ids = itertools.count(1)
 
 
 def new_snapshot_id() -> str:
-    import os
-    import time
-
     return f"{int(time.time() * 1000):x}-{os.getpid():x}-{next(_ids):x}"
 
 
@@ -149,20 +148,8 @@ def describe_layers(cache: Sequence[Any]) -> list[LayerInfo]:
     ]
 
 
-def cut_reason(cache: Sequence[Any], length: int, target: int) -> str:
-    """Why a snapshot of `length` tokens cannot be cut back to `target`."""
-    for c in cache:
-        if c.is_trimmable():
-            continue
-        if isinstance(c, RotatingKVCache):
-            return f"sliding window wrapped: cannot cut {length} -> {target}"
-        if isinstance(c, ArraysCache):
-            return f"SSM/conv state: cannot cut {length} -> {target}"
-        return f"{type(c).__name__} cannot be cut back: {length} -> {target}"
-    return f"cannot cut {length} -> {target}"
-
-
-def cut_reason_from_classes(classes: Sequence[str], length: int, target: int) -> str:
+def cut_reason(classes: Sequence[str], length: int, target: int) -> str:
+    """Why a snapshot with these cache classes cannot be cut back from `length` to `target`."""
     if "ArraysCache" in classes:
         return f"SSM/conv state: cannot cut {length} -> {target}"
     if "RotatingKVCache" in classes:
@@ -237,7 +224,7 @@ def plan_restore(
         reuse = reuse_point(meta, matched, len(prompt), mode, chunk)
         problem = None
         if reuse < meta.length and not meta.trimmable:
-            problem = f"{meta.kind} snapshot: " + cut_reason_from_classes(meta.classes, meta.length, reuse)
+            problem = f"{meta.kind} snapshot: " + cut_reason(meta.classes, meta.length, reuse)
             usable = 0
         else:
             usable = reuse

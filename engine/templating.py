@@ -56,7 +56,9 @@ class TextStream:
         return delta
 
     def flush(self) -> str:
+        """The rest of the text at the end (an incomplete character is emitted as decoded)."""
         full = self.decode()
-        delta = full[len(self.text) :] if full.startswith(self.text) else ""
-        self.text = full if delta or full == self.text else self.text
+        if not full.startswith(self.text):
+            return ""
+        delta, self.text = full[len(self.text) :], full
         return delta
