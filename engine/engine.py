@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .disk_cache import DiskCache
 from .events import CancelToken, Comparison, EventCallback, GenerationResult
-from .blas import optimized_blas
 from .generation import LoadedModel, generate
 from .gguf import GGUFError
 from .model_key import model_key
@@ -61,7 +61,7 @@ class Engine:
         self.dequantize = dequantize  # None: decide per backend (see _should_dequantize)
         disk = None
         if use_disk:
-            disk = _open_disk_tier(cache_dir, disk_budget)
+            disk = DiskCache(cache_dir, budget_bytes=disk_budget)
         self.cache = PromptCache(memory_budget, disk)
         self.lm: Optional[LoadedModel] = None
         self.info: Optional[ModelInfo] = None
@@ -262,11 +262,3 @@ def _engine_options(folder: Path) -> dict[str, Any]:
 
 def _display_name(spec: str, folder: Path) -> str:
     return "SmolLM2-135M-Instruct (demo)" if spec == "demo" else folder.name
-
-
-def _open_disk_tier(cache_dir: Optional[Path], budget: Optional[int]) -> Any:
-    try:
-        from .disk_cache import DiskCache
-    except ImportError:
-        return None
-    return DiskCache(cache_dir, budget_bytes=budget)
