@@ -202,7 +202,6 @@ def generate(
     tokens: list[int] = []
     logprobs: list[float] = []
     fed: list[int] = list(prompt)  # what the cache holds once pending forwards are evaluated
-    finish = "length"
     sent = ""  # text already handed to on_event
     final_text: Optional[str] = None
     t_first: Optional[float] = None
@@ -217,42 +216,56 @@ def generate(
             snapshot("pre-last", prompt[:-1], cache)
         persist_deferred()
         return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
-    y, lp = step(mx.array([prompt[-1]]))
-    mx.async_eval(y, lp)
-    max_tokens = settings.max_tokens
-    while len(tokens) < max_tokens:
-        # Schedule the next forward before reading this token (overlaps host and device work),
-        # unless this is the last token we may produce.
-        last_allowed = len(tokens) + 1 >= max_tokens
-        if not last_allowed:
-            if use_history:
-                history = mx.concatenate([history, y])
-            next_y, next_lp = step(y)
-            mx.async_eval(next_y, next_lp)
-        token, logprob = int(y.item()), float(lp.item())
-        t_last = time.perf_counter()
-        if not last_allowed:
-            fed.append(token)
-        if t_first is None:
-            t_first = t_last
+
+    def schedule(token_in: mx.array) -> tuple[mx.array, mx.array]:
+        nonlocal history
+        if use_history:
+            history = mx.concatenate([history, token_in])
+        out = step(token_in)
+        mx.async_eval(*out)
+        return out
+
+    def accept(token: int, logprob: float) -> Optional[str]:
+        """Take one sampled token; the finish reason if generation ends with it."""
+        nonlocal sent, final_text
         tokens.append(token)
         logprobs.append(logprob)
         stream.add(token)
         if token in lm.eos_ids:
-            finish = "stop"
-            break
+            return "stop"
         stop_at = _find_stop(stream.text, request.stop)
         if stop_at is not None:
-            finish, final_text = "stop", stream.text[:stop_at]
-            break
+            final_text = stream.text[:stop_at]
+            return "stop"
         if len(stream.text) > len(sent):
             emit(TokenEvent(len(tokens) - 1, token, logprob, stream.text[len(sent) :]))
             sent = stream.text
-        if is_cancelled():
-            finish = "cancelled"
-            break
-        if not last_allowed:
+        return "cancelled" if is_cancelled() else None
+
+    y, lp = step(mx.array([prompt[-1]]))
+    max_tokens = settings.max_tokens
+    ended: Optional[str] = None
+    while ended is None and len(tokens) < max_tokens:
+        # Pipelined: queue the forward that consumes this token before reading it, so host work
+        # (text, events) overlaps the device's. Not for the first token: on the CPU backend
+        # queueing a forward's ops blocks this thread while earlier ones run, which put most of
+        # a second decode step into the time to first token (docs/benchmarks.md, item 1).
+        queue_next = t_first is not None and len(tokens) + 1 < max_tokens
+        if queue_next:
+            next_y, next_lp = schedule(y)
+        token, logprob = int(y.item()), float(lp.item())
+        t_last = time.perf_counter()
+        if t_first is None:
+            t_first = t_last
+        if queue_next:
+            fed.append(token)
+        ended = accept(token, logprob)
+        if queue_next:
             y, lp = next_y, next_lp
+        elif ended is None and len(tokens) < max_tokens:
+            fed.append(token)
+            y, lp = schedule(y)
+    finish = ended or "length"
     if final_text is None:
         stream.flush()
         final_text = stream.text

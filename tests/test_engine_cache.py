@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.events import CancelToken, PrefillProgress
+from engine.events import CancelToken, PrefillProgress, TokenEvent
 from engine.generation import chunk_bounds
 from engine.prompt_cache import PromptCache, layer_offset
 from engine.sampling import Sampler
@@ -276,3 +276,41 @@ def test_quantized_weights_expanded_on_cpu_when_they_fit(tmp_path):
     assert engine_mod._should_dequantize(None, f32) is True
     assert engine_mod._should_dequantize(None, 10 ** 15) is False
     assert engine_mod._should_dequantize(False, f32) is False
+
+
+def test_first_token_is_handed_out_before_the_next_forward_is_queued(models):
+    """TTFT is one forward on a regenerate: the first token event comes before the second decode
+    forward is queued (on the CPU backend queueing it blocked the thread for most of a step);
+    later tokens are pipelined, never more than one forward ahead."""
+    eng = make_engine(models["llama"])
+    model = eng.lm.model
+    calls: list[int] = []  # width of every forward, in order
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, x, cache=None):
+            calls.append(x.shape[1])
+            return self.inner(x, cache=cache)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    req = request([{"role": "user", "content": "Why is the sky blue?"}], max_tokens=6)
+    eng.generate(req)  # cold: stores the snapshots
+    eng.lm.model = Counting(model)
+    seen: list[tuple[int, int]] = []  # (token index, forwards issued so far)
+
+    def on_event(e):
+        if isinstance(e, TokenEvent):
+            seen.append((e.index, len(calls)))
+
+    try:
+        r = eng.generate(req, on_event=on_event)
+    finally:
+        eng.lm.model = model
+    assert r.report.restored == r.report.prompt_tokens - 1 and calls[0] == 1
+    assert seen[0] == (0, 1)  # first token: after the last prompt token's forward only
+    assert all(n <= i + 2 for i, n in seen)  # then at most one forward ahead
+    assert r.finish_reason == "length" and len(calls) == len(r.tokens)  # none after the last token
