@@ -157,26 +157,9 @@ def cut_reason(classes: Sequence[str], length: int, target: int) -> str:
     return f"cache cannot be cut back: {length} -> {target}"
 
 
-def restore_cache(cache: Sequence[Any], cut: int) -> list[Any]:
-    """A private working cache: a snapshot's `cache` with its last `cut` positions cut off.
-
-    Plain KVCache layers share the snapshot's buffers instead of copying them: cut to end exactly
-    at their offset, the next update cannot write in place and grows into a new buffer (mlx-lm
-    concatenates), so the snapshot is never written through. Copying them here as well cost the
-    demo model a second copy of the whole KV cache before its first token (~15% of a regenerate's
-    TTFT at 2048 tokens, docs/benchmarks.md item 1). Other cache classes update in place: copied."""
-    out = []
+def trim_cache(cache: Sequence[Any], n: int) -> None:
     for c in cache:
-        if type(c) is KVCache and c.keys is not None:
-            d = copy.copy(c)
-            d.offset = c.offset - cut
-            d.keys, d.values = c.keys[..., : d.offset, :], c.values[..., : d.offset, :]
-        else:
-            d = copy.deepcopy(c)
-            if cut:
-                d.trim(cut)
-        out.append(d)
-    return out
+        c.trim(n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +326,10 @@ class PromptCache:
                 if self.disk is not None:
                     self.disk.remove(plan.meta.id)
                 continue
-            cache = restore_cache(snap.cache, plan.meta.length - plan.reuse)
+            cache = clone_cache(snap.cache)
+            cut = plan.meta.length - plan.reuse
+            if cut:
+                trim_cache(cache, cut)
             self.hits += 1
             return plan, cache
 
