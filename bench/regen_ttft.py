@@ -34,7 +34,8 @@ def _gen(engine, msgs, use_cache=True):
     r = engine.generate(GenerationRequest(msgs, SamplerSettings(max_tokens=MAX_TOKENS), use_cache=use_cache))
     rep = r.report
     return {"ttft": rep.ttft_s, "prompt": rep.prompt_tokens, "restored": rep.restored,
-            "source": rep.source, "prefill": rep.prefill_tokens, "tokens": r.tokens}
+            "source": rep.source, "prefill": rep.prefill_tokens, "tokens": r.tokens,
+            "step": 1 / rep.decode_tps if rep.decode_tps else None}
 
 
 def child(args) -> dict:
@@ -112,23 +113,31 @@ def main() -> None:
                 problems.append(f"{model} n={n}: not every run produced the same tokens")
             mc, mm, md = C.median(cold), C.median([r["ttft"] for r in mem]), C.median([r["ttft"] for r in disk])
             rm, rd = C.ratio(mm, mc), C.ratio(md, mc)
+            # One decode step at this context length, from the same regenerates: the floor of a
+            # regenerate's TTFT, which forwards the last prompt token alone (G4).
+            step = C.median([r["step"] for r in mem if r.get("step")])
             prompt = runs[0]["prompt"]
             table_rows.append([C.MODEL_LABELS.get(model, model), prompt, C.fmt_s(mc), C.fmt_s(mm),
                                f"**{C.fmt_ratio(rm)}**", C.fmt_s(md), f"**{C.fmt_ratio(rd)}**",
+                               C.fmt_s(step), f"{C.fmt_ratio(C.ratio(mm, step))}", f"{C.fmt_ratio(C.ratio(step, mc))}",
                                f"{len(cold)}/{len(mem)}/{len(disk)}"])
             if n >= 512:
                 res.target(f"memory regenerate/cold TTFT, {model}, {prompt} tokens", rm, 0.03)
                 res.target(f"disk regenerate/cold TTFT, {model}, {prompt} tokens", rd, 0.10)
     res.tables.append(C.md_table(
         ["model", "prompt tokens", "cold TTFT", "regen TTFT (memory)", "memory / cold",
-         "regen TTFT (disk, new process)", "disk / cold", "samples cold/mem/disk"], table_rows))
+         "regen TTFT (disk, new process)", "disk / cold", "decode step", "memory regen / step",
+         "floor: step / cold", "samples cold/mem/disk"], table_rows))
     res.notes.append(
         "Cold = a generation with nothing usable in the cache (the first, which also stores the "
         "snapshots, and later ones with `use_cache=False`); regenerate = same conversation and "
         "settings, exact mode: the engine restores `prompt_tokens - 1` and forwards the last "
         f"prompt token alone. Disk = first regenerate in a new process with the same cache dir "
         f"(reads, verifies and restores the safetensors snapshot). {MAX_TOKENS} tokens generated per run; "
-        "every run of a model and length produced the same tokens." if not any("same tokens" in p for p in problems)
+        "every run of a model and length produced the same tokens. Decode step = median time between "
+        "two tokens in the same regenerates (same context length): a regenerate forwards one token before "
+        "its first token, so 'step / cold' is the lowest memory / cold ratio the design allows on this "
+        "machine." if not any("same tokens" in p for p in problems)
         else "Cold / regenerate / disk as above.")
     res.notes += problems
     C.finish(res, args, t0)
