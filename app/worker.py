@@ -281,10 +281,11 @@ class EngineWorker(QObject):
         state = {"last": 0.0, "count": 0, "saved": time.perf_counter(), "prefill": 0.0}
 
         def flush() -> None:
-            if batch:
-                self.tokens.emit(job.id, "".join(batch), state["count"])
+            text = "".join(batch)
+            batch.clear()
+            if text:
+                self.tokens.emit(job.id, text, state["count"])
                 self.token_signals += 1
-                batch.clear()
 
         def on_event(ev: Any) -> None:
             now = time.perf_counter()
@@ -292,7 +293,8 @@ class EngineWorker(QObject):
                 pieces.append(ev.text)
                 batch.append(ev.text)
                 state["count"] = ev.index + 1
-                if ev.index == 0 or now - state["last"] >= self.batch_interval:
+                # The first text at once, then at most one signal per interval.
+                if any(batch) and (state["last"] == 0.0 or now - state["last"] >= self.batch_interval):
                     state["last"] = now
                     flush()
                 if self.session is not None and now - state["saved"] >= PARTIAL_SAVE_S:

@@ -23,7 +23,8 @@ class PrefillProgress:
 
 @dataclass
 class TokenEvent:
-    """One decoded token. `text` is the new text it completes (never half a character)."""
+    """One decoded token (one event per token). `text` is the new text it completes: never half
+    a character, so empty while a character is incomplete or a piece is held back."""
 
     index: int
     token: int

@@ -237,9 +237,10 @@ def generate(
         if stop_at is not None:
             final_text = stream.text[:stop_at]
             return "stop"
-        if len(stream.text) > len(sent):
-            emit(TokenEvent(len(tokens) - 1, token, logprob, stream.text[len(sent) :]))
-            sent = stream.text
+        # An event for every token, also when it completes no text yet (part of a character, a
+        # held-back piece): listeners that batch text flush on events, and must get them.
+        emit(TokenEvent(len(tokens) - 1, token, logprob, stream.text[len(sent) :]))
+        sent = stream.text
         return "cancelled" if is_cancelled() else None
 
     y, lp = step(mx.array([prompt[-1]]))

@@ -317,3 +317,4 @@ def test_first_token_is_handed_out_before_the_next_forward_is_queued(models):
     assert seen[0] == (0, 1)  # first token: after the last prompt token's forward only
     assert all(n <= i + 2 for i, n in seen)  # then at most one forward ahead
     assert r.finish_reason == "length" and len(calls) == len(r.tokens)  # none after the last token
+    assert sorted({i for i, _ in seen}) == list(range(len(r.tokens)))  # an event for every token
