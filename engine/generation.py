@@ -201,7 +201,7 @@ def generate(
     stream = TextStream(lm.tokenizer, lm.eos_ids)
     tokens: list[int] = []
     logprobs: list[float] = []
-    fed: list[int] = list(prompt)  # what the cache holds once pending forwards are evaluated
+    forwarded = 0  # decoded tokens fed back to the model: the cache ends with tokens[:forwarded]
     sent = ""  # text already handed to on_event
     final_text: Optional[str] = None
     t_first: Optional[float] = None
@@ -218,7 +218,9 @@ def generate(
         return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
 
     def schedule(token_in: mx.array) -> tuple[mx.array, mx.array]:
-        nonlocal history
+        """Queue the forward of the newest decoded token (read or not yet)."""
+        nonlocal history, forwarded
+        forwarded += 1
         if use_history:
             history = mx.concatenate([history, token_in])
         out = step(token_in)
@@ -258,13 +260,10 @@ def generate(
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
-        if queue_next:
-            fed.append(token)
         ended = accept(token, logprob)
         if queue_next:
             y, lp = next_y, next_lp
         elif ended is None and len(tokens) < max_tokens:
-            fed.append(token)
             y, lp = schedule(y)
     finish = ended or "length"
     if final_text is None:
@@ -274,6 +273,7 @@ def generate(
         emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :]))
     _eval_cache(cache)
     if use_cache and tokens:
+        fed = prompt + tokens[:forwarded]
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
         snapshot("end", fed, cache)
     persist_deferred()
