@@ -39,6 +39,7 @@ from engine.store import ConversationStore, StoreError, open_app_store
 from .chat_view import ChatView
 from .composer import Composer
 from .debug_panel import DebugPanel
+from .gc_pacer import GcPacer
 from .session import ChatSession, ChatSettings, PendingReply
 from .sidebar import ConversationItem, Sidebar
 from .tasks import BackgroundTask
@@ -121,6 +122,9 @@ class MainWindow(QMainWindow):
                 "Another Verbatim window is using this data folder: this one is read-only "
                 "(you can read conversations, not send)."
             )
+        # Garbage collection on this thread, and a full one only between replies (gc_pacer.py).
+        self.gc_pacer = GcPacer(busy=lambda: self.generating, parent=self)
+        self.gc_pacer.start()
         self.worker.start()
         self.load_model(model, self.model_name)
         self.discover_models()
@@ -692,8 +696,8 @@ class MainWindow(QMainWindow):
         self.model_ready = True
         self.model_info = info
         # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
-        # reach: a full collection of them takes 60-150 ms and, triggered by whichever thread
-        # allocates, would freeze the GUI mid-stream. New objects are still collected normally.
+        # reach, so the full collections the GC pacer runs between replies stay short. New
+        # objects are still collected normally.
         gc.freeze()
         self.progress.setVisible(False)
         self.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
@@ -851,6 +855,7 @@ class MainWindow(QMainWindow):
             return
         self._closed = True
         self._mem_timer.stop()
+        self.gc_pacer.stop()
         try:
             self._save_geometry()
         except Exception:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -25,3 +28,30 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.tiny import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "llama", family="llama")
+
+
+class GcLog(list[tuple[int, str, bool]]):
+    """Collections as (generation, thread name, flag): flag is what `flag()` returned then."""
+
+    def flag(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def gc_collections() -> Iterator[GcLog]:
+    """Every cyclic-GC collection that starts during the test; GC settings restored after."""
+    seen = GcLog()
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            seen.append((info["generation"], threading.current_thread().name, bool(seen.flag())))
+
+    enabled, threshold = gc.isenabled(), gc.get_threshold()
+    gc.collect()
+    gc.callbacks.append(cb)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(cb)
+        gc.set_threshold(*threshold)
+        (gc.enable if enabled else gc.disable)()
