@@ -8,12 +8,19 @@ for each token that completes text, the time from the engine producing it (its T
 the chat view having taken the text that contains it (`ChatView.stream` returned on the GUI
 thread). The worker batches token signals (50 ms by default), so that batching is part of the
 latency, by design. Baseline: the same timer on an idle window (what the event loop itself costs).
+
+Also recorded: every cyclic-GC collection (generation, thread, mid-reply or not; app/gc_pacer.py
+runs them on the GUI thread and a full one only between replies), and what one full collection
+costs at the end: of the objects made since the model load (what the pacer runs) and, for scale,
+of the whole heap (gc.unfreeze() first: what an automatic full collection cost before the pacer).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
+import threading
 import sys
 import time
 from pathlib import Path
@@ -80,6 +87,13 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
         clock.restart()
 
     timer.timeout.connect(tick)
+    collections: list[tuple[int, str, bool]] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append((info["generation"], threading.current_thread().name, w.generating))
+
+    gc.callbacks.append(on_gc)
     shown: dict[int, float] = {}
     orig_stream = w.chat_view.stream
 
@@ -124,11 +138,23 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
               f"max {max(out[-1]['lat_ms'] or [0]):.1f} ms; last token -> Engine.generate returned "
               f"{out[-1]['tail_ms'] or 0:.0f} ms")
     timer.stop()
+    gc.callbacks.remove(on_gc)
+    t = time.perf_counter()
+    gc.collect()
+    full_ms = (time.perf_counter() - t) * 1000
+    gc.unfreeze()
+    t = time.perf_counter()
+    gc.collect()
+    whole_ms = (time.perf_counter() - t) * 1000
+    gc.freeze()
+    gc_stats = {"collections": len(collections), "full_mid_reply": sum(g == 2 and mid for g, _, mid in collections),
+                "threads": sorted({name for _, name, _ in collections}), "full_ms": full_ms, "whole_heap_ms": whole_ms}
+    C.log(f"  {model} GC: {gc_stats}")
     w.close()
     spin_until(lambda: False, 0.5)
     E.Engine.generate = orig_generate
     shutil.rmtree(data_dir, ignore_errors=True)
-    return {"idle_max_stall_ms": max(idle) if idle else 0.0, "replies": out}
+    return {"idle_max_stall_ms": max(idle) if idle else 0.0, "replies": out, "gc": gc_stats}
 
 
 def main() -> None:
@@ -147,6 +173,7 @@ def main() -> None:
         C.finish(res, args, t0)
         return
     rows = []
+    gc_rows: list[list] = []
     for model in args.models:
         max_tokens = {"demo": 48}.get(model, 400)
         if args.quick:
@@ -165,12 +192,18 @@ def main() -> None:
                      f"{max(r['p99_stall_ms'] for r in reps):.1f} ms",
                      f"{C.median(lat):.1f} ms", f"{lat_sorted[int(0.95 * (len(lat) - 1))]:.1f} ms" if lat else "n/a",
                      f"**{max(lat):.1f} ms**" if lat else "n/a", f"{tail:.0f} ms"])
+        g = d["gc"]
+        gc_rows.append([label, g["collections"], ", ".join(g["threads"]) or "none", g["full_mid_reply"],
+                        f"{g['full_ms']:.1f} ms", f"{g['whole_heap_ms']:.1f} ms"])
         res.target(f"longest GUI-thread stall while streaming, {model} (ms)",
                    max(r["max_stall_ms"] for r in reps), 50, digits=1)
     res.tables.append(C.md_table(
         ["model", "tokens streamed", "tok/s (wall)", "idle: longest timer gap beyond 5 ms",
          "streaming: longest GUI stall", "p99 stall", "token-to-screen median", "p95", "max",
          "last token -> generate() returned (max)"], rows))
+    res.tables.append(C.md_table(
+        ["model", "GC collections during the replies", "on threads", "full ones mid-reply",
+         "one full collection now", "one of the whole heap (unfrozen)"], gc_rows))
     res.notes.append(
         "Stall = how late a 5 ms GUI-thread timer fired beyond its period (the idle column is the "
         "same timer on an idle window: the floor on this machine). Token-to-screen includes the worker's "
@@ -182,6 +215,12 @@ def main() -> None:
         "(T=0.8, seed 1); latency counts tokens that complete text (the engine sends an event for every "
         "token, so text held in a batch goes out within an interval even when the tokens after it show "
         "nothing: before that, a random model's run of text-less tokens kept one batch back ~400 ms).")
+    res.notes.append(
+        "GC: automatic collection is off while the window lives; app/gc_pacer.py collects young "
+        "generations from a GUI-thread timer and a full one only after a second without a reply. The last "
+        "column is what a full collection would cost without gc.freeze() after the model load, and that "
+        "automatic collection could trigger on any thread, mid-stream included; in the test process, with "
+        "the windows of earlier tests alive, full collections took 45-60 ms here and a 150 ms GUI stall failed CI.")
     C.finish(res, args, t0)
 
 
