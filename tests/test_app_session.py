@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -119,6 +120,34 @@ def test_markdown_is_safe_and_highlighted() -> None:
 def test_markdown_streaming_unclosed_fence() -> None:
     r = render("Here:\n```js\nlet a = 1", streaming=True)
     assert r.code_blocks == ["let a = 1"] and r.html.endswith("▍</span>")
+
+
+def _highlighted(html: str) -> list[bool]:
+    """For each code block in rendered HTML: whether Pygments styled it."""
+    return ["<span" in body for body in re.findall(r"<pre[^>]*>(.*?)</pre>", html, re.S)]
+
+
+def test_markdown_streaming_highlights_complete_blocks_within_a_budget_then_everything() -> None:
+    from app.markdown import STREAM_HIGHLIGHT_CHARS
+
+    small = "x = 1\nprint(x)"
+    big = "\n".join(f"value_{i} = compute({i}, key='k{i}')" for i in range(80))  # > the budget
+    assert len(small) < STREAM_HIGHLIGHT_CHARS < len(big)
+    text = f"One:\n```python\n{small}\n```\nTwo:\n```python\n{big}\n```\nThree:\n```python\n{small}\n```\nEnd."
+    # The block being written streams plain; a complete one is coloured.
+    open_block = text[: text.index(small) + 5]
+    assert _highlighted(render(open_block, streaming=True).html) == [False]
+    assert _highlighted(render(text[: text.index("Two:")], streaming=True).html) == [True]
+    # Complete blocks beyond the budget stream plain; once the reply is complete all are coloured.
+    assert _highlighted(render(text, streaming=True).html) == [True, False, False]
+    assert _highlighted(render(text).html) == [True, True, True]
+    # While streaming, a block changes at most once, from plain to coloured: never back.
+    seen: list[bool] = []
+    for n in range(1, len(text) + 1, 7):
+        now = _highlighted(render(text[:n], streaming=True).html)
+        assert all(now[i] or not was for i, was in enumerate(seen[: len(now)])), (n, seen, now)
+        seen = now
+    assert render(text, streaming=True).code_blocks == render(text).code_blocks == [small, big, small]
 
 
 def test_chat_logic_does_not_import_qt() -> None:
