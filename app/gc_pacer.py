@@ -1,16 +1,16 @@
 """Python's cyclic garbage collector, run on the GUI thread and never in full mid-reply.
 
 Left automatic, a collection runs on whichever thread happens to allocate past a threshold. A
-full (generation-2) collection of the app's heap took 45-60 ms here and 150 ms on a slower CI
-machine; landing mid-stream it froze the window for that long (holding the GIL, so the engine
-thread stopped too). And a collection triggered on the engine thread finalizes whatever cyclic
-garbage it finds there, Qt wrappers included, off the GUI thread.
+full (generation-2) collection of the test process's heap took 45-60 ms here (most likely the
+150 ms GUI stall seen once on a slower CI machine); landing mid-stream it freezes the window that
+long, holding the GIL, so the engine thread stops too. And a collection triggered on the engine
+thread finalizes whatever cyclic garbage it finds there, Qt wrappers included, off the GUI thread.
 
 So while a window lives, automatic collection is off and a timer on the GUI thread collects
 instead: a young generation once its count passes Python's own threshold (well under a
 millisecond each), the full one only once no reply has been generated for a second (the user is
-reading, and the next reply rarely starts within it). `gc.freeze()` after a
-model load (window.py) keeps the full collections that do run small.
+reading, and the next reply rarely starts within it). `gc.freeze()` after a model load
+(window.py) keeps the full collections that do run small.
 """
 
 from __future__ import annotations

@@ -62,14 +62,17 @@ def render(text: str, palette: Palette = Palette(), streaming: bool = False) -> 
     md = _parser()
     tokens = md.parse(text)
     out = Rendered("")
-    # Code left to highlight in this render (None: no limit); a block still being written gets none.
-    budget: list[Any] = [STREAM_HIGHLIGHT_CHARS if streaming else None]
     lines = text.split("\n")
+    budget = STREAM_HIGHLIGHT_CHARS  # while streaming: code this render may still highlight
 
     def code(tok: Any, info: str) -> str:
-        if streaming and not _complete(tok, lines):
-            return _code_block(tok.content, info, palette, out, [0])
-        return _code_block(tok.content, info, palette, out, budget)
+        nonlocal budget
+        colour = True
+        if streaming:  # complete blocks in order while they fit; then (and the open block) plain
+            size = len(tok.content.rstrip("\n"))
+            colour = size <= budget and _complete(tok, lines)
+            budget = budget - size if colour else 0
+        return _code_block(tok.content, info, palette, out, colour)
 
     renderer = md.renderer
     rules: dict[str, Any] = {
@@ -134,18 +137,12 @@ def _complete(tok: Any, lines: list[str]) -> bool:
     return end - start >= 2 and len(last) >= len(tok.markup) and set(last) == {tok.markup[0]}
 
 
-def _code_block(code: str, info: str, palette: Palette, out: Rendered, budget: list[Any]) -> str:
+def _code_block(code: str, info: str, palette: Palette, out: Rendered, colour: bool) -> str:
     index = len(out.code_blocks)
     code = code.rstrip("\n")
     out.code_blocks.append(code)
     lang = (info or "").strip().split()[0] if (info or "").strip() else ""
-    if budget[0] is None or len(code) <= budget[0]:
-        if budget[0] is not None:
-            budget[0] -= len(code)
-        body = highlight(code, lang, palette.pygments_style)
-    else:
-        budget[0] = 0  # over budget: this block and the ones after it stream plain
-        body = html.escape(code)
+    body = highlight(code, lang, palette.pygments_style) if colour else html.escape(code)
     label = html.escape(lang) if lang else "code"
     head = f"background-color:{palette.code_head}; font-size:small"
     return (
