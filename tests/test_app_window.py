@@ -514,3 +514,41 @@ def test_second_window_on_the_same_data_is_read_only(
     qtbot.waitUntil(lambda: w2.model_ready, timeout=LONG)
     assert not w2.findChild(QPushButton, "sendButton").isEnabled()
     assert not w2.findChild(QPushButton, "regenerateButton").isEnabled()
+
+
+def _styled(body: Any, word: str) -> bool:
+    """Whether the first run of text containing `word` in a message body has a colour or weight
+    of its own (what Pygments' inline styles give a keyword)."""
+    from PySide6.QtGui import QFont, QTextCursor
+
+    doc = body.document()
+    found = doc.find(word)
+    assert not found.isNull(), word
+    cursor = QTextCursor(doc)
+    cursor.setPosition(found.selectionStart() + 1)
+    fmt = cursor.charFormat()
+    return fmt.foreground().style() != Qt.BrushStyle.NoBrush or fmt.fontWeight() > QFont.Weight.Normal
+
+
+def test_streamed_code_is_plain_while_written_and_highlighted_once_complete(qtbot: Any) -> None:
+    from app.chat_view import ChatView
+    from app.theme import theme_named
+    from app.view_models import MessageVM
+
+    view = ChatView(theme_named("light").code)
+    qtbot.addWidget(view)
+    vm = MessageVM(id=1, role="assistant", content="", status="generating", variant=1, variants=1,
+                   prev_id=None, next_id=None)
+    view.set_messages([vm])
+    body = view.widget_for(1).body
+    small = "Here:\n```python\ndef f():\n    return 1\n"
+    view.stream(1, small, 12)
+    assert not _styled(body, "return")  # the block is still being written
+    view.stream(1, small + "```\nDone", 14)
+    assert _styled(body, "return")  # complete and within the budget: coloured while streaming
+    big = small + "\n".join(f"    total_{i} = compute({i})" for i in range(120)) + "\n```\nDone"
+    view.stream(1, big, 400)
+    assert not _styled(body, "return")  # over the streaming budget: plain until the reply ends
+    view.end_stream(1)
+    view.set_messages([replace(vm, content=big, status="complete")])
+    assert _styled(view.widget_for(1).body, "return")
