@@ -39,8 +39,8 @@ class GcPacer(QObject):
         self._was_enabled = False
         self._active = False
         self._timer = QTimer(self)
+        self._timer.setInterval(tick_ms)
         self._timer.timeout.connect(self.tick)
-        self._tick_ms = tick_ms
         self.collections: Counter[int] = Counter()  # generation -> collections run by tick()
         self.deferred = 0  # ticks on which a due full collection waited for the app to be idle
         self.longest_ms = {0: 0.0, 1: 0.0, 2: 0.0}  # slowest collection per generation
@@ -55,7 +55,7 @@ class GcPacer(QObject):
         self._was_enabled = gc.isenabled()
         gc.disable()
         self._active = True
-        self._timer.start(self._tick_ms)
+        self._timer.start()
 
     def stop(self) -> None:
         """Hand collection back to Python as it was before `start()`."""

@@ -26,8 +26,8 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import threading
 import sys
+import threading
 import time
 from pathlib import Path
 

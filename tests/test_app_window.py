@@ -395,7 +395,8 @@ def test_gui_thread_never_stalls_during_generation(
 
     The heartbeat also makes garbage cycles under small GC thresholds, so a full collection is
     due again and again: it must wait until the replies are over (a full collection of the test
-    process's heap took 150 ms on CI), and every collection must run on the GUI thread."""
+    process's heap took 45-60 ms here, most likely the 150 ms stall once seen on CI), and every
+    collection must run on the GUI thread."""
     from tests.test_gc_pacer import cycles
 
     w = open_window(max_tokens=200)
