@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .window import MainWindow
+    from app.qt.window import MainWindow
 
 
 def build_main_window(model: str, data_dir: Path, **options: Any) -> "MainWindow":
@@ -19,8 +19,8 @@ def build_main_window(model: str, data_dir: Path, **options: Any) -> "MainWindow
     """
     from PySide6.QtWidgets import QApplication
 
-    from .main import ensure_application
-    from .window import MainWindow
+    from app.qt.main import ensure_application
+    from app.qt.window import MainWindow
 
     ensure_application()
     assert QApplication.instance() is not None

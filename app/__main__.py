@@ -1,5 +1,5 @@
 """`python -m app [--model SPEC] [--data-dir DIR]`."""
 
-from .main import main
+from app.qt.main import main
 
 raise SystemExit(main())

@@ -2,7 +2,7 @@
 
     make bench-blas            (or: .venv/bin/python bench/blas.py [--tokens 512] [--repeats 2])
 
-Builds a random-weight f32 llama (engine.tiny: hidden 1024, 8 layers, intermediate 2816), then
+Builds a random-weight f32 llama (tests/tiny_models.py: hidden 1024, 8 layers, intermediate 2816), then
 runs the same measurement in two fresh subprocesses, one without LD_PRELOAD and one with
 OpenBLAS preloaded (the preload must be in place before the interpreter starts). Each child
 prefills a fixed 512-token prompt in one forward (best of 2 by default, fresh cache each time) and decodes
@@ -112,7 +112,7 @@ def main() -> int:
         print("error: no OpenBLAS found (Debian/Ubuntu: apt-get install libopenblas0-pthread)", file=sys.stderr)
         return 1
 
-    from engine.tiny import build_model
+    from tests.tiny_models import build_model
 
     build_model(MODEL_DIR, "llama", **SHAPE)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

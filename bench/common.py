@@ -171,14 +171,14 @@ def machine_info() -> dict[str, Any]:
 
 
 def large_tiny_model() -> Path:
-    from engine.tiny import build_model
+    from tests.tiny_models import build_model
 
     return build_model(LARGE_TINY_DIR, "llama", **LARGE_TINY_SHAPE)
 
 
 def family_model(family: str) -> Path:
     """The test suite's tiny model of one cache family (hidden 256, 4 layers, f32)."""
-    from engine.tiny import build_model
+    from tests.tiny_models import build_model
 
     return build_model(MODELS / f"family-{family}", family)
 
@@ -362,7 +362,7 @@ def load_engine(model: str, **kw: Any) -> tuple[Any, float]:
 
 def warm_up(engine: Any, n_tokens: int = 40) -> None:
     """One short uncached generation so one-time costs (lazy init, allocator) are not measured."""
-    from engine.settings import GenerationRequest, SamplerSettings
+    from engine.types import GenerationRequest, SamplerSettings
 
     msgs = messages_for_length(engine, n_tokens, salt=999_999)
     engine.generate(GenerationRequest(msgs, SamplerSettings(max_tokens=3), use_cache=False))

@@ -26,7 +26,7 @@ DECODE = 12
 
 
 def child(prompt_len: int, decode: int, reps: int) -> dict:
-    from engine.settings import GenerationRequest, SamplerSettings
+    from engine.types import GenerationRequest, SamplerSettings
 
     auto = C.load_engine("demo", use_disk=False)[0].info.dequantized  # what the engine picks by itself
     engines = {}

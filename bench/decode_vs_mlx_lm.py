@@ -34,8 +34,7 @@ QUICK_PROMPT = 200
 
 
 def run_engine(engine, msgs, n_tokens: int, use_cache: bool) -> dict:
-    from engine.events import TokenEvent
-    from engine.settings import GenerationRequest, SamplerSettings
+    from engine.types import GenerationRequest, SamplerSettings, TokenEvent
 
     stamps: dict[int, float] = {}
 

@@ -25,8 +25,8 @@ MODES = ("none", "exact", "fast")
 
 
 def measure(model: str, quick: bool) -> dict:
-    from engine.prompt_cache import PromptCache
-    from engine.settings import GenerationRequest, SamplerSettings
+    from engine.cache.memory import PromptCache
+    from engine.types import GenerationRequest, SamplerSettings
 
     engine, _ = C.load_engine(model, use_disk=False)
     C.warm_up(engine)

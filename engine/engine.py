@@ -15,21 +15,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .disk_cache import DiskCache
-from .events import CancelToken, Comparison, EventCallback, GenerationResult
-from .generation import LoadedModel, generate
-from .gguf import GGUFError
-from .model_key import model_key
-from .models import ModelError, resolve_model
-from .prompt_cache import PromptCache
-from .settings import DEFAULT_CHUNK, GenerationRequest, validate_messages
+from engine.cache.disk.tier import DiskCache
+from engine.cache.memory import PromptCache
+from engine.errors import EngineError, GGUFError, ModelError
+from engine.generate.loop import LoadedModel, generate
+from engine.models.key import model_key
+from engine.models.resolve import resolve_model
+from engine.types import (
+    DEFAULT_CHUNK,
+    CancelToken,
+    Comparison,
+    EventCallback,
+    GenerationRequest,
+    GenerationResult,
+    validate_messages,
+)
 
 DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of snapshots kept in memory
 _PREVIOUS_KEPT = 256  # replies remembered for "identical to previous"
-
-
-class EngineError(Exception):
-    """An error a user can cause (bad model, bad input): one clear line, no traceback."""
 
 
 @dataclass
@@ -120,7 +123,7 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        from .templating import render_prompt
+        from engine.generate.templating import render_prompt
 
         return render_prompt(self._lm().tokenizer, validate_messages(messages))
 

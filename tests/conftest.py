@@ -24,8 +24,8 @@ atexit.register(shutil.rmtree, _CACHE_ROOT, True)
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight llama folder (engine.tiny), built once per session."""
-    from engine.tiny import build_model
+    """A tiny random-weight llama folder (tests/tiny_models.py), built once per session."""
+    from tests.tiny_models import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "llama", family="llama")
 

@@ -6,7 +6,7 @@ SPEC: {"cache_dir": str, "chunk": int, "out": str,
 Each run builds its own Engine on the same cache dir (like an app restart would), generates,
 and closes it (which flushes pending writes). Results are written to `out` as JSON after every
 run, so a parent that kills this process mid-way still sees what finished.
-The writer can be paused at a named point through VERBATIM_DISK_CACHE_HOOK (engine/disk_cache.py).
+The writer can be paused at a named point through VERBATIM_DISK_CACHE_HOOK (engine/cache/disk/).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.blas import blas_library  # noqa: E402
 from engine.engine import Engine  # noqa: E402
-from engine.settings import GenerationRequest, SamplerSettings  # noqa: E402
+from engine.types import GenerationRequest, SamplerSettings  # noqa: E402
 
 
 def main() -> None:

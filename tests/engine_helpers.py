@@ -10,8 +10,8 @@ import pytest
 
 from engine.blas import optimized_blas
 from engine.engine import Engine
-from engine.settings import GenerationRequest, SamplerSettings
-from engine.tiny import FAMILIES, build_model
+from engine.types import GenerationRequest, SamplerSettings
+from tests.tiny_models import FAMILIES, build_model
 
 ALL_FAMILIES = list(FAMILIES)
 

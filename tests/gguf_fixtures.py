@@ -1,7 +1,7 @@
 """A small GGUF writer for tests: valid tiny files, and the raw pieces to build broken ones.
 
 Written from the GGUF spec (github.com/ggml-org/ggml/blob/master/docs/gguf.md), independent of
-engine/gguf.py, so the reader is tested against a second implementation. Includes numpy
+engine/models/gguf/, so the reader is tested against a second implementation. Includes numpy
 quantizers for Q8_0 / Q4_0 / Q4_1 (the block layouts llama.cpp writes).
 """
 
@@ -157,7 +157,7 @@ def write_gguf(
     return Path(path)
 
 
-# --- a tiny llama GGUF made from an engine/tiny.py folder ---
+# --- a tiny llama GGUF made from an tests/tiny_models.py folder ---
 
 def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """HF row order -> GGUF row order (what llama.cpp's convert script does for Q and K)."""

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from app.markdown import render
-from app.session import ChatSession, ChatSettings, title_from
-from app.view_models import footer_text, identity_text
+from app.core.markdown import render
+from app.core.session import ChatSession, ChatSettings, title_from
+from app.core.store import ConversationStore
+from app.core.view_models import footer_text, identity_text
 from engine.engine import Engine
-from engine.settings import SamplerSettings
-from engine.store import ConversationStore
+from engine.types import SamplerSettings
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_verify_inputs_reproduce_the_reply_cold(chat) -> None:
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "The capital of France is"))
     request, tokens, logprobs = session.verify_inputs(reply.id)
-    from engine.events import CacheReport, GenerationResult
+    from engine.types import CacheReport, GenerationResult
 
     stored = GenerationResult("", tokens, logprobs, "stop", request.sampler.seed, [], CacheReport())
     assert engine.verify(request, stored).identical
@@ -128,7 +128,7 @@ def _highlighted(html: str) -> list[bool]:
 
 
 def test_markdown_streaming_highlights_complete_blocks_within_a_budget_then_everything() -> None:
-    from app.markdown import STREAM_HIGHLIGHT_CHARS
+    from app.core.markdown import STREAM_HIGHLIGHT_CHARS
 
     small = "x = 1\nprint(x)"
     big = "\n".join(f"value_{i} = compute({i}, key='k{i}')" for i in range(80))  # > the budget
@@ -154,7 +154,7 @@ def test_chat_logic_does_not_import_qt() -> None:
     import subprocess
 
     code = (
-        "import sys, app.session, app.view_models, app.markdown; "
+        "import sys, app.core.session, app.core.view_models, app.core.markdown, app.core.store; "
         "sys.exit(any(m.startswith('PySide6') for m in sys.modules))"
     )
     root = Path(__file__).resolve().parent.parent

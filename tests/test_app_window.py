@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,10 +17,10 @@ from PySide6.QtCore import QObject, Qt, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QPushButton  # noqa: E402
 
 from app import build_main_window  # noqa: E402
-from app.session import ChatSettings  # noqa: E402
-from app.window import MainWindow  # noqa: E402
-from engine.settings import SamplerSettings  # noqa: E402
-from engine.store import ConversationStore  # noqa: E402
+from app.core.session import ChatSettings  # noqa: E402
+from app.core.store import ConversationStore  # noqa: E402
+from app.qt.window import MainWindow  # noqa: E402
+from engine.types import SamplerSettings  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -229,8 +228,8 @@ def test_copy_and_delete_message(qtbot: Any, open_window: Callable[..., MainWind
 
 
 def test_code_block_copy_link_and_safe_rendering(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
-    from app.chat_view import MessageWidget
-    from app.view_models import MessageVM
+    from app.core.view_models import MessageVM
+    from app.qt.widgets.chat_view import MessageWidget
 
     w = open_window(wait=False)
     text = "Try:\n\n```python\nprint('<b>hi</b>')\n```\n\n<img src='http://example.com/x.png'><script>x()</script>"
@@ -356,7 +355,7 @@ def test_conversations_new_rename_search_delete(qtbot: Any, open_window: Callabl
 
 
 def test_settings_apply_to_the_next_reply(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.qt.widgets.settings_dialog import SettingsDialog
 
     w = open_window()
     dlg = SettingsDialog(w.current_settings(), w)
@@ -532,9 +531,9 @@ def _styled(body: Any, word: str) -> bool:
 
 
 def test_streamed_code_is_plain_while_written_and_highlighted_once_complete(qtbot: Any) -> None:
-    from app.chat_view import ChatView
-    from app.theme import theme_named
-    from app.view_models import MessageVM
+    from app.core.view_models import MessageVM
+    from app.qt.theme import theme_named
+    from app.qt.widgets.chat_view import ChatView
 
     view = ChatView(theme_named("light").code)
     qtbot.addWidget(view)

@@ -24,13 +24,20 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from engine import disk_cache as dc
+from engine.cache.disk import tier as dc
 from engine.blas import optimized_blas
-from engine.disk_cache import DiskCache
+from engine.cache.disk.tier import DiskCache
+from engine.cache.memory import (
+    Snapshot,
+    SnapshotMeta,
+    cache_nbytes,
+    clone_cache,
+    new_snapshot_id,
+)
 from engine.engine import Engine
-from engine.prompt_cache import Snapshot, SnapshotError, SnapshotMeta, cache_nbytes, clone_cache, new_snapshot_id
-from engine.settings import GenerationRequest, SamplerSettings
-from engine.tiny import FAMILIES, build_model
+from engine.errors import SnapshotError
+from engine.types import GenerationRequest, SamplerSettings
+from tests.tiny_models import FAMILIES, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("disk_fault_child.py")
@@ -172,7 +179,7 @@ def test_entries_from_another_compute_environment_are_kept_but_never_returned(tm
 # ---------------------------------------------------------------------------------------------
 # SIGKILL while a snapshot is being written
 
-# Writer points (engine/disk_cache.py), in order; the index lists an entry from index_written on.
+# Writer points (engine/cache/disk/), in order; the index lists an entry from index_written on.
 KILL_POINTS = ["begin", "temp_partial", "temp_synced", "index_tmp", "index_written", "renamed"]
 
 

@@ -6,13 +6,19 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.events import CancelToken, PrefillProgress, TokenEvent
-from engine.generation import chunk_bounds
-from engine.prompt_cache import PromptCache, layer_offset
-from engine.sampling import Sampler
-from engine.settings import SamplerSettings
-
-from .engine_helpers import ALL_FAMILIES, QUESTIONS, cold_request, make_engine, model_dir, request, require_openblas
+from engine.cache.memory import PromptCache, layer_offset
+from engine.generate.loop import chunk_bounds
+from engine.generate.sampling import Sampler
+from engine.types import CancelToken, PrefillProgress, SamplerSettings, TokenEvent
+from tests.engine_helpers import (
+    ALL_FAMILIES,
+    QUESTIONS,
+    cold_request,
+    make_engine,
+    model_dir,
+    request,
+    require_openblas,
+)
 
 LONG_Q = "Explain how a prompt cache works in two sentences. " * 3
 
@@ -261,7 +267,7 @@ def test_regenerate_identical_when_sampling(models, family, mode):
 
 def test_quantized_weights_expanded_on_cpu_when_they_fit(tmp_path):
     from engine import engine as engine_mod
-    from engine.tiny import build_model
+    from tests.tiny_models import build_model
 
     folder = build_model(tmp_path / "q4", "llama", quantize_bits=4)
     auto, kept = make_engine(folder), make_engine(folder, dequantize=False)

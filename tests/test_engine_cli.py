@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .engine_helpers import make_engine, model_dir, request
+from tests.engine_helpers import make_engine, model_dir, request
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_chat_regenerate_new_debug(llama, tmp_path):
 @pytest.mark.parametrize("family", ["llama", "gemma3", "lfm2", "kvquant"])
 def test_two_processes_regenerate_from_disk(tmp_path, family):
     """Issue 5's contract through the CLI: a second process regenerates from the disk tier."""
-    from engine.tiny import build_model
+    from tests.tiny_models import build_model
 
     model = build_model(tmp_path / family, family)
     m = write(tmp_path, "a.json", [{"role": "user", "content": "Explain how a prompt cache works in two sentences. " * 3}])
@@ -155,7 +155,8 @@ def test_two_processes_regenerate_from_disk(tmp_path, family):
 
 def test_demo_model_answers_paris(tmp_path):
     """Issue 3's contract: the embedded default model, imported from the wheel's GGUF."""
-    from engine.models import ModelError, demo_gguf_path
+    from engine.errors import ModelError
+    from engine.models.resolve import demo_gguf_path
 
     try:
         demo_gguf_path()

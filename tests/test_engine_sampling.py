@@ -7,12 +7,10 @@ import math
 import mlx.core as mx
 import pytest
 
-from engine.events import TokenEvent
-from engine.sampling import Sampler, _truncate
-from engine.settings import GenerationRequest, SamplerSettings
-from engine.templating import TextStream
-
-from .engine_helpers import make_engine, model_dir, request
+from engine.generate.sampling import Sampler, _truncate
+from engine.generate.templating import TextStream
+from engine.types import GenerationRequest, SamplerSettings, TokenEvent
+from tests.engine_helpers import make_engine, model_dir, request
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from app.gc_pacer import GcPacer  # noqa: E402
+from app.qt.gc_pacer import GcPacer  # noqa: E402
 
 
 class Node:

@@ -18,10 +18,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.events import CancelToken
-from engine.gguf import Cancelled, GGUFError, convert, import_gguf, llama_config, read_gguf
-from engine.tiny import build_model
+from engine.errors import Cancelled, GGUFError
+from engine.models.gguf.convert import convert, import_gguf, llama_config, read_gguf
+from engine.types import CancelToken
 from tests import gguf_fixtures as gf
+from tests.tiny_models import build_model
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +278,8 @@ def test_random_corruption_never_crashes(tiny_gguf: Path, tmp_path: Path) -> Non
 # --- the real SmolLM2 GGUF ---
 
 def _demo() -> Path:
-    from engine.models import ModelError, demo_gguf_path
+    from engine.errors import ModelError
+    from engine.models.resolve import demo_gguf_path
 
     try:
         return demo_gguf_path()

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.instance_lock import (
+from app.core.instance_lock import (
     InstanceLockedError,
     acquire_instance_lock,
     lock_holder_pid,
     require_instance_lock,
 )
-from engine.store import DB_NAME, StoreError, open_app_store
+from app.core.store import DB_NAME, StoreError, open_app_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, sys.argv[2])
-    from engine.store import open_app_store
+    from app.core.store import open_app_store
     store, lock = open_app_store(sys.argv[1])
     assert lock is not None and not store.read_only
     conv = store.create_conversation("held")

@@ -15,12 +15,12 @@ from typing import Iterator
 
 import pytest
 
-from engine.events import CancelToken
-from engine.gguf import Cancelled
-from engine.model_key import HASH_MEMO, model_key
-from engine.models import ModelError, discover_models, resolve_model
-from engine.tiny import build_model
+from engine.errors import Cancelled, ModelError
+from engine.models.key import HASH_MEMO, model_key
+from engine.models.resolve import discover_models, resolve_model
+from engine.types import CancelToken
 from tests import gguf_fixtures as gf
+from tests.tiny_models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_discover_hf_cache_and_folders(models: dict[str, Path], env: Path) -> No
 
 
 def test_discover_demo(env: Path) -> None:
-    from engine.models import demo_gguf_path
+    from engine.models.resolve import demo_gguf_path
 
     try:
         demo_gguf_path()
@@ -135,7 +135,7 @@ def test_resolve_folder_gguf_and_repo(models: dict[str, Path], env: Path) -> Non
 
 
 def test_resolve_demo(env: Path) -> None:
-    from engine.models import demo_gguf_path
+    from engine.models.resolve import demo_gguf_path
 
     try:
         demo_gguf_path()
@@ -211,11 +211,11 @@ def test_model_key(models: dict[str, Path], env: Path) -> None:
 
 
 def test_model_key_memo_is_used(models: dict[str, Path], env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.gguf
+    import engine.models.gguf.convert
 
     calls: list[Path] = []
-    real = engine.gguf.file_sha256
-    monkeypatch.setattr(engine.gguf, "file_sha256", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
+    real = engine.models.gguf.convert.file_sha256
+    monkeypatch.setattr(engine.models.gguf.convert, "file_sha256", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
     key = model_key(models["gemma3"])
     assert len(calls) == 1
     model_key(models["gemma3"])
@@ -280,7 +280,7 @@ def fake_hub(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 
 def test_download_from_fake_hub(fake_hub: str, env: Path) -> None:
-    from engine.download import download_model
+    from engine.models.download import download_model
 
     seen: list[tuple[float, str]] = []
     folder = download_model("org/tiny", progress=lambda f, m: seen.append((f, m)), cache_dir=env / "hf" / "hub")
@@ -291,7 +291,7 @@ def test_download_from_fake_hub(fake_hub: str, env: Path) -> None:
 
 
 def test_download_cancel_and_offline(fake_hub: str, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.download import download_model
+    from engine.models.download import download_model
 
     token = CancelToken()
     with pytest.raises(Cancelled):
@@ -308,7 +308,7 @@ def test_download_cancel_and_offline(fake_hub: str, env: Path, monkeypatch: pyte
 
 def _cli(*args: str, env: Path) -> subprocess.CompletedProcess[str]:
     e = {**os.environ, "PYTHONPATH": str(ROOT), "VERBATIM_CACHE_DIR": str(env / "vcache"), "HF_HOME": str(env / "hf")}
-    return subprocess.run([sys.executable, "-m", "engine.models_cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "engine.cli.models", *args], capture_output=True, text=True,
                           env=e, timeout=120, cwd=ROOT)
 
 

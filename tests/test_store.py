@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.store import (
+from app.core.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     ConversationStore,
@@ -64,7 +64,7 @@ def test_defaults_to_wal_and_user_data_dir(store: ConversationStore, db: Path) -
     assert db.exists()
     assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    from engine.store import default_path
+    from app.core.store import default_path
 
     assert default_path().name == "verbatim.sqlite3" and "Verbatim" in str(default_path())
 
@@ -117,7 +117,7 @@ def test_reply_lifecycle_and_prompt(store: ConversationStore) -> None:
 
 
 def test_fields_from_engine_result(store: ConversationStore) -> None:
-    from engine.events import CacheReport, GenerationResult
+    from engine.types import CacheReport, GenerationResult
 
     report = CacheReport(
         prompt_tokens=9, restored=8, source="disk", seed=7, sampler={"temperature": 0.0}, model_key="mk"
@@ -417,7 +417,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, sys.argv[3])
-    from engine.store import ConversationStore
+    from app.core.store import ConversationStore
     db, mode = sys.argv[1], sys.argv[2]
 
     def say(*a):
@@ -584,7 +584,7 @@ IMPORTER = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, sys.argv[3])
-    from engine.store import ConversationStore
+    from app.core.store import ConversationStore
     s = ConversationStore(sys.argv[1])
     text = open(sys.argv[2]).read()
     print("S", flush=True)

@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> int:
         from verbatim.selfcheck import run
 
         return run()
-    from app.main import main as app_main
+    from app.qt.main import main as app_main
 
     sys.argv = [sys.argv[0], *argv]
     result = app_main(argv)

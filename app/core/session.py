@@ -1,0 +1,253 @@
+"""What the chat window does, without Qt: send, regenerate, new variant, edit-and-branch, finish.
+
+Everything here goes through `engine` APIs (the conversation store and the request types), so a
+test can drive a whole chat without a GUI. The window calls `begin_*` on the GUI thread (the
+user's message is committed before any generation starts), hands the returned `PendingReply`
+to the engine worker, and the worker calls `finish` / `fail` on its own thread (the store is
+thread-safe), so a reply is saved even if the window is closing.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from app.core.store import (
+    ConversationStore,
+    Message,
+    StoreError,
+    assistant_fields_from_result,
+)
+from app.core.view_models import MessageVM, message_vm
+from engine.types import (
+    Comparison,
+    GenerationRequest,
+    GenerationResult,
+    SamplerSettings,
+)
+
+DEFAULT_TITLE = "New conversation"
+TITLE_CHARS = 48
+
+
+def fresh_seed() -> int:
+    """A new random seed for a reply (31 bits: fits everywhere, prints short)."""
+    return random.SystemRandom().randrange(1, 2**31)
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """Per-conversation settings (stored in the conversation row)."""
+
+    system_prompt: str = ""
+    # Small local models ramble when greedy decoding loops; a mild temperature with a light
+    # repetition penalty reads better, and the promise (regenerate is identical) holds at any T.
+    sampler: SamplerSettings = field(
+        default_factory=lambda: SamplerSettings(temperature=0.6, top_p=0.9, repetition_penalty=1.1, max_tokens=512)
+    )
+    random_seed: bool = True  # False: every new reply uses sampler.seed
+    mode: str = "exact"  # "exact" | "fast"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "system_prompt": self.system_prompt,
+            "sampler": self.sampler.to_dict(),
+            "random_seed": self.random_seed,
+            "mode": self.mode,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "ChatSettings":
+        d = d or {}
+        base = cls()
+        sampler = SamplerSettings.from_dict(d["sampler"]) if isinstance(d.get("sampler"), dict) else base.sampler
+        mode = d.get("mode") if d.get("mode") in ("exact", "fast") else base.mode
+        return cls(
+            system_prompt=str(d.get("system_prompt") or ""),
+            sampler=sampler,
+            random_seed=bool(d.get("random_seed", base.random_seed)),
+            mode=mode,
+        )
+
+    def seed_for_new_reply(self) -> int:
+        return fresh_seed() if self.random_seed else self.sampler.seed
+
+
+@dataclass
+class PendingReply:
+    """A reply row created up front (status "generating") and the request that fills it."""
+
+    conversation_id: int
+    user_id: int  # the message the reply answers
+    reply_id: int
+    request: GenerationRequest
+    action: str  # "send" | "regenerate" | "variant" | "edit" | "retry"
+    previous_id: Optional[int] = None  # the variant this reply was made to replace
+    model_name: Optional[str] = None
+
+
+class ChatSession:
+    """The chat operations of one data dir, over a `ConversationStore`."""
+
+    def __init__(self, store: ConversationStore) -> None:
+        self.store = store
+
+    # -- conversations -------------------------------------------------------------------------
+    def new_conversation(self, settings: ChatSettings, title: str = DEFAULT_TITLE) -> int:
+        return self.store.create_conversation(title, settings.to_dict()).id
+
+    def settings(self, conv_id: int) -> ChatSettings:
+        return ChatSettings.from_dict(self.store.get_conversation(conv_id).settings)
+
+    def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
+        self.store.set_settings(conv_id, settings.to_dict())
+
+    def view(self, conv_id: int) -> list[MessageVM]:
+        """The active path as view models (what the chat view shows).
+
+        Siblings come from one read of the whole conversation (not one query per message): the
+        worker thread may delete a failed reply's placeholder meanwhile, and a message that is
+        gone by then simply counts as its own only variant."""
+        path = self.store.active_path(conv_id)
+        siblings: dict[Optional[int], list[int]] = {}
+        for m in self.store.messages(conv_id):  # ordered by id, as store.siblings() is
+            siblings.setdefault(m.parent_id, []).append(m.id)
+        return [message_vm(m, siblings.get(m.parent_id) or [m.id]) for m in path]
+
+    def last_reply(self, conv_id: int) -> Optional[Message]:
+        path = self.store.active_path(conv_id)
+        return next((m for m in reversed(path) if m.role == "assistant"), None)
+
+    # -- starting a reply ----------------------------------------------------------------------
+    def begin_send(self, conv_id: int, text: str, model_name: Optional[str] = None) -> PendingReply:
+        """Save the user's message (committed before anything else) and a reply placeholder."""
+        if not text.strip():
+            raise StoreError("cannot send an empty message")
+        conv = self.store.get_conversation(conv_id)
+        path = self.store.active_path(conv_id)
+        parent = path[-1].id if path else None
+        user = self.store.add_message(conv_id, parent, "user", text)
+        if conv.title == DEFAULT_TITLE and not path:
+            self.store.rename_conversation(conv_id, title_from(text))
+        return self._begin_reply(conv_id, user.id, self.settings(conv_id), None, "send", model_name)
+
+    def begin_regenerate(
+        self, reply_id: int, fresh: bool = False, model_name: Optional[str] = None
+    ) -> PendingReply:
+        """Another variant of `reply_id`. Regenerate (fresh=False) reuses the reply's own seed and
+        sampler, so it must reproduce it; a new variant (fresh=True) takes the conversation's
+        current settings and a fresh seed."""
+        reply = self.store.get_message(reply_id)
+        if reply.role != "assistant" or reply.parent_id is None:
+            raise StoreError("only an assistant reply can be regenerated")
+        settings = self.settings(reply.conversation_id)
+        if fresh:
+            settings = replace(settings, sampler=replace(settings.sampler, seed=fresh_seed()), random_seed=False)
+            action = "variant"
+        else:
+            sampler = SamplerSettings.from_dict(reply.sampler or {}) if reply.sampler else settings.sampler
+            if reply.seed is not None:
+                sampler = replace(sampler, seed=reply.seed)
+            mode = (reply.cache_report or {}).get("mode") or settings.mode
+            settings = replace(settings, sampler=sampler, random_seed=False, mode=mode)
+            action = "regenerate"
+        return self._begin_reply(reply.conversation_id, reply.parent_id, settings, reply_id, action, model_name)
+
+    def begin_reply_to(self, user_id: int, model_name: Optional[str] = None) -> PendingReply:
+        """A reply to a user message that has none (its generation failed or was deleted)."""
+        user = self.store.get_message(user_id)
+        if user.role != "user":
+            raise StoreError("a reply must answer a user message")
+        settings = self.settings(user.conversation_id)
+        return self._begin_reply(user.conversation_id, user.id, settings, None, "retry", model_name)
+
+    def begin_edit(self, user_id: int, text: str, model_name: Optional[str] = None) -> PendingReply:
+        """Edit a user message as a branch (the original stays a variant) and answer the edit."""
+        if not text.strip():
+            raise StoreError("cannot send an empty message")
+        edited = self.store.edit_message(user_id, text)
+        settings = self.settings(edited.conversation_id)
+        return self._begin_reply(edited.conversation_id, edited.id, settings, None, "edit", model_name)
+
+    def _begin_reply(
+        self, conv_id: int, user_id: int, settings: ChatSettings, previous_id: Optional[int],
+        action: str, model_name: Optional[str],
+    ) -> PendingReply:  # fmt: skip
+        seed = settings.sampler.seed if action == "regenerate" else settings.seed_for_new_reply()
+        sampler = replace(settings.sampler, seed=seed)
+        messages = self.store.messages_for_prompt(conv_id, user_id)
+        request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode)  # type: ignore[arg-type]
+        reply = self.store.add_message(
+            conv_id, user_id, "assistant", "", status="generating",
+            seed=seed, sampler=sampler.to_dict(), model_name=model_name,
+        )  # fmt: skip
+        return PendingReply(conv_id, user_id, reply.id, request, action, previous_id, model_name)
+
+    # -- ending a reply ------------------------------------------------------------------------
+    def save_partial(self, pending: PendingReply, text: str) -> None:
+        """Streamed text so far (crash safety for long replies)."""
+        self.store.update_message(pending.reply_id, content=text)
+
+    def finish(self, pending: PendingReply, result: GenerationResult) -> Message:
+        """Store the reply with its tokens, logprobs and report, and its identity with the variant
+        it replaces (compared on stored tokens and logprobs, so it holds across restarts)."""
+        fields = assistant_fields_from_result(result)
+        report: dict[str, Any] = fields["cache_report"]
+        report["action"] = pending.action
+        report["previous_id"] = pending.previous_id
+        cmp = self.compare_with_previous(pending.previous_id, result)
+        if cmp is not None:
+            report["identical"] = cmp.identical
+            report["first_diff"] = cmp.first_diff
+            report["max_logprob_diff"] = cmp.max_logprob_diff
+        status = "interrupted" if result.finish_reason == "cancelled" else "complete"
+        if pending.model_name:
+            fields["model_name"] = pending.model_name
+        return self.store.update_message(pending.reply_id, content=result.text, status=status, **fields)
+
+    def compare_with_previous(self, previous_id: Optional[int], result: GenerationResult) -> Optional[Comparison]:
+        if previous_id is None or result.finish_reason == "cancelled":
+            return None
+        try:
+            prev = self.store.get_message(previous_id)
+        except StoreError:  # deleted meanwhile
+            return None
+        if prev.status != "complete" or prev.tokens is None:
+            return None
+        return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs)
+
+    def fail(self, pending: PendingReply, keep_text: str = "") -> None:
+        """A generation that raised: drop an empty placeholder (the user's message stays), keep
+        any streamed text as an interrupted reply."""
+        try:
+            if keep_text:
+                self.store.update_message(pending.reply_id, content=keep_text, status="interrupted")
+            else:
+                self.store.delete_message(pending.reply_id)
+        except StoreError:
+            pass
+
+    # -- verify --------------------------------------------------------------------------------
+    def verify_inputs(self, reply_id: int) -> tuple[GenerationRequest, list[int], list[float]]:
+        """The request that produced a stored reply, and its tokens / logprobs: what a cold run
+        must reproduce."""
+        reply = self.store.get_message(reply_id)
+        if reply.role != "assistant" or reply.parent_id is None or reply.tokens is None:
+            raise StoreError("this reply has no stored tokens to verify")
+        sampler = SamplerSettings.from_dict(reply.sampler or {})
+        if reply.seed is not None:
+            sampler = replace(sampler, seed=reply.seed)
+        if reply.status != "complete":  # a stopped reply: check the part that was generated
+            if not reply.tokens:
+                raise StoreError("this reply was stopped before its first token; nothing to verify")
+            sampler = replace(sampler, max_tokens=len(reply.tokens))
+        mode = (reply.cache_report or {}).get("mode") or "exact"
+        messages = self.store.messages_for_prompt(reply.conversation_id, reply.parent_id)
+        request = GenerationRequest(messages=messages, sampler=sampler, mode=mode)
+        return request, list(reply.tokens), list(reply.logprobs or [])
+
+
+def title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"

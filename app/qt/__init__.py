@@ -1,0 +1,1 @@
+"""The Qt side of the app: main, the window, background work, theme, and widgets/."""

@@ -1,0 +1,89 @@
+"""`python -m app` / `verbatim`: the Qt application, a qasync event loop and the main window."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+from app.qt.theme import RESOURCES
+from engine.paths import APP_NAME
+from engine.paths import data_dir as default_data_dir
+
+
+def ensure_application(argv: Optional[Sequence[str]] = None) -> QApplication:
+    app = QApplication.instance()
+    if app is None:
+        app = QApplication(list(argv) if argv is not None else [sys.argv[0]])
+    assert isinstance(app, QApplication)
+    app.setApplicationName(APP_NAME)
+    app.setOrganizationName(APP_NAME)
+    app.setApplicationDisplayName(APP_NAME)
+    icon = RESOURCES / "icons" / "verbatim.png"
+    if icon.is_file():
+        app.setWindowIcon(QIcon(str(icon)))
+    return app
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="verbatim", description="Local LLM chat: regenerate is instant and identical.")
+    p.add_argument("--model", help="demo, a .gguf file, an MLX model folder or an org/name in the HF cache "
+                   "(default: the last one used, else demo)")
+    p.add_argument("--data-dir", type=Path, default=None, help="conversations, settings and prompt cache "
+                   f"(default: {default_data_dir()})")
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk size (part of the cache key)")
+    p.add_argument("--no-disk-cache", action="store_true", help="keep the prompt cache in memory only")
+    p.add_argument("--theme", choices=["system", "light", "dark"], default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    app = ensure_application()
+    data_dir: Path = args.data_dir or default_data_dir()
+    model = args.model
+    if not model:
+        last = QSettings(str(data_dir / "settings.ini"), QSettings.Format.IniFormat).value("model/last")
+        model = last if isinstance(last, str) and last else "demo"
+
+    import qasync
+
+    from app.core.store import StoreError
+    from app.qt.window import MainWindow
+
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    try:
+        window = MainWindow(model, data_dir, chunk=args.chunk, use_disk=not args.no_disk_cache, theme=args.theme)
+    except StoreError as e:  # e.g. a damaged or newer conversation database: say so, change nothing
+        QMessageBox.critical(None, APP_NAME, str(e))
+        return 1
+    window.show()
+    closed = asyncio.Event()
+    app.aboutToQuit.connect(closed.set)
+    app.lastWindowClosed.connect(closed.set)
+    # Ctrl+C / SIGTERM close the window like the close button (the reply in progress is saved).
+    # Python runs signal handlers only between bytecodes: a light timer gives it the chance.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: window.close())
+    tick = QTimer()
+    tick.timeout.connect(lambda: None)
+    tick.start(200)
+    with loop:
+        loop.run_until_complete(closed.wait())
+    tick.stop()
+    window.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

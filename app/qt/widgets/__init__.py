@@ -1,0 +1,1 @@
+"""The window's widgets: chat view, composer, sidebar, debug panel, dialogs."""

@@ -1,0 +1,1 @@
+"""The prompt cache's disk tier: snapshots that survive restarts (file format, index, writer)."""

@@ -1,0 +1,1 @@
+"""`python -m engine`: the headless front end (generate, chat, models, import, download)."""

@@ -1,0 +1,35 @@
+"""Every error a user can cause, under one base class.
+
+A `VerbatimError` carries a message meant for people: the CLI prints it as one line and exits 2,
+the GUI shows it in a dialog. Anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class VerbatimError(Exception):
+    """An error a user can cause (bad input, bad file, missing model): one clear line."""
+
+
+class EngineError(VerbatimError):
+    """The engine cannot do what was asked (no model loaded, a model folder mlx-lm rejects)."""
+
+
+class RequestError(VerbatimError, ValueError):
+    """A bad generation request (unknown role, empty conversation, a template that rejects it)."""
+
+
+class ModelError(VerbatimError):
+    """A model that cannot be found or used."""
+
+
+class GGUFError(VerbatimError):
+    """A GGUF file that cannot be imported."""
+
+
+class SnapshotError(VerbatimError):
+    """A stored prompt-cache snapshot is missing, corrupt or does not match its index entry."""
+
+
+class Cancelled(VerbatimError):
+    """Work stopped through its `CancelToken`; nothing half-done was left behind."""

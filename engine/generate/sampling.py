@@ -1,0 +1,73 @@
+"""Seeded token sampling with an explicit per-generation random key.
+
+Never the global PRNG: MLX's global random state is per-thread and was seen to freeze inside
+`mx.compile` on worker threads (DESIGN.md). A generation owns `mx.random.key(seed)` and splits
+it once per step, so the same seed gives the same draws in any process or thread.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mlx.core as mx
+
+from engine.types import SamplerSettings
+
+
+class Sampler:
+    def __init__(self, settings: SamplerSettings) -> None:
+        self.s = settings
+        self._key = mx.random.key(settings.seed)
+
+    def _apply_repetition_penalty(self, logits: mx.array, history: Optional[mx.array]) -> mx.array:
+        if self.s.repetition_penalty == 1.0 or history is None or history.size == 0:
+            return logits
+        ids = history[-self.s.repetition_context :]
+        picked = logits[:, ids]
+        penalty = self.s.repetition_penalty
+        logits[:, ids] = mx.where(picked < 0, picked * penalty, picked / penalty)
+        return logits
+
+    def __call__(self, logits: mx.array, history: Optional[mx.array] = None) -> tuple[mx.array, mx.array]:
+        """Pick the next token from `logits` [1, vocab]; return lazy (token [1], logprob []).
+
+        Lazy so the decode loop can schedule the next forward before reading this token.
+        The logprob is that of the chosen token under the model's distribution (after the
+        repetition penalty, before temperature and truncation): comparable across runs and
+        settings, which is what determinism checks compare.
+        """
+        # The key advances every step, greedy or not, so a step's draw never depends on
+        # which settings earlier steps used.
+        self._key, step_key = mx.random.split(self._key)
+        logits = self._apply_repetition_penalty(logits.astype(mx.float32), history)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        s = self.s
+        if s.temperature <= 0:
+            token = mx.argmax(logprobs, axis=-1)
+        else:
+            scores = _truncate(logprobs / s.temperature, s.top_k, s.top_p, s.min_p)
+            token = mx.random.categorical(scores, axis=-1, key=step_key)
+        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0]
+
+
+def _truncate(scores: mx.array, top_k: int, top_p: float, min_p: float) -> mx.array:
+    """Mask (to -inf) tokens outside top-k, the top-p nucleus and the min-p floor."""
+    neg_inf = mx.array(-float("inf"), dtype=scores.dtype)
+    vocab = scores.shape[-1]
+    if 0 < top_k < vocab:
+        kth = mx.sort(scores, axis=-1)[:, vocab - top_k][:, None]
+        scores = mx.where(scores < kth, neg_inf, scores)
+    if 0.0 < min_p < 1.0:
+        probs = mx.softmax(scores, axis=-1)
+        floor = probs.max(axis=-1, keepdims=True) * min_p
+        scores = mx.where(probs < floor, neg_inf, scores)
+    if 0.0 < top_p < 1.0:
+        order = mx.argsort(-scores, axis=-1)
+        sorted_scores = mx.take_along_axis(scores, order, axis=-1)
+        probs = mx.softmax(sorted_scores, axis=-1)
+        # Keep a token if the mass strictly before it is below top_p (the top token always stays).
+        before = mx.cumsum(probs, axis=-1) - probs
+        keep_sorted = before < top_p
+        keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+        scores = mx.where(keep, scores, neg_inf)
+    return scores

@@ -1,0 +1,65 @@
+"""Messages to prompt token ids with the model's own chat template, and streamed text."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from engine.errors import RequestError
+from engine.types import Message
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
+    """Token ids of the conversation with the generation prompt added (ends ready for a reply)."""
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        except Exception as e:  # jinja errors: e.g. a template that rejects a system message
+            raise RequestError(f"the model's chat template rejected the conversation: {e}") from e
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        ids = list(ids)
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+    else:  # base models without a template: plain text, one turn per line
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
+        ids = list(tokenizer.encode(text))
+    if not ids:
+        raise RequestError("the conversation rendered to an empty prompt")
+    return [int(t) for t in ids]
+
+
+class TextStream:
+    """Turns a growing token list into text deltas that never split a multi-byte character.
+
+    Decodes the whole reply each step (fast tokenizers decode thousands of tokens in well under
+    a decode step) so the deltas always concatenate to exactly `tokenizer.decode(tokens)`,
+    whatever the tokenizer does with spaces at segment starts.
+    """
+
+    def __init__(self, tokenizer: Any, skip: set[int]) -> None:
+        self._tok = tokenizer
+        self._skip = skip
+        self._ids: list[int] = []
+        self.text = ""  # text emitted so far
+
+    def decode(self) -> str:
+        return self._tok.decode(self._ids)
+
+    def add(self, token: int) -> str:
+        if token in self._skip:
+            return ""
+        self._ids.append(token)
+        full = self.decode()
+        if full.endswith("\ufffd") or not full.startswith(self.text):
+            return ""  # incomplete character (or a tokenizer that rewrites): wait for more
+        delta = full[len(self.text) :]
+        self.text = full
+        return delta
+
+    def flush(self) -> str:
+        """The rest of the text at the end (an incomplete character is emitted as decoded)."""
+        full = self.decode()
+        if not full.startswith(self.text):
+            return ""
+        delta, self.text = full[len(self.text) :], full
+        return delta

@@ -1,0 +1,210 @@
+"""The engine's vocabulary: what a generation is asked to do and what it tells the outside world.
+
+Requests (sampler settings, the conversation), streamed events, the cache report and the result.
+All plain dataclasses with `to_dict()`: the CLI prints them as JSON, the app stores them and
+renders them without knowing anything about MLX. JSON appears only at those edges.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal, Optional, Union
+
+from engine.errors import Cancelled, RequestError
+
+Mode = Literal["exact", "fast"]
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+
+ROLES = ("system", "user", "assistant")
+DEFAULT_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """Sampling knobs. temperature == 0 is greedy; the seed fixes every random draw."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_context: int = 64
+    seed: int = 0
+    max_tokens: int = 256
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SamplerSettings":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One reply to generate for a whole conversation (`messages` ends with a user turn)."""
+
+    messages: list[Message]
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    mode: Mode = "exact"
+    use_cache: bool = True  # False: neither look up nor store (a cold run)
+    stop: tuple[str, ...] = ()
+
+
+def validate_messages(messages: Any) -> list[Message]:
+    """Check an OpenAI-style message list and return it normalised; raise RequestError if bad."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content} objects")
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise RequestError(f"message {i} must be an object with 'role' and 'content'")
+        if m["role"] not in ROLES:
+            raise RequestError(f"message {i} has unknown role {m['role']!r} (expected one of {', '.join(ROLES)})")
+        if not isinstance(m["content"], str):
+            raise RequestError(f"message {i} content must be a string")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass
+class PrefillProgress:
+    """Emitted after every prefill chunk (and once before the first)."""
+
+    done: int  # prompt tokens already in the cache (restored + prefilled)
+    total: int  # prompt tokens in all
+
+
+@dataclass
+class TokenEvent:
+    """One decoded token (one event per token). `text` is the new text it completes: never half
+    a character, so empty while a character is incomplete or a piece is held back."""
+
+    index: int
+    token: int
+    logprob: float
+    text: str
+
+
+Event = Union[PrefillProgress, TokenEvent]
+EventCallback = Callable[[Event], None]
+
+
+class CancelToken:
+    """Thread-safe cancel flag, checked between prefill chunks and decode steps."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def check(self, what: str = "cancelled") -> None:
+        """Raise `Cancelled(what)` if cancelled: for work that unwinds by exception (imports)."""
+        if self._event.is_set():
+            raise Cancelled(what)
+
+
+@dataclass
+class LayerInfo:
+    """One layer's cache right after restore (before any prefill)."""
+
+    index: int
+    cache_class: str
+    offset: Optional[int]  # None for caches without an offset (SSM / conv state)
+    size: int  # tokens held (a ring holds at most its window)
+    trimmable: bool
+
+
+@dataclass
+class CacheReport:
+    """What the prompt cache did for one generation (the debug panel renders this)."""
+
+    prompt_tokens: int = 0
+    matched: int = 0  # longest common token prefix with any stored snapshot
+    restored: int = 0  # tokens restored into the live cache (never the whole prompt)
+    stored: Optional[int] = None  # length of the snapshot used, None if none
+    partial: bool = False  # restored < stored (a trimmable cache was cut back)
+    source: Optional[str] = None  # "memory" | "disk" | None
+    layer_offsets: list[Optional[int]] = field(default_factory=list)
+    layers: list[LayerInfo] = field(default_factory=list)
+    declines: list[str] = field(default_factory=list)
+    prefill_tokens: int = 0  # tokens forwarded before decode, the last prompt token included
+    chunks: list[list[int]] = field(default_factory=list)  # [start, end) of each prefill forward
+    snapshots_stored: list[dict[str, Any]] = field(default_factory=list)  # kind/length/canonical
+    mode: str = "exact"
+    chunk_size: int = 512
+    sampler: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    ttft_s: float = 0.0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    model_key: str = ""
+    identical: Optional[bool] = None  # equal to the previous generation of the same prompt+settings
+    first_diff: Optional[int] = None  # first differing token index when not identical
+    warnings: list[str] = field(default_factory=list)  # e.g. "prompt cache disk full": shown once
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    seed: int
+    prompt_ids: list[int]
+    report: CacheReport
+
+    def to_dict(self) -> dict[str, Any]:
+        """The CLI's `--json` object (a stable contract for scripts and tests)."""
+        cache = self.report.to_dict()
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "logprobs": self.logprobs,
+            "finish_reason": self.finish_reason,
+            "seed": self.seed,
+            "cache": cache,
+            "timings": {k: cache[k] for k in ("ttft_s", "prefill_tps", "decode_tps")},
+        }
+
+
+@dataclass
+class Comparison:
+    """Whether two generations are the same, and where they first differ."""
+
+    identical: bool
+    first_diff: Optional[int] = None  # index of the first differing token
+    max_logprob_diff: float = 0.0
+    detail: str = ""
+
+    @classmethod
+    def of(cls, a_tokens: list[int], a_lps: list[float], b_tokens: list[int], b_lps: list[float]) -> "Comparison":
+        first = next((i for i, (x, y) in enumerate(zip(a_tokens, b_tokens)) if x != y), None)
+        if first is None and len(a_tokens) != len(b_tokens):
+            first = min(len(a_tokens), len(b_tokens))
+        n = first if first is not None else len(a_tokens)
+        diff = max((abs(x - y) for x, y in zip(a_lps[:n], b_lps[:n])), default=0.0)
+        identical = first is None and diff == 0.0
+        if identical:
+            detail = f"identical ({len(a_tokens)} tokens, bit-equal logprobs)"
+        elif first is None:
+            detail = f"same tokens, logprobs differ by up to {diff:.3g}"
+        else:
+            detail = f"first differing token at index {first}"
+        return cls(identical, first, diff, detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
