@@ -20,7 +20,7 @@ from engine.cache.memory import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError
 from engine.generate.loop import LoadedModel, generate
 from engine.models.key import model_key
-from engine.models.resolve import resolve_model
+from engine.models.resolve import check_folder, context_length_of, resolve_model
 from engine.types import (
     DEFAULT_CHUNK,
     CancelToken,
@@ -46,6 +46,7 @@ class ModelInfo:
     kv_bits: Optional[int]
     dequantized: bool
     load_s: float
+    context_length: Optional[int] = None  # tokens the model was trained for (None: unknown)
 
 
 class Engine:
@@ -118,6 +119,7 @@ class Engine:
             kv_bits=self.lm.kv_bits,
             dequantized=dequantized,
             load_s=time.perf_counter() - t0,
+            context_length=context_length_of(check_folder(folder)),
         )
         return self.info
 

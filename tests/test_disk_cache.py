@@ -24,8 +24,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from engine.cache.disk import tier as dc
 from engine.blas import optimized_blas
+from engine.cache.disk import tier as dc
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import (
     Snapshot,

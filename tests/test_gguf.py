@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from engine.errors import Cancelled, GGUFError
-from engine.models.gguf.convert import convert, import_gguf, llama_config, read_gguf
+from engine.models.gguf.convert import convert, import_gguf, llama_config
+from engine.models.gguf.reader import read_gguf
 from engine.types import CancelToken
 from tests import gguf_fixtures as gf
 from tests.tiny_models import build_model

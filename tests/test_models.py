@@ -211,11 +211,11 @@ def test_model_key(models: dict[str, Path], env: Path) -> None:
 
 
 def test_model_key_memo_is_used(models: dict[str, Path], env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.models.gguf.convert
+    import engine.models.key
 
     calls: list[Path] = []
-    real = engine.models.gguf.convert.file_sha256
-    monkeypatch.setattr(engine.models.gguf.convert, "file_sha256", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
+    real = engine.models.key.file_sha256
+    monkeypatch.setattr(engine.models.key, "file_sha256", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
     key = model_key(models["gemma3"])
     assert len(calls) == 1
     model_key(models["gemma3"])

@@ -33,8 +33,8 @@ def _tqdm_class(progress: Optional[Progress], cancel: Optional[CancelToken]) -> 
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
-            if cancel is not None and cancel.cancelled:
-                raise Cancelled("download cancelled")
+            if cancel is not None:
+                cancel.check("download cancelled")
             out = super().update(n)
             total = getattr(self, "total", None)
             if progress and total:
@@ -82,8 +82,8 @@ def download_model(repo_id: str, progress: Optional[Progress] = None, cancel: Op
 
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise ModelError(f"not a Hugging Face repo id (expected org/name): {repo_id!r}")
-    if cancel is not None and cancel.cancelled:
-        raise Cancelled("download cancelled")
+    if cancel is not None:
+        cancel.check("download cancelled")
     if progress:
         progress(0.0, f"downloading {repo_id}")
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from engine.paths import cache_root
+from engine.types import CancelToken
 
 Progress = Callable[[float, str], None]
 HASH_MEMO = "file_hashes.json"
@@ -44,8 +45,6 @@ def _save_memo(path: Path, memo: dict[str, Any]) -> None:
 
 def cached_file_hash(path: Path, progress: Optional[Progress] = None, cancel: Any = None) -> str:
     """SHA-256 of a file's content, memoized by (resolved path, size, mtime_ns)."""
-    from engine.models.gguf.convert import file_sha256
-
     path = Path(path).resolve()
     st = path.stat()
     memo_path = cache_root() / HASH_MEMO
@@ -105,3 +104,21 @@ def model_key(folder: Path | str, options: Optional[dict[str, Any]] = None) -> s
     }
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def file_sha256(path: Path, progress: Optional[Progress] = None, cancel: Optional[CancelToken] = None,
+                span: tuple[float, float] = (0.0, 1.0)) -> str:
+    """Content hash of a file, read in 8 MiB blocks (cancellable, with progress)."""
+    h = hashlib.sha256()
+    total = max(path.stat().st_size, 1)
+    done, shown = 0, -1.0
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+            done += len(block)
+            if cancel is not None:
+                cancel.check("hashing cancelled")
+            if progress and done / total - shown >= 0.1:  # ~10 updates, whatever the size
+                shown = done / total
+                progress(span[0] + (span[1] - span[0]) * shown, "hashing")
+    return h.hexdigest()

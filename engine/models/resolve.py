@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from engine.errors import GGUFError, ModelError
-from engine.models.gguf.convert import import_gguf, read_gguf
+from engine.models.gguf.convert import import_gguf
+from engine.models.gguf.reader import read_gguf
 from engine.paths import models_dir
 from engine.types import CancelToken
 
@@ -191,7 +192,7 @@ def describe_quantization(config: dict[str, Any], folder: Optional[Path] = None)
     return {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(str(dtype), str(dtype))
 
 
-def _context_length(config: dict[str, Any]) -> Optional[int]:
+def context_length_of(config: dict[str, Any]) -> Optional[int]:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     for src in (config, text):
         for k in ("max_position_embeddings", "max_seq_len", "seq_length", "n_ctx"):
@@ -212,14 +213,15 @@ def folder_entry(folder: Path, source: str, name: Optional[str] = None) -> Optio
         family=config["model_type"],
         size_bytes=_folder_size(folder),
         quantization=describe_quantization(config, folder),
-        context_length=_context_length(config),
+        context_length=context_length_of(config),
         source=source,
     )
 
 
 def gguf_entry(path: Path, source: str = "gguf") -> Optional[ModelEntry]:
     """A not-yet-imported GGUF, described from its header (cheap: no tensors read)."""
-    from engine.models.gguf.convert import SUPPORTED_ARCHITECTURES, SUPPORTED_TYPES
+    from engine.models.gguf.convert import SUPPORTED_ARCHITECTURES
+    from engine.models.gguf.reader import SUPPORTED_TYPES
 
     try:
         g = read_gguf(path)
