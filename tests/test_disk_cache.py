@@ -27,13 +27,8 @@ from mlx_lm.models.cache import KVCache
 from engine.blas import optimized_blas
 from engine.cache.disk import tier as dc
 from engine.cache.disk.tier import DiskCache
-from engine.cache.memory import (
-    Snapshot,
-    SnapshotMeta,
-    cache_nbytes,
-    clone_cache,
-    new_snapshot_id,
-)
+from engine.cache.planner import SnapshotMeta
+from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
 from engine.engine import Engine
 from engine.errors import SnapshotError
 from engine.types import GenerationRequest, SamplerSettings

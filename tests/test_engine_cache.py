@@ -6,7 +6,8 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.cache.memory import PromptCache, layer_offset
+from engine.cache.memory import PromptCache
+from engine.cache.snapshot import layer_offset
 from engine.generate.loop import chunk_bounds
 from engine.generate.sampling import Sampler
 from engine.types import CancelToken, PrefillProgress, SamplerSettings, TokenEvent

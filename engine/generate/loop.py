@@ -13,20 +13,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    KVCache,
+    QuantizedKVCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+)
 
-from engine.cache.memory import (
-    PromptCache,
+from engine.cache.memory import PromptCache
+from engine.cache.planner import SnapshotMeta, exact_at
+from engine.cache.snapshot import (
     Snapshot,
-    SnapshotMeta,
-    _arrays,
+    cache_arrays,
     cache_nbytes,
     clone_cache,
     describe_layers,
-    exact_at,
-    is_trimmable,
     layer_offset,
     new_snapshot_id,
+    plain_kv,
 )
 from engine.generate.sampling import Sampler
 from engine.generate.templating import TextStream, render_prompt
@@ -72,15 +76,6 @@ def chunk_bounds(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
         out.append((pos, stop))
         pos = stop
     return out
-
-
-def _eval_cache(cache: Sequence[Any]) -> None:
-    mx.eval([a for c in cache for a in _arrays(c.state)])
-
-
-def _plain_kv(cache: Sequence[Any]) -> bool:
-    # Plain KV caches can always be cut back; rings and SSM state cannot.
-    return all(isinstance(c, (KVCache, QuantizedKVCache)) for c in cache)
 
 
 def generate(
@@ -137,8 +132,8 @@ def generate(
     else:
         canonical = min(restored, src_canonical) // chunk * chunk
     boundary = (n_prompt - 1) // chunk * chunk
-    plain_kv = _plain_kv(cache)
-    want_boundary = use_cache and not plain_kv and restored < boundary < n_prompt - 1
+    all_plain_kv = plain_kv(cache)
+    want_boundary = use_cache and not all_plain_kv and restored < boundary < n_prompt - 1
     classes = tuple(type(c).__name__ for c in cache)
 
     # Snapshots taken before decode go to the disk tier only once decoding is over: its writer
@@ -166,7 +161,7 @@ def generate(
             prefill_end=n_prompt - 1,
             prefill_exact=exact_restore and len(tokens) >= n_prompt - 1,
             classes=classes,
-            trimmable=is_trimmable(snap_cache),
+            trimmable=can_trim_prompt_cache(snap_cache),
             nbytes=cache_nbytes(snap_cache),
         )
         snap = Snapshot(meta, snap_cache)
@@ -185,7 +180,7 @@ def generate(
                 snapshot("partial", prompt[:start], cache)
             return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
         lm.model(mx.array([prompt[start:end]]), cache=cache)
-        _eval_cache(cache)
+        mx.eval(cache_arrays(cache))
         report.chunks.append([start, end])
         emit(PrefillProgress(end, n_prompt))
         if want_boundary and end == boundary:
@@ -194,8 +189,8 @@ def generate(
     # snapshot taken after decode serves every restore this one could: copying it here would
     # only delay the first token. It is taken for them only if no token gets decoded.
     prelast_due = use_cache and restored < n_prompt - 1
-    prelast_by_end = prelast_due and plain_kv
-    if prelast_due and not plain_kv:
+    prelast_by_end = prelast_due and all_plain_kv
+    if prelast_due and not all_plain_kv:
         snapshot("pre-last", prompt[:-1], cache, defer=True)
 
     # -- the last prompt token, alone; then decode ---------------------------------------
@@ -277,7 +272,7 @@ def generate(
         final_text = stream.text
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
         emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :]))
-    _eval_cache(cache)
+    mx.eval(cache_arrays(cache))
     if use_cache and tokens:
         fed = prompt + tokens[:forwarded]
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"

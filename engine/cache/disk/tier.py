@@ -54,7 +54,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
 from engine.blas import blas_library
-from engine.cache.memory import Snapshot, SnapshotMeta, dominates, layer_offset
+from engine.cache.planner import SnapshotMeta, dominates
+from engine.cache.snapshot import Snapshot, layer_offset
 from engine.errors import SnapshotError
 from engine.paths import prompt_cache_dir
 from engine.threads import lower_thread_priority
