@@ -19,8 +19,13 @@ from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError
 from engine.generate.loop import LoadedModel, generate
-from engine.models.key import model_key
-from engine.models.resolve import check_folder, context_length_of, resolve_model
+from engine.models.key import engine_options, model_key
+from engine.models.resolve import (
+    DEMO_NAME,
+    check_folder,
+    context_length_of,
+    resolve_model,
+)
 from engine.types import (
     DEFAULT_CHUNK,
     CancelToken,
@@ -84,7 +89,10 @@ class Engine:
 
         t0 = time.perf_counter()
         folder = _resolve(spec, progress, cancel)
-        options = _engine_options(folder)
+        try:
+            options = {k: v for k, v in engine_options(folder).items() if k in ("kv_bits", "kv_group_size")}
+        except ModelError as e:
+            raise EngineError(str(e)) from e
         try:
             model, tokenizer = mlx_load(str(folder))
         except Exception as e:  # mlx-lm raises many kinds; all mean "this folder is not usable"
@@ -253,17 +261,5 @@ def _dequantize_f32(model: Any) -> Any:
     return model
 
 
-def _engine_options(folder: Path) -> dict[str, Any]:
-    """Cache-affecting options stored beside a model (verbatim.json), e.g. KV quantization."""
-    f = folder / "verbatim.json"
-    if not f.is_file():
-        return {}
-    try:
-        opts = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise EngineError(f"bad {f}: {e}") from e
-    return {k: opts[k] for k in ("kv_bits", "kv_group_size") if k in opts}
-
-
 def _display_name(spec: str, folder: Path) -> str:
-    return "SmolLM2-135M-Instruct (demo)" if spec == "demo" else folder.name
+    return DEMO_NAME if spec == "demo" else folder.name
