@@ -15,6 +15,7 @@ from engine.errors import Cancelled, RequestError
 
 Mode = Literal["exact", "fast"]
 Progress = Callable[[float, str], None]  # (fraction done 0..1, what is happening)
+ContextPolicy = Literal["refuse", "truncate"]
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
 ROLES = ("system", "user", "assistant")
@@ -52,6 +53,10 @@ class GenerationRequest:
     mode: Mode = "exact"
     use_cache: bool = True  # False: neither look up nor store (a cold run)
     stop: tuple[str, ...] = ()
+    # When prompt + max_tokens exceeds the model's context: "refuse" (an error before any
+    # prefill) or "truncate" (leave out the oldest turns, never the system prompt or the last
+    # message; deterministic, so a regenerate stays instant and identical).
+    context_policy: ContextPolicy = "refuse"
 
 
 def validate_messages(messages: Any) -> list[Message]:
@@ -70,7 +75,7 @@ def validate_messages(messages: Any) -> list[Message]:
     return out
 
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "context", "cancelled", "error"]
 
 
 @dataclass
@@ -127,6 +132,15 @@ class LayerInfo:
 
 
 @dataclass
+class ContextInfo:
+    """How the conversation was fitted into the model's context."""
+
+    limit: Optional[int]  # the model's context length in tokens (None: unknown)
+    prompt_tokens: int  # of the prompt actually sent
+    dropped_messages: int = 0  # oldest messages left out ("truncate" policy)
+
+
+@dataclass
 class CacheReport:
     """What the prompt cache did for one generation (the debug panel renders this)."""
 
@@ -141,6 +155,8 @@ class CacheReport:
     declines: list[str] = field(default_factory=list)
     prefill_tokens: int = 0  # tokens forwarded before decode, the last prompt token included
     chunks: list[list[int]] = field(default_factory=list)  # [start, end) of each prefill forward
+    message_starts: list[int] = field(default_factory=list)  # message boundaries among the chunk cuts
+    context: Optional[ContextInfo] = None
     snapshots_stored: list[dict[str, Any]] = field(default_factory=list)  # kind/length/canonical
     mode: str = "exact"
     chunk_size: int = 512

@@ -8,7 +8,7 @@ from mlx.utils import tree_flatten
 
 from engine.cache.memory import PromptCache
 from engine.cache.snapshot import layer_offset
-from engine.generate.loop import chunk_bounds
+from engine.cache.planner import chunks, schedule_cuts
 from engine.generate.sampling import Sampler
 from engine.types import CancelToken, PrefillProgress, SamplerSettings, TokenEvent
 from tests.engine_helpers import (
@@ -78,7 +78,7 @@ def test_whole_prompt_bug_reproduced_on_purpose(models):
 
     def prefilled(upto):
         cache = lm.new_cache()
-        for s, e in chunk_bounds(0, upto, eng.chunk):
+        for s, e in chunks(0, schedule_cuts(upto + 1, eng.chunk)):
             lm.model(mx.array([prompt[s:e]]), cache=cache)
         mx.eval([c.state for c in cache])
         return cache
@@ -136,10 +136,15 @@ def test_control_fast_mode_reuse_differs_from_cold(models, family):
 
 @pytest.mark.parametrize("family,reason", [("gemma3", "sliding window wrapped"), ("lfm2", "SSM/conv state")])
 def test_uncuttable_cache_declined_never_partially_restored(models, family, reason):
-    # Chunk 512: no aligned boundary checkpoint exists, so turn 2 can only reuse by cutting back.
+    # The question is edited: the prompts part inside the user message, where no stored state is
+    # exact (chunk 512: no aligned cut; the message cuts lie after it). The snapshots could only
+    # be used by cutting them back, which a wrapped ring or SSM state cannot do.
     eng = make_engine(models[family], chunk=512)
-    (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q)
+    eng.generate(request([{"role": "user", "content": LONG_Q}], max_tokens=12))
+    req = request([{"role": "user", "content": LONG_Q + " Please answer in detail."}], max_tokens=12)
+    second = eng.generate(req)
     rep = second.report
+    assert rep.matched > 0
     assert any(reason in d and "cannot cut" in d for d in rep.declines), rep.declines
     assert rep.restored == 0 and rep.stored is None and rep.source is None
     assert all(o in (None, 0) for o in rep.layer_offsets)  # nothing partial was installed
@@ -148,15 +153,21 @@ def test_uncuttable_cache_declined_never_partially_restored(models, family, reas
 
 
 @pytest.mark.parametrize("family", ["gemma3", "lfm2"])
-def test_uncuttable_cache_uses_boundary_checkpoint(models, family):
-    eng = make_engine(models[family], chunk=8)
+@pytest.mark.parametrize("chunk", [8, 512])
+def test_uncuttable_cache_uses_boundary_checkpoint(models, family, chunk):
+    eng = make_engine(models[family], chunk=chunk)
     (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q)
     rep = second.report
-    boundary = (first.report.prompt_tokens - 1) // 8 * 8
+    n1 = first.report.prompt_tokens
+    # the checkpoint sits at the last cut before n - 1: the start of turn 1's generation prompt
+    # (a message boundary), unless a multiple of the chunk size falls after it
+    boundary = max(c for c in schedule_cuts(n1, chunk, first.report.message_starts) if c < n1 - 1)
+    assert boundary >= first.report.message_starts[-1]
     assert rep.restored == boundary and rep.stored == boundary and not rep.partial
-    assert any(s["kind"] == "boundary" for s in first.report.snapshots_stored)
+    assert any(s["kind"] == "boundary" and s["length"] == boundary for s in first.report.snapshots_stored)
     assert any("cannot cut" in d for d in rep.declines)  # the longer snapshots could not be cut
-    assert eng.verify(req, second).identical
+    cold = make_engine(models[family], chunk=chunk).generate(cold_request(req))
+    assert second.tokens == cold.tokens and second.logprobs == cold.logprobs
 
 
 def test_fast_mode_reuses_decoded_tokens(models):
@@ -229,9 +240,11 @@ def test_report_describes_layers_and_aligned_chunks(models):
     assert [l.cache_class for l in rep.layers] == ["RotatingKVCache", "KVCache", "RotatingKVCache", "KVCache"]
     n = rep.prompt_tokens
     assert rep.chunks[-1] == [n - 1, n]
-    for s, e in rep.chunks[:-1]:
-        assert e % 8 == 0 or e == n - 1
-        assert s // 8 == (e - 1) // 8  # never crosses an aligned boundary
+    # the chunks tile [0, n) and are cut at every multiple of 8 and every message start, nowhere else
+    assert [s for s, _ in rep.chunks[1:]] == [e for _, e in rep.chunks[:-1]] and rep.chunks[0][0] == 0
+    assert rep.message_starts and all(0 < m < n - 1 for m in rep.message_starts)
+    expected = sorted(set(range(8, n - 1, 8)) | set(rep.message_starts) | {n - 1})
+    assert [e for _, e in rep.chunks[:-1]] == expected
     assert rep.prefill_tokens == n and rep.restored == 0
     assert rep.ttft_s > 0 and rep.decode_tps > 0
 
