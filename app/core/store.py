@@ -42,10 +42,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from app.core.instance_lock import InstanceLock, acquire_instance_lock
 from engine.paths import data_dir
+from engine.types import ROLES, CacheReport, Comparison
 
 DB_NAME = "verbatim.sqlite3"
 APPLICATION_ID = 0x56425442  # "VBTB": tells our file apart from any other SQLite database
-ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "generating", "interrupted")
 ASSISTANT_FIELDS = (
     "seed", "sampler", "model_key", "model_name", "tokens", "logprobs",
@@ -93,8 +93,47 @@ class Message:
     tokens: Optional[list[int]] = None
     logprobs: Optional[list[float]] = None  # bit-exact (stored as float64)
     finish_reason: Optional[str] = None
-    cache_report: Optional[dict[str, Any]] = None  # CacheReport.to_dict()
+    cache_report: Optional[dict[str, Any]] = None  # CacheReport.to_dict() | ReplyOutcome.to_dict()
     timings: Optional[dict[str, Any]] = None
+
+    @property
+    def report(self) -> Optional[CacheReport]:
+        """The engine's report for this reply, typed (None when nothing was generated yet)."""
+        return CacheReport.from_dict(self.cache_report) if self.cache_report else None
+
+    @property
+    def outcome(self) -> "ReplyOutcome":
+        return ReplyOutcome.from_dict(self.cache_report)
+
+
+@dataclass(frozen=True)
+class ReplyOutcome:
+    """What the chat session adds to the engine's report: why a reply was made and how it compares
+    with the variant it was made to replace. Stored flat in the same JSON column as the report
+    (keys action, previous_id, identical, first_diff, max_logprob_diff), as it always was."""
+
+    action: str = ""  # "send" | "regenerate" | "variant" | "edit" | "retry" ("" for old rows)
+    previous_id: Optional[int] = None
+    comparison: Optional[Comparison] = None  # None: nothing to compare with
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.comparison
+        return {
+            "action": self.action,
+            "previous_id": self.previous_id,
+            "identical": None if c is None else c.identical,
+            "first_diff": None if c is None else c.first_diff,
+            "max_logprob_diff": None if c is None else c.max_logprob_diff,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "ReplyOutcome":
+        d = d or {}
+        comparison = None
+        if d.get("identical") is not None:
+            comparison = Comparison(bool(d["identical"]), d.get("first_diff"), float(d.get("max_logprob_diff") or 0.0))
+        previous = d.get("previous_id")
+        return cls(str(d.get("action") or ""), previous if isinstance(previous, int) else None, comparison)
 
 
 @dataclass(frozen=True)
@@ -258,9 +297,12 @@ def _encode_fields(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def assistant_fields_from_result(result: Any) -> dict[str, Any]:
-    """The assistant fields of an engine `GenerationResult` (duck-typed: no engine import here)."""
+def assistant_fields_from_result(result: Any, outcome: Optional[ReplyOutcome] = None) -> dict[str, Any]:
+    """The assistant fields of an engine `GenerationResult`; the report column is where JSON
+    appears (CacheReport.to_dict, plus the session's ReplyOutcome when given)."""
     report = result.report.to_dict()
+    if outcome is not None:
+        report.update(outcome.to_dict())
     return {
         "seed": result.seed,
         "sampler": report.get("sampler"),

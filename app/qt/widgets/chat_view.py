@@ -202,7 +202,7 @@ class MessageWidget(QFrame):
         self.footer.setVisible(is_reply and bool(vm.footer))
         self.footer.setText(vm.footer)
         self.identity.setVisible(bool(vm.identity))
-        self.identity.setText(("✓ " if vm.identical else "≠ ") + vm.identity if vm.identity else "")
+        self.identity.setText(vm.badge)
         self.identity.setProperty("state", "same" if vm.identical else "diff")
         self.identity.style().unpolish(self.identity)
         self.identity.style().polish(self.identity)
