@@ -39,7 +39,13 @@ from app.qt import jobs
 from app.qt.jobs import Relay
 from engine.engine import Engine, ModelInfo
 from engine.executor import EngineExecutor
-from engine.types import CacheReport, CancelToken, GenerationResult, PrefillProgress, TokenEvent
+from engine.types import (
+    CacheReport,
+    CancelToken,
+    GenerationResult,
+    PrefillProgress,
+    TokenEvent,
+)
 
 if TYPE_CHECKING:
     from app.qt.window import MainWindow

@@ -26,9 +26,9 @@ import threading
 import time
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
+from engine.engine import Engine
 from engine.errors import Cancelled, VerbatimError
 from engine.executor import EngineExecutor
-from engine.engine import Engine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,7 +73,7 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
             return
         try:
             fut.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+        except BaseException as e:  # handed to the awaiting coroutine
             fut.set_exception(e)
 
     threading.Thread(target=run, name="verbatim-task", daemon=True).start()

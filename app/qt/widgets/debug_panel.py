@@ -39,6 +39,7 @@ from app.core.view_models import (
     stats_rows,
 )
 
+
 def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel]) -> QFormLayout:
     form = QFormLayout(box)
     form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)

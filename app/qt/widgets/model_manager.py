@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-
 from shiboken6 import isValid
 
 from app.core.models import discover, entry_name, entry_spec, source_label
@@ -244,7 +243,7 @@ class ModelManager(QDialog):
             folder = await job
             if cancel is not None and cancel.cancelled:
                 raise asyncio.CancelledError
-        except BaseException as e:  # noqa: BLE001 - every way it can end is shown
+        except BaseException as e:  # every way it can end is shown
             if not isValid(self):
                 return
             self._busy(False)
