@@ -13,12 +13,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generator, Optional
 
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError
-from engine.generate.loop import LoadedModel, generate
+from engine.generate.loop import LoadedModel, drain, generate, stream
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -30,6 +30,7 @@ from engine.types import (
     DEFAULT_CHUNK,
     CancelToken,
     Comparison,
+    Event,
     EventCallback,
     GenerationRequest,
     GenerationResult,
@@ -137,37 +138,48 @@ class Engine:
 
         return render_prompt(self._lm().tokenizer, validate_messages(messages))
 
-    def generate(
-        self,
-        request: GenerationRequest,
-        on_event: Optional[EventCallback] = None,
-        cancel: Optional[CancelToken] = None,
-    ) -> GenerationResult:
+    def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
+               ) -> Generator[Event, None, GenerationResult]:
+        """Generate a reply: yields PrefillProgress and TokenEvents, returns the GenerationResult."""
         lm = self._lm()
         request = replace(request, messages=validate_messages(request.messages))
         prompt = self.prompt_ids(request.messages)
         disk = self.cache.disk
         if disk is not None:
-            disk.hold_writes()
+            disk.hold_writes()  # background snapshot writes wait while the model runs
         try:
-            result = generate(lm, request, self.cache, self.chunk, on_event, cancel, prompt=prompt)
+            result = yield from stream(lm, request, self.cache, self.chunk, cancel, prompt=prompt)
         finally:
             if disk is not None:
                 disk.release_writes()
         if disk is not None:
             result.report.warnings = disk.pop_warnings()
         if result.finish_reason != "cancelled":
-            k = (lm.key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
-            prev = self._previous.get(k)
-            if prev is not None:
-                cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
-                result.report.identical = cmp.identical
-                result.report.first_diff = cmp.first_diff
-            self._previous[k] = (result.tokens, result.logprobs)
-            self._previous.move_to_end(k)
-            while len(self._previous) > _PREVIOUS_KEPT:
-                self._previous.popitem(last=False)
+            self._compare_with_previous(lm.key, prompt, request, result)
         return result
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        on_event: Optional[EventCallback] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> GenerationResult:
+        """`stream()` run to its end, each event handed to `on_event`."""
+        return drain(self.stream(request, cancel), on_event)
+
+    def _compare_with_previous(self, key: str, prompt: list[int], request: GenerationRequest,
+                               result: GenerationResult) -> None:
+        """Mark the report identical (or not) to the last reply to the same prompt and settings."""
+        k = (key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
+        prev = self._previous.get(k)
+        if prev is not None:
+            cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
+            result.report.identical = cmp.identical
+            result.report.first_diff = cmp.first_diff
+        self._previous[k] = (result.tokens, result.logprobs)
+        self._previous.move_to_end(k)
+        while len(self._previous) > _PREVIOUS_KEPT:
+            self._previous.popitem(last=False)
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
         """Re-run `request` with no cache at all and compare with `result`."""
