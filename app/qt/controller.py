@@ -27,7 +27,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from PySide6.QtCore import QObject, Signal
 
@@ -48,7 +48,10 @@ from engine.types import (
 )
 
 if TYPE_CHECKING:
-    from app.qt.window import MainWindow
+    from app.core.session import ChatSettings
+    from app.core.view_models import MessageVM
+    from app.qt.widgets.chat_view import ChatView
+    from app.qt.widgets.debug_panel import DebugPanel
 
 log = logging.getLogger(__name__)
 PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text is written to the store
@@ -64,6 +67,28 @@ class Finished:
     message: Message  # as saved
     stats: dict[str, Any]  # Engine.cache_stats() after it
     memory: int  # MLX active memory after it
+
+
+class ChatWindow(Protocol):
+    """What the controller shows its results on (app/qt/window.py's MainWindow)."""
+
+    conv_id: Optional[int]
+    chat_view: "ChatView"
+    debug_panel: "DebugPanel"
+
+    def status(self, text: str, ms: int = 0) -> None: ...
+    def show_error(self, title: str, text: str) -> Any: ...
+    def banner_text(self, text: str) -> None: ...
+    def refresh_messages(self) -> Any: ...
+    def refresh_conversations(self) -> None: ...
+    def message_vms(self) -> list["MessageVM"]: ...
+    def debug_target(self, vms: list["MessageVM"]) -> Optional["MessageVM"]: ...
+    def default_settings(self) -> "ChatSettings": ...
+    def show_model_loading(self, spec: str, name: str) -> None: ...
+    def show_load_progress(self, fraction: float, message: str) -> None: ...
+    def show_model_loaded(self, spec: str, name: str, info: ModelInfo) -> None: ...
+    def show_model_failed(self, message: str) -> None: ...
+    def update_memory(self) -> None: ...
 
 
 def mlx_memory() -> int:
@@ -117,9 +142,9 @@ class ChatController(QObject):
     streamed = Signal(str, int)  # after the view shows it: the reply's text so far, tokens so far
     prefilled = Signal(int, int)  # prompt tokens in the cache so far, prompt tokens in all
 
-    def __init__(self, window: "MainWindow", session: ChatSession, cache_dir: Path, chunk: int = 512,
+    def __init__(self, window: ChatWindow, session: ChatSession, cache_dir: Path, chunk: int = 512,
                  use_disk: bool = True, batch_interval: float = 0.05, read_only: bool = False) -> None:  # fmt: skip
-        super().__init__(window)
+        super().__init__()
         self.w = window
         self.session = session
         self.read_only = read_only

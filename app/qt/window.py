@@ -4,8 +4,11 @@ User actions go to `ChatController` (app/qt/controller.py: generation state and 
 that wait on the engine) or, for conversations, to `ChatSession` (app/core/session.py: the only
 way to the store). Dialogs live in app/qt/dialogs.py, model discovery in the model picker.
 
-Over ~400 lines on purpose: the layout is built in one place (`_build_ui`, ~130 lines), so the
-widget tree reads top to bottom in the order it appears on screen.
+Over ~400 lines (~580), for now: the layout is built in one place (`_build_ui`, ~150 lines, so the
+widget tree reads top to bottom in the order it appears on screen), and the window still holds
+what the controller shows (`show_model_*`, `refresh_messages`) and the conversation actions
+(rename, delete, export, import: each a dialog plus one ChatSession call). Candidates to move
+next: the composer area into widgets/composer.py, the conversation actions into their own module.
 """
 
 from __future__ import annotations

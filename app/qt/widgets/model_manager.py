@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -34,10 +34,16 @@ from app.core.models import discover, entry_name, entry_spec, source_label
 from app.core.view_models import format_bytes
 from app.qt import jobs
 from app.qt.jobs import Relay
+from engine.executor import EngineExecutor
 from engine.types import CancelToken
 
-if TYPE_CHECKING:
-    from app.qt.controller import ChatController
+
+class EngineJobs(Protocol):
+    """Where the import runs (app/qt/controller.py's ChatController)."""
+
+    executor: EngineExecutor
+
+    def cancel_token(self) -> CancelToken: ...
 
 COLUMNS = ["Name", "Family", "Size", "Quantization", "Context", "Source"]
 
@@ -48,7 +54,7 @@ class ModelManager(QDialog):
     progressed = Signal(float, str)  # the import's or download's progress, as shown
 
     def __init__(
-        self, controller: "ChatController", extra_dirs: list[str], current_spec: str = "",
+        self, controller: EngineJobs, extra_dirs: list[str], current_spec: str = "",
         parent: Optional[QWidget] = None,
     ) -> None:  # fmt: skip
         super().__init__(parent)
