@@ -8,7 +8,7 @@ renders them without knowing anything about MLX. JSON appears only at those edge
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Literal, Optional, Union
 
 from engine.errors import Cancelled, RequestError
@@ -130,6 +130,18 @@ class LayerInfo:
     size: int  # tokens held (a ring holds at most its window)
     trimmable: bool
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], index: int = 0) -> "LayerInfo":
+        """Rebuild from `asdict` output; a missing key takes a neutral value (old stored rows)."""
+        offset = d.get("offset")
+        return cls(
+            index=int(d.get("index", index)),
+            cache_class=str(d.get("cache_class") or ""),
+            offset=None if offset is None else int(offset),
+            size=int(d.get("size") or 0),
+            trimmable=bool(d.get("trimmable", False)),
+        )
+
 
 @dataclass
 class ContextInfo:
@@ -172,6 +184,25 @@ class CacheReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "CacheReport":
+        """Rebuild a report from `to_dict()` output (e.g. a stored row). Tolerant of old rows:
+        unknown keys are ignored, missing ones (or a null where a value is expected) keep the
+        default, and layers come back as `LayerInfo`."""
+        d = d or {}
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            value = d[f.name]
+            if value is None and f.default is not None:
+                continue  # a null where the field has a non-null default (a list, a number)
+            kw[f.name] = value
+        kw["layers"] = [
+            LayerInfo.from_dict(x, i) if isinstance(x, dict) else x for i, x in enumerate(d.get("layers") or [])
+        ]
+        return cls(**kw)
 
 
 @dataclass
