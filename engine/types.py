@@ -202,6 +202,9 @@ class CacheReport:
         kw["layers"] = [
             LayerInfo.from_dict(x, i) if isinstance(x, dict) else x for i, x in enumerate(d.get("layers") or [])
         ]
+        ctx = d.get("context")
+        kw["context"] = ContextInfo(ctx.get("limit"), int(ctx.get("prompt_tokens") or 0),
+                                    int(ctx.get("dropped_messages") or 0)) if isinstance(ctx, dict) else None
         return cls(**kw)
 
 
