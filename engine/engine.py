@@ -17,12 +17,13 @@ from typing import Any, Callable, Optional
 
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
-from engine.errors import EngineError, GGUFError, ModelError
+from engine.errors import ContextLengthError, EngineError, GGUFError, ModelError, RequestError
 from engine.generate.loop import LoadedModel, generate
 from engine.models.key import model_key
 from engine.models.resolve import check_folder, context_length_of, resolve_model
 from engine.types import (
     DEFAULT_CHUNK,
+    MAX_TOP_LOGPROBS,
     CancelToken,
     Comparison,
     EventCallback,
@@ -129,6 +130,27 @@ class Engine:
 
         return render_prompt(self._lm().tokenizer, validate_messages(messages))
 
+    def request_ids(self, request: GenerationRequest) -> list[int]:
+        """A request's prompt token ids: its chat rendered by the template, or its raw text."""
+        if request.prompt is not None:
+            from engine.generate.templating import render_text
+
+            return render_text(self._lm().tokenizer, request.prompt)
+        return self.prompt_ids(request.messages)
+
+    def _fit_context(self, request: GenerationRequest, prompt: list[int]) -> GenerationRequest:
+        """Refuse a prompt that leaves no room for a reply; end the reply at the context's end
+        (past it RoPE models produce noise without any error)."""
+        ctx = self.info.context_length if self.info is not None else None
+        if ctx is None:
+            return request
+        if len(prompt) >= ctx:
+            raise ContextLengthError(len(prompt), ctx)
+        room = ctx - len(prompt)
+        if request.sampler.max_tokens > room:
+            request = replace(request, sampler=replace(request.sampler, max_tokens=room))
+        return request
+
     def generate(
         self,
         request: GenerationRequest,
@@ -136,8 +158,12 @@ class Engine:
         cancel: Optional[CancelToken] = None,
     ) -> GenerationResult:
         lm = self._lm()
-        request = replace(request, messages=validate_messages(request.messages))
-        prompt = self.prompt_ids(request.messages)
+        if request.prompt is None:
+            request = replace(request, messages=validate_messages(request.messages))
+        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        prompt = self.request_ids(request)
+        request = self._fit_context(request, prompt)  # before anything touches the cache
         disk = self.cache.disk
         if disk is not None:
             disk.hold_writes()
@@ -163,8 +189,9 @@ class Engine:
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
         """Re-run `request` with no cache at all and compare with `result`."""
-        cold = generate(self._lm(), replace(request, use_cache=False), None, self.chunk, None, cancel,
-                        prompt=self.prompt_ids(request.messages))
+        prompt = self.request_ids(request)
+        cold = generate(self._lm(), replace(self._fit_context(request, prompt), use_cache=False), None, self.chunk,
+                        None, cancel, prompt=prompt)
         return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
 
     # -- cache ---------------------------------------------------------------------------------

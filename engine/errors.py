@@ -19,6 +19,16 @@ class RequestError(VerbatimError, ValueError):
     """A bad generation request (unknown role, empty conversation, a template that rejects it)."""
 
 
+class ContextLengthError(RequestError):
+    """The prompt does not fit the model's context: refused before any prefill."""
+
+    def __init__(self, prompt_tokens: int, context_length: int) -> None:
+        super().__init__(f"the prompt is {prompt_tokens} tokens; the model's context is {context_length} tokens "
+                         f"(at least one must be left for the reply)")
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+
+
 class ModelError(VerbatimError):
     """A model that cannot be found or used."""
 

@@ -32,7 +32,7 @@ from engine.cache.snapshot import (
     new_snapshot_id,
     plain_kv,
 )
-from engine.generate.sampling import Sampler
+from engine.generate.sampling import Sampler, top_logprobs
 from engine.generate.templating import TextStream, render_prompt
 from engine.types import (
     CacheReport,
@@ -202,15 +202,18 @@ def generate(
     stream = TextStream(lm.tokenizer, lm.eos_ids)
     tokens: list[int] = []
     logprobs: list[float] = []
+    n_top = request.top_logprobs
+    tops: list[list[tuple[int, float]]] = []  # per token, when n_top > 0
     forwarded = 0  # decoded tokens fed back to the model: the cache ends with tokens[:forwarded]
     sent = ""  # text already handed to on_event
     final_text: Optional[str] = None
     t_first: Optional[float] = None
     t_last: Optional[float] = None
 
-    def step(token_in: mx.array) -> tuple[mx.array, mx.array]:
+    def step(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
         logits = lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
-        return sampler(logits, history)
+        token, logprob, dist = sampler.sample(logits, history)
+        return token, logprob, (top_logprobs(dist, n_top) if n_top > 0 else None)
 
     if is_cancelled():
         if prelast_by_end:
@@ -218,21 +221,28 @@ def generate(
         persist_deferred()
         return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
 
-    def schedule(token_in: mx.array) -> tuple[mx.array, mx.array]:
+    def schedule(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
         """Queue the forward of the newest decoded token (read or not yet)."""
         nonlocal history, forwarded
         forwarded += 1
         if use_history:
             history = mx.concatenate([history, token_in])
         out = step(token_in)
-        mx.async_eval(*out)
+        mx.async_eval(out[0], out[1], *(out[2] or ()))
         return out
 
-    def accept(token: int, logprob: float) -> Optional[str]:
+    def read_top(top: Any) -> Optional[list[tuple[int, float]]]:
+        if top is None:
+            return None
+        return list(zip((int(i) for i in top[0].tolist()), (float(v) for v in top[1].tolist())))
+
+    def accept(token: int, logprob: float, top: Optional[list[tuple[int, float]]]) -> Optional[str]:
         """Take one sampled token; the finish reason if generation ends with it."""
         nonlocal sent, final_text
         tokens.append(token)
         logprobs.append(logprob)
+        if top is not None:
+            tops.append(top)
         stream.add(token)
         if token in lm.eos_ids:
             return "stop"
@@ -242,11 +252,11 @@ def generate(
             return "stop"
         # An event for every token, also when it completes no text yet (part of a character, a
         # held-back piece): listeners that batch text flush on events, and must get them.
-        emit(TokenEvent(len(tokens) - 1, token, logprob, stream.text[len(sent) :]))
+        emit(TokenEvent(len(tokens) - 1, token, logprob, stream.text[len(sent) :], top))
         sent = stream.text
         return "cancelled" if is_cancelled() else None
 
-    y, lp = step(mx.array([prompt[-1]]))
+    y, lp, top = step(mx.array([prompt[-1]]))
     max_tokens = settings.max_tokens
     ended: Optional[str] = None
     while ended is None and len(tokens) < max_tokens:
@@ -256,30 +266,33 @@ def generate(
         # a second decode step into the time to first token (docs/benchmarks.md, item 1).
         queue_next = t_first is not None and len(tokens) + 1 < max_tokens
         if queue_next:
-            next_y, next_lp = schedule(y)
-        token, logprob = int(y.item()), float(lp.item())
+            next_y, next_lp, next_top = schedule(y)
+        token, logprob, top_read = int(y.item()), float(lp.item()), read_top(top)
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
-        ended = accept(token, logprob)
+        ended = accept(token, logprob, top_read)
         if queue_next:
-            y, lp = next_y, next_lp
+            y, lp, top = next_y, next_lp, next_top
         elif ended is None and len(tokens) < max_tokens:
-            y, lp = schedule(y)
+            y, lp, top = schedule(y)
     finish = ended or "length"
     if final_text is None:
         stream.flush()
         final_text = stream.text
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
-        emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :]))
+        emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :],
+                        tops[-1] if tops else None))
     mx.eval(cache_arrays(cache))
     if use_cache and tokens:
         fed = prompt + tokens[:forwarded]
         assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
         snapshot("end", fed, cache)
     persist_deferred()
-    return _finish(report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text,
-                   t_last)
+    result = _finish(report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text,
+                     t_last)
+    result.top_logprobs = tops
+    return result
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
