@@ -15,18 +15,17 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
-
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 import openai
 import pytest
 
 from engine.engine import Engine
 from engine.executor import EngineExecutor
-from engine.serve.app import ServedModel
+from engine.serve.schema import ServedModel
 from engine.serve.server import ServeError, ServerHandle, check_bind
 from tests.engine_helpers import require_openblas
 
@@ -482,3 +481,42 @@ def test_cli_serves_stops_on_signals_and_restarts_from_disk(tiny_model: Path, tm
     assert first.verbatim["source"] is None and second.verbatim["source"] == "disk"
     assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
     assert second.verbatim["token_ids"] == first.verbatim["token_ids"] and lps(second) == lps(first)
+
+
+def test_demo_model_through_python_m_engine_serve(tmp_path: Path) -> None:
+    """The issue's acceptance on the real model: `python -m engine serve --model demo`, a ~600-token
+    chat twice at T=0 / seed 0 (identical, all but the last token restored), then a new process on
+    the same cache dir (restored from disk, identical)."""
+    from engine.errors import ModelError
+    from engine.models.resolve import demo_gguf_path
+
+    try:
+        demo_gguf_path()
+    except ModelError as e:
+        pytest.fail(f"the demo model is part of the set-up (make test installs it): {e}")
+    require_openblas()
+    words = ("The prompt cache keeps every layer's keys and values so that a regenerate of an unchanged "
+             "conversation forwards only the last prompt token. ")
+    msgs = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": words * 24 + "Summarise this in one sentence."}]
+    args = ["--model", "demo", "--port", "0", "--cache-dir", str(tmp_path / "cache")]
+    replies = []
+    for run in range(2):
+        p, url = _spawn(args, {**os.environ})
+        try:
+            cl = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+            for _ in range(2 - run):
+                replies.append(chat(cl, "demo", msgs, logprobs=True, max_tokens=8))
+        finally:
+            p.send_signal(signal.SIGINT)
+            rest = p.stderr.read()
+            assert p.wait(TIMEOUT) == 0, rest
+    cold, warm, restarted = replies
+    n = cold.usage.prompt_tokens
+    assert n > 600 and cold.verbatim["source"] is None and cold.usage.prompt_tokens_details.cached_tokens == 0
+    for r, source in ((warm, "memory"), (restarted, "disk")):
+        assert r.verbatim["source"] == source
+        assert r.usage.prompt_tokens_details.cached_tokens == n - 1
+        assert r.verbatim["layer_offsets"] == [n - 1] * len(r.verbatim["layer_offsets"])
+        assert r.choices[0].message.content == cold.choices[0].message.content
+        assert r.verbatim["token_ids"] == cold.verbatim["token_ids"] and lps(r) == lps(cold)

@@ -32,7 +32,7 @@ def add_serve_parser(sub: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.engine import Engine
     from engine.executor import EngineExecutor
-    from engine.serve.app import ServedModel
+    from engine.serve.schema import ServedModel
     from engine.serve.server import ServeError, check_bind, serve
 
     try:

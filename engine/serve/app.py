@@ -13,12 +13,10 @@ Each response carries a `verbatim` object with the prompt-cache report and the s
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
@@ -26,7 +24,7 @@ from aiohttp import web
 from engine.errors import ContextLengthError, EngineError, RequestError
 from engine.serve import schema
 from engine.serve.bridge import DEFAULT_QUEUE_LIMIT, Done, Job, ModelChanged, ServerState, Tokens
-from engine.serve.schema import APIError
+from engine.serve.schema import APIError, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -35,31 +33,6 @@ MAX_BODY = 8 << 20  # bytes: larger request bodies get 413
 STATE_KEY = web.AppKey("verbatim_state", ServerState)
 CONFIG_KEY: "web.AppKey[ServeConfig]" = web.AppKey("verbatim_config")
 EXECUTOR_KEY: "web.AppKey[Any]" = web.AppKey("verbatim_executor")
-
-
-@dataclass
-class ServedModel:
-    """The model being served: its id in the API, other names accepted for it, its cache key."""
-
-    id: str
-    key: Optional[str] = None  # the engine's model key: a request runs only on this model
-    aliases: tuple[str, ...] = ()
-    context_length: Optional[int] = None
-
-    @classmethod
-    def of(cls, info: Any, spec: Optional[str] = None) -> "ServedModel":
-        """From the engine's ModelInfo (and the spec it was loaded with: 'demo', a folder...)."""
-        names = [info.name, Path(info.path).name, info.path]
-        ident = info.name
-        if spec:
-            names.append(spec)
-            if "/" not in spec and "\\" not in spec:
-                ident = spec  # a short spec ('demo', a repo id's tail) is what users will type
-        return cls(ident, info.key, tuple(n for n in dict.fromkeys(names) if n and n != ident),
-                   getattr(info, "context_length", None))
-
-    def matches(self, name: str) -> bool:
-        return name == "" or name == self.id or name in self.aliases
 
 
 @dataclass

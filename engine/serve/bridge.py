@@ -218,8 +218,11 @@ class Job:
             done = Done(error=fut.exception())
         else:
             done = fut.result()
-        self._post(done)
-        self._call(self._mark_finished)
+        self._call(lambda: self._finish(done))  # one callback: the counts are right once Done is seen
+
+    def _finish(self, done: Done) -> None:
+        self._mark_finished()
+        self.items.put_nowait(done)
 
     # -- loop thread ---------------------------------------------------------------------------
     def _mark_running(self) -> None:

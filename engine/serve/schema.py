@@ -13,6 +13,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from engine.types import MAX_TOP_LOGPROBS, GenerationRequest, GenerationResult, SamplerSettings
@@ -61,6 +62,31 @@ class ParsedRequest:
         if not self.id:
             prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
             self.id = f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class ServedModel:
+    """The model being served: its id in the API, other names accepted for it, its cache key."""
+
+    id: str
+    key: Optional[str] = None  # the engine's model key: a request runs only on this model
+    aliases: tuple[str, ...] = ()
+    context_length: Optional[int] = None
+
+    @classmethod
+    def of(cls, info: Any, spec: Optional[str] = None) -> "ServedModel":
+        """From the engine's ModelInfo (and the spec it was loaded with: 'demo', a folder...)."""
+        names = [info.name, Path(info.path).name, info.path]
+        ident = info.name
+        if spec:
+            names.append(spec)
+            if "/" not in spec and "\\" not in spec:
+                ident = spec  # a short spec ('demo', a repo id's tail) is what users will type
+        return cls(ident, info.key, tuple(n for n in dict.fromkeys(names) if n and n != ident),
+                   getattr(info, "context_length", None))
+
+    def matches(self, name: str) -> bool:
+        return name == "" or name == self.id or name in self.aliases
 
 
 # -- field readers: exact types (a bool is not a number, a float is not an int) -----------------

@@ -15,8 +15,10 @@ from typing import Any, Callable, Optional
 
 from aiohttp import web
 
-from engine.serve.app import CONFIG_KEY, ServedModel, create_app
+from engine.serve.app import CONFIG_KEY, create_app
 from engine.serve.bridge import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE_LIMIT, ServerState
+from engine.serve.schema import ServedModel
+
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
