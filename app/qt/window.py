@@ -44,6 +44,7 @@ from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.view_models import MessageVM, format_bytes
 from app.qt.gc_pacer import GcPacer
+from app.qt.server_toggle import ServerToggle
 from app.qt.tasks import BackgroundTask
 from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
@@ -317,6 +318,12 @@ class MainWindow(QMainWindow):
             themes.addAction(a)
         m = mb.addMenu("&Models")
         act(m, "Manage models…", self.open_model_manager, "Ctrl+Shift+M", "manageModelsAction")
+        # The local OpenAI-compatible server: the loaded model, through this window's worker.
+        m.addSeparator()
+        self.server_toggle = ServerToggle(self.worker, self)
+        self.server_toggle.failed.connect(lambda msg: self.show_error("Cannot start the local server", msg))
+        m.addAction(self.server_toggle.action)
+        self.statusBar().addPermanentWidget(self.server_toggle.label)
 
     def _connect_worker(self) -> None:
         w = self.worker
@@ -700,6 +707,7 @@ class MainWindow(QMainWindow):
             return
         self.model_ready = True
         self.model_info = info
+        self.server_toggle.set_model(info, self.model_spec)
         # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
         # reach, so the full collections the GC pacer runs between replies stay short. New
         # objects are still collected normally. Collect first (once, ~50 ms, nothing is streaming)
@@ -719,6 +727,7 @@ class MainWindow(QMainWindow):
             return
         self.model_ready = False
         self.model_info = None
+        self.server_toggle.set_model(None)
         self.progress.setVisible(False)
         self.model_status.setText("no model loaded")
         self.model_label.setText("No model")
@@ -867,6 +876,7 @@ class MainWindow(QMainWindow):
             self._save_geometry()
         except Exception:
             log.exception("cannot save the window geometry")
+        self.server_toggle.shutdown()  # its requests' generations stop before the worker does
         ended = self.worker.shutdown(timeout=30.0)
         if self._discovery is not None:
             self._discovery.cancel()

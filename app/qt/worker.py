@@ -12,6 +12,7 @@ view repaints ~20 times a second rather than once per token. Each job has a Canc
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import queue
@@ -151,6 +152,17 @@ class EngineWorker(QObject):
         """Run fn(progress, cancel) on the engine thread (for work that uses MLX, e.g. GGUF import)."""
         return self._submit("task", fn)
 
+    def submit(self, fn: Callable[[Any], Any]) -> "concurrent.futures.Future[Any]":
+        """Run `fn(engine)` on the engine thread, in order with every other job, and return its
+        result as a Future: the `EngineExecutor` interface (the local server uses it, so its
+        requests and the window's own work never run MLX at the same time)."""
+        fut: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        if self._stopping:
+            fut.set_exception(RuntimeError("the engine worker has stopped"))
+            return fut
+        self._submit("call", fn, fut)
+        return fut
+
     def cancel(self, job_id: int) -> None:
         with self._lock:
             job = self._jobs.get(job_id)
@@ -176,6 +188,13 @@ class EngineWorker(QObject):
         self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
+        while True:  # jobs queued behind the stop never run: their futures must still end
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job.kind == "call":
+                job.args[1].cancel()
         return not self._thread.is_alive()
 
     def _submit(self, kind: str, *args: Any) -> int:
@@ -243,6 +262,10 @@ class EngineWorker(QObject):
             self.modelFailed.emit(job.args[0], message)
         elif job.kind == "verify":
             self.verifyFailed.emit(job.id, message)
+        elif job.kind == "call":
+            fut = job.args[1]
+            if not fut.done():
+                fut.set_exception(RuntimeError(message))
         else:
             self.taskFailed.emit(job.id, message)
 
@@ -333,6 +356,14 @@ class EngineWorker(QObject):
     def _do_stats(self, job: _Job) -> None:
         self.cacheStats.emit(self._engine.cache_stats())
         self._emit_memory()
+
+    def _do_call(self, job: _Job, fn: Callable[[Any], Any], fut: "concurrent.futures.Future[Any]") -> None:
+        if not fut.set_running_or_notify_cancel():
+            return  # cancelled while it waited
+        try:
+            fut.set_result(fn(self._engine))
+        except BaseException as e:  # the caller gets every failure, as from an executor
+            fut.set_exception(e)
 
     def _do_task(self, job: _Job, fn: TaskFn) -> None:
         def progress(fraction: float, message: str) -> None:
