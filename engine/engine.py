@@ -13,19 +13,25 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generator, Optional
 
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
 from engine.errors import ContextLengthError, EngineError, GGUFError, ModelError, RequestError
-from engine.generate.loop import LoadedModel, generate
-from engine.models.key import model_key
-from engine.models.resolve import check_folder, context_length_of, resolve_model
+from engine.generate.loop import LoadedModel, drain, generate, stream
+from engine.models.key import engine_options, model_key
+from engine.models.resolve import (
+    DEMO_NAME,
+    check_folder,
+    context_length_of,
+    resolve_model,
+)
 from engine.types import (
     DEFAULT_CHUNK,
     MAX_TOP_LOGPROBS,
     CancelToken,
     Comparison,
+    Event,
     EventCallback,
     GenerationRequest,
     GenerationResult,
@@ -85,7 +91,10 @@ class Engine:
 
         t0 = time.perf_counter()
         folder = _resolve(spec, progress, cancel)
-        options = _engine_options(folder)
+        try:
+            options = {k: v for k, v in engine_options(folder).items() if k in ("kv_bits", "kv_group_size")}
+        except ModelError as e:
+            raise EngineError(str(e)) from e
         try:
             model, tokenizer = mlx_load(str(folder))
         except Exception as e:  # mlx-lm raises many kinds; all mean "this folder is not usable"
@@ -151,12 +160,9 @@ class Engine:
             request = replace(request, sampler=replace(request.sampler, max_tokens=room))
         return request
 
-    def generate(
-        self,
-        request: GenerationRequest,
-        on_event: Optional[EventCallback] = None,
-        cancel: Optional[CancelToken] = None,
-    ) -> GenerationResult:
+    def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
+               ) -> Generator[Event, None, GenerationResult]:
+        """Generate a reply: yields PrefillProgress and TokenEvents, returns the GenerationResult."""
         lm = self._lm()
         if request.prompt is None:
             request = replace(request, messages=validate_messages(request.messages))
@@ -166,26 +172,40 @@ class Engine:
         request = self._fit_context(request, prompt)  # before anything touches the cache
         disk = self.cache.disk
         if disk is not None:
-            disk.hold_writes()
+            disk.hold_writes()  # background snapshot writes wait while the model runs
         try:
-            result = generate(lm, request, self.cache, self.chunk, on_event, cancel, prompt=prompt)
+            result = yield from stream(lm, request, self.cache, self.chunk, cancel, prompt=prompt)
         finally:
             if disk is not None:
                 disk.release_writes()
         if disk is not None:
             result.report.warnings = disk.pop_warnings()
         if result.finish_reason != "cancelled":
-            k = (lm.key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
-            prev = self._previous.get(k)
-            if prev is not None:
-                cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
-                result.report.identical = cmp.identical
-                result.report.first_diff = cmp.first_diff
-            self._previous[k] = (result.tokens, result.logprobs)
-            self._previous.move_to_end(k)
-            while len(self._previous) > _PREVIOUS_KEPT:
-                self._previous.popitem(last=False)
+            self._compare_with_previous(lm.key, prompt, request, result)
         return result
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        on_event: Optional[EventCallback] = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> GenerationResult:
+        """`stream()` run to its end, each event handed to `on_event`."""
+        return drain(self.stream(request, cancel), on_event)
+
+    def _compare_with_previous(self, key: str, prompt: list[int], request: GenerationRequest,
+                               result: GenerationResult) -> None:
+        """Mark the report identical (or not) to the last reply to the same prompt and settings."""
+        k = (key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
+        prev = self._previous.get(k)
+        if prev is not None:
+            cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
+            result.report.identical = cmp.identical
+            result.report.first_diff = cmp.first_diff
+        self._previous[k] = (result.tokens, result.logprobs)
+        self._previous.move_to_end(k)
+        while len(self._previous) > _PREVIOUS_KEPT:
+            self._previous.popitem(last=False)
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
         """Re-run `request` with no cache at all and compare with `result`."""
@@ -280,17 +300,5 @@ def _dequantize_f32(model: Any) -> Any:
     return model
 
 
-def _engine_options(folder: Path) -> dict[str, Any]:
-    """Cache-affecting options stored beside a model (verbatim.json), e.g. KV quantization."""
-    f = folder / "verbatim.json"
-    if not f.is_file():
-        return {}
-    try:
-        opts = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise EngineError(f"bad {f}: {e}") from e
-    return {k: opts[k] for k in ("kv_bits", "kv_group_size") if k in opts}
-
-
 def _display_name(spec: str, folder: Path) -> str:
-    return "SmolLM2-135M-Instruct (demo)" if spec == "demo" else folder.name
+    return DEMO_NAME if spec == "demo" else folder.name

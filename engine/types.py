@@ -14,6 +14,7 @@ from typing import Any, Callable, Literal, Optional, Union
 from engine.errors import Cancelled, RequestError
 
 Mode = Literal["exact", "fast"]
+Progress = Callable[[float, str], None]  # (fraction done 0..1, what is happening)
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
 ROLES = ("system", "user", "assistant")

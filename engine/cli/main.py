@@ -15,9 +15,10 @@ from typing import Any, Optional, Sequence
 from engine.cli.models import add_subcommands
 from engine.cli.serve import add_serve_parser
 from engine.errors import GGUFError, ModelError, RequestError
+from engine.generate.loop import drain
 from engine.types import (
     DEFAULT_CHUNK,
-    CancelToken,
+    Event,
     GenerationRequest,
     GenerationResult,
     SamplerSettings,
@@ -169,16 +170,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print(f"Verbatim chat with {eng.info.name}. Commands: /regenerate /new /debug /quit", file=sys.stderr)
 
     def run(req: GenerationRequest) -> GenerationResult:
-        cancel = CancelToken()
-
-        def on_event(e: Any) -> None:
+        def show(e: Event) -> None:
             if isinstance(e, TokenEvent):
                 print(e.text, end="", flush=True)
 
+        events = eng.stream(req)
         try:
-            result = eng.generate(req, on_event, cancel)
+            result = drain(events, show)
         except KeyboardInterrupt:
-            cancel.cancel()
+            events.close()  # ends the generation where it stands; what it cached so far stays
             raise
         print()
         print_summary(result)

@@ -1,16 +1,22 @@
 """The generation loop: restore, aligned chunked prefill, last token alone, seeded decode.
 
-Our own loop rather than mlx-lm's `generate_step` because the cache needs control between
-prefill and decode: snapshots at exact points, the last prompt token forwarded alone even on
-a cache hit, and chunks cut at absolute positions so warm and cold runs forward the same
-widths (the only way a reused cache gives bit-identical logprobs, see DESIGN.md).
+`stream()` is a generator, in the style of mlx-lm's `generate_step` / `stream_generate`: it
+yields `PrefillProgress` and `TokenEvent`s and returns the `GenerationResult` (StopIteration's
+value). `generate()` runs it to the end with an optional callback. Stopping: cancel the
+request's `CancelToken` (the result is kept, with finish reason "cancelled"), or close the
+generator (nothing is returned; snapshots taken so far are still stored).
+
+Our own loop rather than mlx-lm's because the cache needs control between prefill and decode:
+snapshots at exact points, the last prompt token forwarded alone even on a cache hit, and
+chunks cut at absolute positions so warm and cold runs forward the same widths (the only way a
+reused cache gives bit-identical logprobs: docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Generator, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
@@ -18,6 +24,7 @@ from mlx_lm.models.cache import (
     QuantizedKVCache,
     can_trim_prompt_cache,
     make_prompt_cache,
+    trim_prompt_cache,
 )
 
 from engine.cache.memory import PromptCache
@@ -37,6 +44,7 @@ from engine.generate.templating import TextStream, render_prompt
 from engine.types import (
     CacheReport,
     CancelToken,
+    Event,
     GenerationRequest,
     GenerationResult,
     PrefillProgress,
@@ -78,17 +86,58 @@ def chunk_bounds(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
     return out
 
 
-def generate(
+class _Snapshots:
+    """Takes the snapshots of one generation and records them in its report.
+
+    Snapshots taken before decode reach the disk tier only once decoding is over (`defer`):
+    the disk writer (serialise, SHA-256, fsync) would otherwise compete with decode for the CPU.
+    """
+
+    def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], report: CacheReport, chunk: int,
+                 n_prompt: int, canonical: int, exact_restore: bool, classes: tuple[str, ...]) -> None:
+        self.lm, self.prompt_cache, self.report, self.chunk = lm, prompt_cache, report, chunk
+        self.n_prompt, self.canonical, self.exact_restore, self.classes = n_prompt, canonical, exact_restore, classes
+        self.deferred: list[Snapshot] = []
+
+    def take(self, kind: str, tokens: Sequence[int], cache: list[Any], defer: bool = False) -> None:
+        if self.prompt_cache is None or not tokens:
+            return
+        snap_cache = clone_cache(cache)
+        meta = SnapshotMeta(
+            id=new_snapshot_id(),
+            model_key=self.lm.key,
+            tokens=tuple(tokens),
+            kind=kind,
+            canonical=min(self.canonical, len(tokens)) // self.chunk * self.chunk,
+            prefill_end=self.n_prompt - 1,
+            prefill_exact=self.exact_restore and len(tokens) >= self.n_prompt - 1,
+            classes=self.classes,
+            trimmable=can_trim_prompt_cache(snap_cache),
+            nbytes=cache_nbytes(snap_cache),
+        )
+        snap = Snapshot(meta, snap_cache)
+        self.prompt_cache.put(snap, persist=not defer)
+        if defer:
+            self.deferred.append(snap)
+        self.report.snapshots_stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
+
+    def persist_deferred(self) -> None:
+        disk = self.prompt_cache.disk if self.prompt_cache is not None else None
+        if disk is not None:
+            for snap in self.deferred:
+                disk.save_async(snap)
+        self.deferred.clear()
+
+
+def stream(
     lm: LoadedModel,
     request: GenerationRequest,
     prompt_cache: Optional[PromptCache],
     chunk: int,
-    on_event: Optional[Callable[[Any], None]] = None,
     cancel: Optional[CancelToken] = None,
     prompt: Optional[list[int]] = None,
-) -> GenerationResult:
+) -> Generator[Event, None, GenerationResult]:
     t0 = time.perf_counter()
-    emit = on_event or (lambda e: None)
     is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
     prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages)
     n_prompt = len(prompt)
@@ -101,14 +150,15 @@ def generate(
         seed=settings.seed,
         model_key=lm.key,
     )
-    use_cache = request.use_cache and prompt_cache is not None
+    if not request.use_cache:
+        prompt_cache = None
 
-    # -- restore -----------------------------------------------------------------------------
+    # -- restore: the planner picks the longest usable snapshot, never the whole prompt --------
     cache: Optional[list[Any]] = None
     restored = 0
     src_canonical = 0
     exact_restore = True  # the restored state equals a cold run's at `restored`
-    if use_cache:
+    if prompt_cache is not None:
         plan, cache = prompt_cache.fetch(lm.key, prompt, request.mode, chunk)
         report.matched = plan.matched
         report.declines = plan.declines
@@ -126,86 +176,106 @@ def generate(
     report.layer_offsets = [layer_offset(c) for c in cache]
     assert restored <= n_prompt - 1, "never restore the whole prompt"
 
-    # Exactness of what this generation's prefill will compute (see prompt_cache docstring).
+    # What this generation's prefill computes exactly (as a cold run would): see cache/planner.py.
     if exact_restore:
         canonical = (n_prompt - 1) // chunk * chunk
     else:
         canonical = min(restored, src_canonical) // chunk * chunk
     boundary = (n_prompt - 1) // chunk * chunk
     all_plain_kv = plain_kv(cache)
-    want_boundary = use_cache and not all_plain_kv and restored < boundary < n_prompt - 1
-    classes = tuple(type(c).__name__ for c in cache)
-
-    # Snapshots taken before decode go to the disk tier only once decoding is over: its writer
-    # thread (serialise, SHA-256, fsync) otherwise competes with the decode loop for the CPU;
-    # on 2 cores that cost the demo model ~13% decode tok/s (docs/benchmarks.md, items 2 and 4).
-    deferred: list[Snapshot] = []
-
-    def persist_deferred() -> None:
-        disk = prompt_cache.disk if prompt_cache is not None else None
-        if disk is not None:
-            for snap in deferred:
-                disk.save_async(snap)
-        deferred.clear()
-
-    def snapshot(kind: str, tokens: Sequence[int], cache_now: list[Any], defer: bool = False) -> None:
-        if not use_cache or not tokens:
-            return
-        snap_cache = clone_cache(cache_now)
-        meta = SnapshotMeta(
-            id=new_snapshot_id(),
-            model_key=lm.key,
-            tokens=tuple(tokens),
-            kind=kind,
-            canonical=min(canonical, len(tokens)) // chunk * chunk,
-            prefill_end=n_prompt - 1,
-            prefill_exact=exact_restore and len(tokens) >= n_prompt - 1,
-            classes=classes,
-            trimmable=can_trim_prompt_cache(snap_cache),
-            nbytes=cache_nbytes(snap_cache),
-        )
-        snap = Snapshot(meta, snap_cache)
-        prompt_cache.put(snap, persist=not defer)
-        if defer:
-            deferred.append(snap)
-        report.snapshots_stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
-
-    # -- prefill prompt[restored:-1] in aligned chunks ------------------------------------
+    want_boundary = prompt_cache is not None and not all_plain_kv and restored < boundary < n_prompt - 1
+    snaps = _Snapshots(lm, prompt_cache, report, chunk, n_prompt, canonical, exact_restore,
+                       tuple(type(c).__name__ for c in cache))
     t_prefill = time.perf_counter()
-    emit(PrefillProgress(restored, n_prompt))
-    for start, end in chunk_bounds(restored, n_prompt - 1, chunk):
-        if is_cancelled():
-            # What is in the cache is complete up to `start`: keep it only if it is exact.
-            if start % chunk == 0 and start <= canonical and start > restored:
-                snapshot("partial", prompt[:start], cache)
-            return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
-        lm.model(mx.array([prompt[start:end]]), cache=cache)
-        mx.eval(cache_arrays(cache))
-        report.chunks.append([start, end])
-        emit(PrefillProgress(end, n_prompt))
-        if want_boundary and end == boundary:
-            snapshot("boundary", prompt[:boundary], cache)
-    # The pre-last snapshot (cache = prompt[:-1]). Plain KV caches can be cut back, so the end
-    # snapshot taken after decode serves every restore this one could: copying it here would
-    # only delay the first token. It is taken for them only if no token gets decoded.
-    prelast_due = use_cache and restored < n_prompt - 1
-    prelast_by_end = prelast_due and all_plain_kv
-    if prelast_due and not all_plain_kv:
-        snapshot("pre-last", prompt[:-1], cache, defer=True)
 
-    # -- the last prompt token, alone; then decode ---------------------------------------
-    report.chunks.append([n_prompt - 1, n_prompt])
-    report.prefill_tokens = n_prompt - restored
+    def cancelled_result() -> GenerationResult:
+        return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
+
+    def keep_partial(done: int) -> None:
+        """Stopped mid-prefill with the cache complete up to `done`: keep it if that state is exact."""
+        if done % chunk == 0 and restored < done <= canonical:
+            snaps.take("partial", prompt[:done], cache)
+
+    done = restored  # prompt tokens in the cache
+    prelast_by_end = False
+    try:
+        # -- prefill prompt[restored:-1] in chunks cut at absolute multiples of `chunk` --------
+        yield PrefillProgress(restored, n_prompt)
+        for start, end in chunk_bounds(restored, n_prompt - 1, chunk):
+            if is_cancelled():
+                keep_partial(start)
+                return cancelled_result()
+            lm.model(mx.array([prompt[start:end]]), cache=cache)
+            mx.eval(cache_arrays(cache))
+            done = end
+            report.chunks.append([start, end])
+            yield PrefillProgress(end, n_prompt)
+            if want_boundary and end == boundary:
+                snaps.take("boundary", prompt[:boundary], cache)
+        # The pre-last snapshot (cache = prompt[:-1]). Plain KV caches can be cut back, so the
+        # end snapshot taken after decode serves every restore this one could: copying it here
+        # would only delay the first token. For them it is taken only if no token is decoded.
+        prelast_due = prompt_cache is not None and restored < n_prompt - 1
+        prelast_by_end = prelast_due and all_plain_kv
+        if prelast_due and not all_plain_kv:
+            snaps.take("pre-last", prompt[:-1], cache, defer=True)
+        report.chunks.append([n_prompt - 1, n_prompt])
+        report.prefill_tokens = n_prompt - restored
+        if is_cancelled():
+            if prelast_by_end:
+                snaps.take("pre-last", prompt[:-1], cache)
+            return cancelled_result()
+
+        # -- the last prompt token, alone; then decode ------------------------------------------
+        decoded = yield from _decode(lm, request, prompt, cache, is_cancelled)
+        mx.eval(cache_arrays(cache))
+        if prompt_cache is not None and decoded.tokens:
+            fed = prompt + decoded.tokens[: decoded.forwarded]
+            assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
+            snaps.take("end", fed, cache)
+        result = _finish(report, prompt, decoded.tokens, decoded.logprobs, decoded.finish, settings.seed, t0,
+                         t_prefill, decoded.t_first, decoded.text, decoded.t_last)
+        result.top_logprobs = decoded.tops
+        return result
+    except GeneratorExit:  # closed by the consumer: keep what a regenerate needs, then end
+        mx.eval(cache_arrays(cache))
+        if done < n_prompt - 1:
+            keep_partial(done)
+        elif prelast_by_end:  # plain KV, mid-decode: cut the cache back to prompt[:-1]
+            trim_prompt_cache(cache, (layer_offset(cache[0]) or 0) - (n_prompt - 1))
+            snaps.take("pre-last", prompt[:-1], cache)
+        raise
+    finally:
+        snaps.persist_deferred()
+
+
+@dataclass
+class _Decoded:
+    tokens: list[int]
+    logprobs: list[float]
+    forwarded: int  # decoded tokens fed back to the model: the cache ends with tokens[:forwarded]
+    finish: str
+    text: str
+    t_first: Optional[float]
+    t_last: Optional[float]
+    tops: list[list[tuple[int, float]]]  # per token, when the request asked for top_logprobs
+
+
+def _decode(
+    lm: LoadedModel, request: GenerationRequest, prompt: list[int], cache: list[Any], is_cancelled: Callable[[], bool]
+) -> Generator[Event, None, _Decoded]:
+    """Forward the last prompt token, then sample and feed back tokens; yield one event per token."""
+    settings = request.sampler
     sampler = Sampler(settings)
     use_history = settings.repetition_penalty != 1.0
     history = mx.array(prompt[-settings.repetition_context :]) if use_history else None
-    stream = TextStream(lm.tokenizer, lm.eos_ids)
+    text = TextStream(lm.tokenizer, lm.eos_ids)
     tokens: list[int] = []
     logprobs: list[float] = []
     n_top = request.top_logprobs
-    tops: list[list[tuple[int, float]]] = []  # per token, when n_top > 0
-    forwarded = 0  # decoded tokens fed back to the model: the cache ends with tokens[:forwarded]
-    sent = ""  # text already handed to on_event
+    tops: list[list[tuple[int, float]]] = []
+    forwarded = 0
+    sent = ""  # text already handed out in events
     final_text: Optional[str] = None
     t_first: Optional[float] = None
     t_last: Optional[float] = None
@@ -215,11 +285,10 @@ def generate(
         token, logprob, dist = sampler.sample(logits, history)
         return token, logprob, (top_logprobs(dist, n_top) if n_top > 0 else None)
 
-    if is_cancelled():
-        if prelast_by_end:
-            snapshot("pre-last", prompt[:-1], cache)
-        persist_deferred()
-        return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
+    def read_top(top: Any) -> Optional[list[tuple[int, float]]]:
+        if top is None:
+            return None
+        return list(zip((int(i) for i in top[0].tolist()), (float(v) for v in top[1].tolist())))
 
     def schedule(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
         """Queue the forward of the newest decoded token (read or not yet)."""
@@ -231,39 +300,14 @@ def generate(
         mx.async_eval(out[0], out[1], *(out[2] or ()))
         return out
 
-    def read_top(top: Any) -> Optional[list[tuple[int, float]]]:
-        if top is None:
-            return None
-        return list(zip((int(i) for i in top[0].tolist()), (float(v) for v in top[1].tolist())))
-
-    def accept(token: int, logprob: float, top: Optional[list[tuple[int, float]]]) -> Optional[str]:
-        """Take one sampled token; the finish reason if generation ends with it."""
-        nonlocal sent, final_text
-        tokens.append(token)
-        logprobs.append(logprob)
-        if top is not None:
-            tops.append(top)
-        stream.add(token)
-        if token in lm.eos_ids:
-            return "stop"
-        stop_at = _find_stop(stream.text, request.stop)
-        if stop_at is not None:
-            final_text = stream.text[:stop_at]
-            return "stop"
-        # An event for every token, also when it completes no text yet (part of a character, a
-        # held-back piece): listeners that batch text flush on events, and must get them.
-        emit(TokenEvent(len(tokens) - 1, token, logprob, stream.text[len(sent) :], top))
-        sent = stream.text
-        return "cancelled" if is_cancelled() else None
-
     y, lp, top = step(mx.array([prompt[-1]]))
     max_tokens = settings.max_tokens
     ended: Optional[str] = None
     while ended is None and len(tokens) < max_tokens:
         # Pipelined: queue the forward that consumes this token before reading it, so host work
         # (text, events) overlaps the device's. Not for the first token: on the CPU backend
-        # queueing a forward's ops blocks this thread while earlier ones run, which put most of
-        # a second decode step into the time to first token (docs/benchmarks.md, item 1).
+        # queueing a forward's ops blocks this thread while earlier ones run, which would put
+        # most of a second decode step into the time to first token.
         queue_next = t_first is not None and len(tokens) + 1 < max_tokens
         if queue_next:
             next_y, next_lp, next_top = schedule(y)
@@ -271,28 +315,58 @@ def generate(
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
-        ended = accept(token, logprob, top_read)
+        tokens.append(token)
+        logprobs.append(logprob)
+        if top_read is not None:
+            tops.append(top_read)
+        text.add(token)
+        if token in lm.eos_ids:
+            ended = "stop"
+        elif (stop_at := _find_stop(text.text, request.stop)) is not None:
+            final_text = text.text[:stop_at]
+            ended = "stop"
+        else:
+            # An event for every token, also one that completes no text yet (part of a
+            # character, a held-back piece): listeners that batch text flush on events.
+            yield TokenEvent(len(tokens) - 1, token, logprob, text.text[len(sent) :], top_read)
+            sent = text.text
+            ended = "cancelled" if is_cancelled() else None
         if queue_next:
             y, lp, top = next_y, next_lp, next_top
         elif ended is None and len(tokens) < max_tokens:
             y, lp, top = schedule(y)
-    finish = ended or "length"
     if final_text is None:
-        stream.flush()
-        final_text = stream.text
+        text.flush()
+        final_text = text.text
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
-        emit(TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :],
-                        tops[-1] if tops else None))
-    mx.eval(cache_arrays(cache))
-    if use_cache and tokens:
-        fed = prompt + tokens[:forwarded]
-        assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
-        snapshot("end", fed, cache)
-    persist_deferred()
-    result = _finish(report, prompt, tokens, logprobs, finish, settings.seed, t0, t_prefill, t_first, final_text,
-                     t_last)
-    result.top_logprobs = tops
-    return result
+        yield TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :],
+                         tops[-1] if tops else None)
+    return _Decoded(tokens, logprobs, forwarded, ended or "length", final_text, t_first, t_last, tops)
+
+
+def generate(
+    lm: LoadedModel,
+    request: GenerationRequest,
+    prompt_cache: Optional[PromptCache],
+    chunk: int,
+    on_event: Optional[Callable[[Event], None]] = None,
+    cancel: Optional[CancelToken] = None,
+    prompt: Optional[list[int]] = None,
+) -> GenerationResult:
+    """Run `stream()` to its end, handing each event to `on_event`."""
+    return drain(stream(lm, request, prompt_cache, chunk, cancel, prompt), on_event)
+
+
+def drain(events: Generator[Event, None, GenerationResult], on_event: Optional[Callable[[Event], None]] = None
+          ) -> GenerationResult:
+    """The value a generation stream returns, after handing each event to `on_event`."""
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as done:
+            return done.value
+        if on_event is not None:
+            on_event(event)
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from engine.errors import Cancelled, ModelError
 from engine.models.resolve import check_folder
-from engine.types import CancelToken
+from engine.types import CancelToken, Progress
 
-Progress = Callable[[float, str], None]
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.tiktoken", "*.txt"]
 
 

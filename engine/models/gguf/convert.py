@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -28,9 +28,8 @@ from engine.models.gguf.reader import (
     TensorInfo,
     read_gguf,
 )
-from engine.types import CancelToken
+from engine.types import CancelToken, Progress
 
-Progress = Callable[[float, str], None]
 CONVERTER_VERSION = 1  # bump when the produced folder changes: old imports are redone
 # --- llama mapping ---
 

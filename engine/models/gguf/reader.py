@@ -11,12 +11,9 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-
-Progress = Callable[[float, str], None]
-
 
 from engine.errors import GGUFError
 
