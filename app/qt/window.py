@@ -61,6 +61,10 @@ DEMO_LABEL = "SmolLM2-135M-Instruct (demo)"
 def model_label(spec: str) -> str:
     if spec == "demo":
         return DEMO_LABEL
+    from engine.models.named import NAMED_MODELS
+
+    if spec in NAMED_MODELS:
+        return NAMED_MODELS[spec].label
     p = Path(spec).expanduser()
     if p.exists():
         return p.stem if p.is_file() else p.name

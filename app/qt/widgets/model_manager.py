@@ -38,6 +38,8 @@ def entry_spec(entry: Any) -> str:
     """What Engine.load takes for a discovered model."""
     if entry.source == "demo":
         return "demo"
+    if getattr(entry, "spec", None):
+        return entry.spec  # a named model (gemma3-270m): loaded by name
     if entry.source == "hf-cache":
         return entry.name  # org/name, resolved through the HF cache
     return str(entry.path)
@@ -157,7 +159,8 @@ class ModelManager(QDialog):
         select = self._select_after or self.current_spec
         for r, e in enumerate(entries):
             ctx = f"{e.context_length:,}" if e.context_length else "–"
-            source = {"hf-cache": "HF cache", "gguf": "imported GGUF", "folder": "folder", "demo": "built-in"}.get(
+            source = {"hf-cache": "HF cache", "gguf": "imported GGUF", "folder": "folder", "demo": "built-in",
+                      "named": "built-in"}.get(
                 e.source, e.source
             )
             name = "SmolLM2-135M-Instruct (demo)" if e.source == "demo" else e.name
