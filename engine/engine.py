@@ -319,4 +319,8 @@ def _dequantize_f32(model: Any) -> Any:
 
 
 def _display_name(spec: str, folder: Path) -> str:
+    from engine.models.named import NAMED_MODELS
+
+    if spec in NAMED_MODELS:
+        return NAMED_MODELS[spec].label
     return DEMO_NAME if spec == "demo" else folder.name
