@@ -14,6 +14,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QObject, Qt, QTimer  # noqa: E402
+from PySide6.QtGui import QAction  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QPushButton  # noqa: E402
 
 from app import build_main_window  # noqa: E402
@@ -98,6 +99,59 @@ def test_object_names_and_first_reply_streams(qtbot: Any, open_window: Callable[
     assert "tokens" in reply.footer and "cache: restored 0 / " in reply.footer and "tok/s" in reply.footer
     assert w.sidebar.list.count() == 1 and w.sidebar.list.item(0).text() == "Why is the sky blue?"
     assert "Memory" in w.memory_label.text()
+
+
+def shortcut_clashes(w: MainWindow) -> list[str]:
+    """Key sequences that two shortcuts of the window can both claim at once (Qt then runs
+    neither: "Ambiguous shortcut overload"), with this platform's key bindings. A window-wide
+    shortcut clashes with any other of the same keys; widget-only ones clash when their widgets
+    are the same or one contains the other."""
+    from PySide6.QtGui import QAction, QKeySequence, QShortcut
+
+    Ctx = Qt.ShortcutContext
+    owners: dict[str, list[tuple[str, Any, Any]]] = {}
+    for a in w.findChildren(QAction):
+        for seq in a.shortcuts():
+            owners.setdefault(seq.toString(QKeySequence.SequenceFormat.PortableText), []).append(
+                (a.text() or a.objectName(), a.shortcutContext(), w))
+    for sc in w.findChildren(QShortcut):
+        for seq in sc.keys():
+            owners.setdefault(seq.toString(QKeySequence.SequenceFormat.PortableText), []).append(
+                (f"QShortcut on {sc.parent().objectName()}", sc.context(), sc.parent()))
+
+    def overlap(a: tuple[str, Any, Any], b: tuple[str, Any, Any]) -> bool:
+        if Ctx.WidgetShortcut not in (a[1], b[1]) and Ctx.WidgetWithChildrenShortcut not in (a[1], b[1]):
+            return True
+        if a[1] in (Ctx.WindowShortcut, Ctx.ApplicationShortcut) or b[1] in (Ctx.WindowShortcut, Ctx.ApplicationShortcut):
+            return True
+        return a[2] is b[2] or a[2].isAncestorOf(b[2]) or b[2].isAncestorOf(a[2])
+
+    clashes = []
+    for keys, who in owners.items():
+        for i, a in enumerate(who):
+            for b in who[i + 1:]:
+                if overlap(a, b):
+                    clashes.append(f"{keys}: {a[0]} / {b[0]}")
+    return clashes
+
+
+def test_shortcuts_are_the_same_keys_on_every_platform_and_unambiguous(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    """QKeySequence.StandardKey means different chords per platform, sometimes two (Delete is
+    also Ctrl+D on X11, the debug panel's key): the app spells every shortcut out instead, so
+    this check on one platform holds on all (Qt maps Ctrl to Cmd on macOS). The same check runs
+    with X11's key bindings in tests/xcb_window_checks.py."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "app"
+    uses = [f"{p.name}:{n.lineno}" for p in root.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(n, ast.Attribute) and n.attr == "StandardKey"]  # fmt: skip
+    assert uses == []
+    w = open_window()
+    assert shortcut_clashes(w) == []
+    names = {a.objectName(): a for a in w.findChildren(QAction)}
+    assert names["debugAction"].shortcut().toString() == "Ctrl+D"
 
 
 def test_composer_enter_sends_shift_enter_newline(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:

@@ -22,7 +22,13 @@ def error_box(parent: QWidget, title: str, text: str) -> QMessageBox:
 
 
 def confirm(parent: QWidget, title: str, question: str) -> bool:
-    return QMessageBox.question(parent, title, question) == QMessageBox.StandardButton.Yes
+    """A destructive action's question: Enter and Escape both keep things as they are."""
+    Button = QMessageBox.StandardButton
+    box = QMessageBox(QMessageBox.Icon.Question, title, question, Button.Yes | Button.Cancel, parent)
+    box.setObjectName("confirmDialog")
+    box.setDefaultButton(Button.Cancel)
+    box.setEscapeButton(Button.Cancel)
+    return box.exec() == Button.Yes
 
 
 def ask_title(parent: QWidget, current: str) -> Optional[str]:

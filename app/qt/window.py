@@ -54,6 +54,7 @@ from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
 from app.qt.widgets.composer import Composer
 from app.qt.widgets.debug_panel import DebugPanel
+from app.qt.widgets.elided_label import ElidedLabel
 from app.qt.widgets.model_picker import ModelPicker
 from app.qt.widgets.sidebar import Sidebar
 from engine.engine import ModelInfo
@@ -143,7 +144,7 @@ class MainWindow(QMainWindow):
         self.model_picker.chosen.connect(lambda spec, name: self.controller.load_model(spec, name))
         self.model_picker.manageRequested.connect(self.open_model_manager)
         tb.addWidget(self.model_picker)
-        self.model_status = QLabel("")
+        self.model_status = ElidedLabel("")  # "30 layers · loaded in 1.2 s" elides, never clips
         self.model_status.setObjectName("hint")
         self.model_status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         tb.addWidget(self.model_status, 1)
@@ -192,7 +193,7 @@ class MainWindow(QMainWindow):
         self.new_variant_button.clicked.connect(lambda: self.controller.regenerate(fresh=True))
         actions.addWidget(self.regenerate_button)
         actions.addWidget(self.new_variant_button)
-        self.settings_summary = QLabel()
+        self.settings_summary = ElidedLabel()
         self.settings_summary.setObjectName("hint")
         self.settings_summary.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -234,9 +235,12 @@ class MainWindow(QMainWindow):
         self.debug_panel.verifyRequested.connect(lambda rid: self.controller.verify(rid))
         self.debug_panel.clearRequested.connect(lambda: self.controller.clear_cache())
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.debug_panel)
-        self.debug_panel.setMinimumWidth(400)
+        # Narrow enough that sidebar + chat + dock fit an 800 px window; opens at DOCK_WIDTH.
+        self.debug_panel.setMinimumWidth(self.DOCK_MIN_WIDTH)
         self.debug_panel.hide()
+        self._dock_sized = False
         self.debug_panel.visibilityChanged.connect(self.debug_button.setChecked)
+        self.debug_panel.visibilityChanged.connect(self._size_dock)
         self.debug_button.toggled.connect(self.debug_panel.setVisible)
 
         sb = self.statusBar()
@@ -253,6 +257,18 @@ class MainWindow(QMainWindow):
         sb.addPermanentWidget(self.model_label)
         sb.addPermanentWidget(self.memory_label)
         self.resize(1200, 800)
+
+    DOCK_MIN_WIDTH, DOCK_WIDTH = 260, 360
+
+    def _size_dock(self, visible: bool) -> None:
+        """The first time the dock opens (no saved window state): its default width, at most
+        what leaves the chat column its own minimum."""
+        if not visible or self._dock_sized:
+            return
+        self._dock_sized = True
+        room = self.width() - self.sidebar.width() - self.splitter.widget(1).minimumSizeHint().width() - 16
+        width = max(self.DOCK_MIN_WIDTH, min(self.DOCK_WIDTH, room))
+        self.resizeDocks([self.debug_panel], [width], Qt.Orientation.Horizontal)
 
     def _build_menus(self) -> None:
         def act(menu: Any, text: str, slot: Any, shortcut: Any = None, name: str = "") -> QAction:
@@ -272,16 +288,19 @@ class MainWindow(QMainWindow):
         act(f, "Import conversation…", self.import_conversation)
         act(f, "Export conversation…", lambda: self.conv_id and self.export_conversation(self.conv_id), "Ctrl+E")
         f.addSeparator()
-        act(f, "Quit", self.close, QKeySequence.StandardKey.Quit)
+        act(f, "Quit", self.close, "Ctrl+Q")
         c = mb.addMenu("&Chat")
         self.regenerate_action = act(c, "Regenerate", lambda: self.controller.regenerate(False), "Ctrl+R", "regenerateAction")
         self.variant_action = act(c, "New variant", lambda: self.controller.regenerate(True), "Ctrl+Shift+R", "variantAction")
         self.stop_action = act(c, "Stop", lambda: self.controller.stop(), "Esc", "stopAction")
         c.addSeparator()
-        act(c, "Settings…", self.open_settings, [QKeySequence("Ctrl+,"), QKeySequence(QKeySequence.StandardKey.Preferences)])
+        # Every shortcut spelled out, never a QKeySequence.StandardKey: those are other chords on
+        # other platforms, sometimes two (Delete is also Ctrl+D on X11), and clash unseen.
+        act(c, "Settings…", self.open_settings, "Ctrl+,")
         v = mb.addMenu("&View")
         self.debug_action = self.debug_panel.toggleViewAction()
         self.debug_action.setText("Debug panel")
+        self.debug_action.setObjectName("debugAction")
         self.debug_action.setShortcut(QKeySequence("Ctrl+D"))
         v.addAction(self.debug_action)
         themes = v.addMenu("Theme")
@@ -320,7 +339,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         state = self.qsettings.value("window/state")
         if isinstance(state, QByteArray) and not state.isEmpty():
-            self.restoreState(state)
+            self._dock_sized = self.restoreState(state)  # the user's dock width, if any
         split = self.qsettings.value("window/splitter")
         if isinstance(split, QByteArray) and not split.isEmpty():
             self.splitter.restoreState(split)

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.core.markdown import Palette, Rendered, render
 from app.core.view_models import MessageVM
+from app.qt.widgets.elided_label import ElidedLabel
 
 
 class MessageBody(QTextBrowser):
@@ -126,7 +127,7 @@ class MessageWidget(QFrame):
 
         head = QHBoxLayout()
         head.setSpacing(2)
-        self.role_label = QLabel()
+        self.role_label = ElidedLabel()  # a long model name elides: the buttons stay in view
         self.role_label.setObjectName("roleLabel")
         head.addWidget(self.role_label)
         self.prev_button = _tool("‹", "Previous variant", "prevVariant")
@@ -167,11 +168,14 @@ class MessageWidget(QFrame):
         self.footer = QLabel()
         self.footer.setObjectName("messageFooter")
         self.footer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.identity = QLabel()
+        # Width: the footer wraps and the badge elides (tooltip: the whole badge), so neither sets
+        # a minimum width wider than the viewport; the message follows the viewport's width.
+        self.footer.setWordWrap(True)
+        self.footer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.identity = ElidedLabel()
         self.identity.setObjectName("identityBadge")
-        foot.addWidget(self.footer)
-        foot.addStretch(1)
-        foot.addWidget(self.identity)
+        foot.addWidget(self.footer, 1)
+        foot.addWidget(self.identity, 0, Qt.AlignmentFlag.AlignBottom)
         lay.addLayout(foot)
 
         self.prev_button.clicked.connect(lambda: self.vm.prev_id and self.navigate.emit(self.vm.prev_id))
@@ -317,7 +321,9 @@ class ChatView(QScrollArea):
         self.setObjectName("messageView")
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        # Messages wrap to the viewport (their minimum widths are small); should one still be wider
+        # (a very narrow window), a scroll bar keeps it reachable instead of cutting it off.
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         self.palette_ = palette
         self.assistant_name = "Assistant"
         outer = QWidget()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QSize, Signal
 from PySide6.QtWidgets import QComboBox, QWidget
 from shiboken6 import isValid
 
@@ -23,13 +23,20 @@ class ModelPicker(QComboBox):
     def __init__(self, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
         self.setObjectName("modelPicker")
-        self.setMinimumWidth(200)
         self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.setMinimumContentsLength(22)
         self.setToolTip("The model that answers")
         self.spec = ""
         self.name = ""
         self.activated.connect(self._on_activated)
+
+    MIN_WIDTH = 120
+
+    def minimumSizeHint(self) -> QSize:  # type: ignore[override]
+        """Wide (22 characters) when there is room, down to MIN_WIDTH in a narrow window (the
+        top bar never draws its buttons over the picker)."""
+        s = super().minimumSizeHint()
+        return QSize(min(s.width(), self.MIN_WIDTH), s.height())
 
     def select(self, spec: str, name: str) -> None:
         """Show `spec` as the current model (added if not listed yet)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal
@@ -58,8 +59,13 @@ class Sidebar(QWidget):
         self.empty.setObjectName("hint")
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         lay.addWidget(self.empty)
-        QShortcut(QKeySequence(Qt.Key.Key_F2), self.list, lambda: self._emit_current(self.renameRequested))
-        QShortcut(QKeySequence.StandardKey.Delete, self.list, lambda: self._emit_current(self.deleteRequested))
+        # Only while the list has the focus (Delete in the chat or the composer is not "delete
+        # this conversation"), and spelled out: QKeySequence.StandardKey.Delete is also Ctrl+D
+        # on X11, the debug panel's key. macOS's delete key is Backspace.
+        delete_key = Qt.Key.Key_Backspace if sys.platform == "darwin" else Qt.Key.Key_Delete
+        for key, signal in ((Qt.Key.Key_F2, self.renameRequested), (delete_key, self.deleteRequested)):
+            sc = QShortcut(QKeySequence(key), self.list, lambda s=signal: self._emit_current(s))
+            sc.setContext(Qt.ShortcutContext.WidgetShortcut)
         self._debounce = QTimer(self)
         self._debounce.setSingleShot(True)
         self._debounce.setInterval(150)

@@ -1,0 +1,161 @@
+"""The window under a real X server (QT_QPA_PLATFORM=xcb, Xvfb): what offscreen cannot show.
+
+Not collected by the plain suite (the name does not start with test_): tests/test_gui_xcb.py
+runs this module in a pytest subprocess under `xvfb-run -a` with the xcb platform. The offscreen
+platform uses the Windows keyboard scheme and no window manager, so shortcut clashes of the X11
+scheme (QKeySequence.StandardKey.Delete is also Ctrl+D there) and real window sizes show only here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
+from PySide6.QtWidgets import QMessageBox, QWidget  # noqa: E402
+
+from app.qt.window import MainWindow  # noqa: E402
+from tests.test_app_window import LONG, open_window, send  # noqa: E402,F401 (open_window: a fixture)
+
+pytestmark = pytest.mark.gui
+
+SIZES = [(800, 600), (1000, 700), (1200, 800)]
+LONG_WORDS = "Supercalifragilisticexpialidocious " * 12 + "x" * 300
+
+
+def test_platform_is_xcb() -> None:
+    from PySide6.QtGui import QGuiApplication
+
+    assert os.environ.get("QT_QPA_PLATFORM") == "xcb"
+    assert QGuiApplication.platformName() == "xcb"
+
+
+def _visible_rect(w: QWidget, ref: QWidget) -> QRect:
+    return QRect(w.mapTo(ref, QPoint(0, 0)), w.size())
+
+
+def _problems(w: MainWindow) -> list[str]:
+    """Every visible part of a message that extends past the conversation's viewport, a body
+    shorter than its text, and parts of one message drawn over each other."""
+    from app.qt.widgets.chat_view import MessageBody
+
+    vp = w.chat_view.viewport()
+    bad = []
+    for mw in w.chat_view.message_widgets():
+        for c in [mw, *mw.findChildren(QWidget)]:
+            if not c.isVisibleTo(w):
+                continue
+            r = _visible_rect(c, vp)
+            if r.left() < 0 or r.right() >= vp.width():
+                bad.append(f"{type(c).__name__}#{c.objectName()} {r.left()}..{r.right()} outside 0..{vp.width() - 1}")
+            if isinstance(c, MessageBody) and c.document().size().height() > c.height():
+                bad.append(f"message {mw.vm.id}: body {c.height()} px for {c.document().size().height():.0f} px of text")
+        parts = [c for c in mw.findChildren(QWidget) if c.parentWidget() is mw and c.isVisibleTo(w)]
+        for i, a in enumerate(parts):
+            for b in parts[i + 1:]:
+                if a.geometry().intersects(b.geometry()):
+                    bad.append(f"message {mw.vm.id}: {a.objectName()} overlaps {b.objectName()}")
+    return bad
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{a}x{b}" for a, b in SIZES])
+def test_messages_fit_the_viewport_with_the_dock_open(
+    qtbot: Any, open_window: Callable[..., MainWindow], size: tuple[int, int], tmp_path: Path
+) -> None:
+    w = open_window(max_tokens=24)
+    w.show()
+    send(qtbot, w, LONG_WORDS)
+    w.controller.regenerate(fresh=False)  # an identity badge on the reply
+    qtbot.waitUntil(lambda: not w.controller.generating, timeout=LONG)
+    w.debug_panel.show()
+    w.resize(*size)
+    qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)
+    try:
+        qtbot.waitUntil(lambda: not _problems(w), timeout=5000)  # layouts settle in a few events
+    except Exception:
+        pass
+    assert _problems(w) == []
+    # The top bar: nothing drawn over anything else.
+    top = [c for c in (w.model_picker, w.model_status, w.settings_button, w.debug_button) if c.isVisible()]
+    for i, a in enumerate(top):
+        for b in top[i + 1:]:
+            assert not a.geometry().intersects(b.geometry()), (a.objectName(), b.objectName())
+    w.grab().save(str(Path(os.environ.get("VERBATIM_SHOTS", tmp_path)) / f"window-{size[0]}x{size[1]}.png"))
+
+
+def _ready(qtbot: Any, open_window: Callable[..., MainWindow]) -> MainWindow:
+    w = open_window(max_tokens=8)
+    w.show()
+    qtbot.waitExposed(w)
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
+    return w
+
+
+def test_ctrl_d_toggles_the_debug_dock_from_anywhere(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
+    w = _ready(qtbot, open_window)
+    send(qtbot, w, "hello")
+    body = w.chat_view.message_widgets()[-1].body
+    for target in (w.composer, w.sidebar.list, w.sidebar.search, body, w.chat_view):
+        target.setFocus()
+        qtbot.waitUntil(target.hasFocus, timeout=LONG)
+        assert not w.debug_panel.isVisible()
+        qtbot.keyClick(target, Qt.Key.Key_D, Qt.KeyboardModifier.ControlModifier)
+        qtbot.waitUntil(w.debug_panel.isVisible, timeout=LONG)
+        qtbot.keyClick(target, Qt.Key.Key_D, Qt.KeyboardModifier.ControlModifier)
+        qtbot.waitUntil(lambda: not w.debug_panel.isVisible(), timeout=LONG)
+    assert w.composer.toPlainText() == ""
+
+
+class DialogWatch:
+    """Answers every modal message box that opens (Escape), noting its default button: a test
+    that opens one by mistake fails instead of waiting forever on it."""
+
+    def __init__(self) -> None:
+        from PySide6.QtCore import QTimer
+
+        self.seen: list[Any] = []
+        self.timer = QTimer()
+        self.timer.timeout.connect(self._check)
+        self.timer.start(20)
+
+    def _check(self) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        box = QApplication.activeModalWidget()
+        if isinstance(box, QMessageBox) and box.isVisible():
+            self.seen.append(box.standardButton(box.defaultButton()))
+            box.reject()
+
+
+def test_delete_key_only_in_the_list_and_its_dialog_defaults_to_cancel(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = _ready(qtbot, open_window)
+    send(qtbot, w, "keep me")
+    watch = DialogWatch()
+    body = w.chat_view.message_widgets()[-1].body
+    for target in (body, w.composer):
+        target.setFocus()
+        qtbot.waitUntil(target.hasFocus, timeout=LONG)
+        qtbot.keyClick(target, Qt.Key.Key_Delete)
+    assert watch.seen == [] and w.sidebar.list.count() == 1  # Delete there is not "delete the chat"
+    w.sidebar.list.setFocus()
+    qtbot.waitUntil(w.sidebar.list.hasFocus, timeout=LONG)
+    qtbot.keyClick(w.sidebar.list, Qt.Key.Key_Delete)  # returns once the watch answered
+    assert watch.seen == [QMessageBox.StandardButton.Cancel]
+    assert w.sidebar.list.count() == 1  # Escape (and the default, Enter) keep the conversation
+    watch.timer.stop()
+
+
+def test_every_shortcut_is_unambiguous(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
+    from tests.test_app_window import shortcut_clashes
+
+    w = _ready(qtbot, open_window)
+    assert shortcut_clashes(w) == []
