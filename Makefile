@@ -6,7 +6,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 ARGS ?=
 
-.PHONY: help run chat test bench bench-blas venv icons demo-stage briefcase-check clean distclean
+.PHONY: help run chat test bench bench-blas venv constraints icons demo-stage briefcase-check clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ bench-blas: ## measure MLX f32 prefill with and without OpenBLAS (Linux)
 
 venv: ## create/update .venv only
 	@scripts/venv.sh test
+
+constraints: ## re-resolve constraints.txt (exact versions within pyproject's bounds; network)
+	@scripts/constraints.sh
 
 icons: venv ## re-render app icons from packaging/icon.svg
 	@.venv/bin/python packaging/make_icons.py

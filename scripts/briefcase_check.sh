@@ -15,8 +15,10 @@ cd "$ROOT"
 "$ROOT/scripts/venv.sh" test
 if [ ! -x "$ROOT/.venv/bin/briefcase" ]; then
     echo "Installing briefcase into .venv..." >&2
-    "$ROOT/.venv/bin/python" -m pip --disable-pip-version-check -q install -e "$ROOT[test,packaging]"
+    "$ROOT/.venv/bin/python" -m pip --disable-pip-version-check -q install -c "$ROOT/constraints.txt" -e "$ROOT[test,packaging]"
 fi
+# briefcase installs `requires` with pip: the same exact versions as .venv (constraints.txt).
+export PIP_CONSTRAINT="$ROOT/constraints.txt"
 
 LOG="$ROOT/build/briefcase-check.log"
 mkdir -p "$(dirname "$LOG")"

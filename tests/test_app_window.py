@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -98,7 +99,7 @@ def test_object_names_and_first_reply_streams(qtbot: Any, open_window: Callable[
     assert w.controller.token_updates < n_tokens
     assert "tokens" in reply.footer and "cache: restored 0 / " in reply.footer and "tok/s" in reply.footer
     assert w.sidebar.list.count() == 1 and w.sidebar.list.item(0).text() == "Why is the sky blue?"
-    assert "Memory" in w.memory_label.text()
+    assert re.fullmatch(r"Memory \d+(\.\d+)? [KMG]B \(MLX \d+(\.\d+)? [KMG]?B\)", w.memory_label.text()), w.memory_label.text()
 
 
 def shortcut_clashes(w: MainWindow) -> list[str]:

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+import psutil
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import (
     QAction,
@@ -114,6 +115,7 @@ class MainWindow(QMainWindow):
         self.gc_pacer.start()
         self.controller.load_model(model, model_label(model))
         self.discover_models()
+        self._process = psutil.Process()
         self._mem_timer = QTimer(self)
         self._mem_timer.timeout.connect(self.update_memory)
         self._mem_timer.start(2000)
@@ -459,12 +461,12 @@ class MainWindow(QMainWindow):
         self.show_error("Cannot load the model", message)
 
     def update_memory(self) -> None:
+        """The process's resident size (psutil) and, once a job reported it, MLX's active memory."""
         try:
-            import psutil
-
-            text = f"Memory {format_bytes(psutil.Process().memory_info().rss)}"
-        except Exception:  # psutil is optional
-            text = "Memory –"
+            rss = self._process.memory_info().rss
+        except psutil.Error:  # e.g. /proc unreadable in a sandbox
+            rss = 0
+        text = f"Memory {format_bytes(rss)}" if rss else "Memory –"
         if self.controller.mlx_memory:
             text += f" (MLX {format_bytes(self.controller.mlx_memory)})"
         self.memory_label.setText(text)
