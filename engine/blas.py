@@ -32,11 +32,20 @@ def blas_library() -> str:
                 fn = getattr(h, sym, None)
                 info = DlInfo()
                 if fn is not None and dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info)) and info.fname:
-                    path = os.path.realpath(info.fname.decode(errors="replace"))
-                    return "/".join(path.split(os.sep)[-2:])
+                    return describe(os.path.realpath(info.fname.decode(errors="replace")))
     except (OSError, AttributeError):
         pass
     return "unknown"
+
+
+def describe(path: str) -> str:
+    """A library path as `<dir>/<file>`; macOS's Accelerate (its BLAS is
+    `.../Accelerate.framework/.../vecLib.framework/Versions/A/libBLAS.dylib`, where the last two
+    parts would say only "A/libBLAS.dylib") as `Accelerate.framework/<file>`."""
+    parts = path.split("/")
+    if any(p in ("Accelerate.framework", "vecLib.framework") for p in parts):
+        return f"Accelerate.framework/{parts[-1]}"
+    return "/".join(parts[-2:])
 
 
 def optimized_blas() -> bool:

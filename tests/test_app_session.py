@@ -170,7 +170,6 @@ def test_python_m_app_starts_and_closes_cleanly_on_sigint(tiny_model: Path, tmp_
     import os
     import signal
     import subprocess
-    import time
 
     pytest.importorskip("PySide6")
     root = Path(__file__).resolve().parent.parent
@@ -181,14 +180,16 @@ def test_python_m_app_starts_and_closes_cleanly_on_sigint(tiny_model: Path, tmp_
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not (data / "cache").exists():  # the worker made its engine (and disk cache)
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        time.sleep(1.0)
+        seen: list[str] = []
+        for line in proc.stdout:  # type: ignore[union-attr]  # until the loop runs and the model is in
+            seen.append(line)
+            text = "".join(seen)
+            if "ready: the window is shown" in text and "model loaded:" in text:
+                break
+        assert proc.poll() is None, "".join(seen)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
+        out = "".join(seen) + out
     finally:
         if proc.poll() is None:
             proc.kill()

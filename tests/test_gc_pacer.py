@@ -34,6 +34,8 @@ def test_pacer_collects_young_garbage_on_its_own_thread_and_defers_full_collecti
 ) -> None:
     busy = {"now": True}
     pacer = GcPacer(busy=lambda: busy["now"], tick_ms=60_000, idle_s=0.2)  # the test calls tick()
+    now = [1000.0]
+    pacer.clock = lambda: now[0]  # the test moves time, no sleeping
     gc.set_threshold(100, 2, 2)  # small thresholds: every generation soon due
     gc.enable()
     pacer.start()
@@ -61,7 +63,9 @@ def test_pacer_collects_young_garbage_on_its_own_thread_and_defers_full_collecti
     # then runs, and nothing is due after it.
     busy["now"] = False
     assert pacer.tick() is None and pacer.due() == 2
-    time.sleep(0.25)
+    now[0] += 0.19
+    assert pacer.tick() is None and pacer.due() == 2  # not yet idle_s
+    now[0] += 0.02
     assert pacer.tick() == 2 and pacer.due() is None and pacer.tick() is None
     assert {name for _, name, _ in gc_collections} == {threading.current_thread().name}
     assert [g for g, _, _ in gc_collections] == [g for g in gens if g is not None] + [2]

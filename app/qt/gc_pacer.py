@@ -35,6 +35,7 @@ class GcPacer(QObject):
         super().__init__(parent)
         self._busy = busy
         self._idle_s = idle_s
+        self.clock: Callable[[], float] = time.monotonic  # tests step a fake one
         self._last_busy = float("-inf")
         self._was_enabled = False
         self._active = False
@@ -83,7 +84,7 @@ class GcPacer(QObject):
 
     def tick(self) -> Optional[int]:
         """Run the collection that is due, if it may run now; returns the generation collected."""
-        now = time.monotonic()
+        now = self.clock()
         if self._busy():
             self._last_busy = now
         gen = self.due()

@@ -20,6 +20,8 @@ from app.qt.theme import RESOURCES
 from engine.paths import APP_NAME
 from engine.paths import data_dir as default_data_dir
 
+log = logging.getLogger("verbatim")
+
 
 def ensure_application(argv: Optional[Sequence[str]] = None) -> QApplication:
     """The QApplication, and with it the qasync event loop every GUI flow runs on (app/qt/jobs.py):
@@ -96,6 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tick.timeout.connect(lambda: None)
     tick.start(200)
     with loop:
+        loop.call_soon(log.info, "ready: the window is shown and the event loop runs")
         loop.run_until_complete(closed.wait())
         window.shutdown()
         loop.run_until_complete(window.server_toggle.wait_stopped())  # connections closed, port freed

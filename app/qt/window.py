@@ -452,6 +452,7 @@ class MainWindow(QMainWindow):
         self.qsettings.setValue("model/last", spec)
         self.model_picker.select(spec, name)
         self.status(f"Loaded {name}", 4000)
+        log.info("model loaded: %s (%d layers, %.1f s)", name, info.layers, info.load_s)
 
     def show_model_failed(self, message: str) -> None:
         self.server_toggle.set_model(None)
