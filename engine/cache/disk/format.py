@@ -13,11 +13,11 @@ import hashlib
 import io
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, can_trim_prompt_cache
 
 from engine.blas import blas_library
 from engine.cache.planner import SnapshotMeta
@@ -270,7 +270,7 @@ def decode_snapshot(data: bytes, entry: Entry, env: str) -> Snapshot:
     """Check a file's bytes against its index entry, then rebuild the cache objects.
 
     Raises `SnapshotError` for anything that does not match: size, checksum, header, compute
-    environment, layer offsets.
+    environment, layer offsets, or a `trimmable` flag that the rebuilt caches contradict.
     """
     meta = entry.meta
     if len(data) != entry.file_bytes:
@@ -299,5 +299,17 @@ def decode_snapshot(data: bytes, entry: Entry, env: str) -> Snapshot:
         raise
     except Exception as e:  # MLX raises RuntimeError/ValueError on malformed tensors
         raise SnapshotError(f"cannot rebuild cache: {e}") from None
-    return Snapshot(meta, cache, source="disk")
+    return Snapshot(checked_trimmable(meta, cache), cache, source="disk")
 
+
+def checked_trimmable(meta: SnapshotMeta, cache: list[Any]) -> SnapshotMeta:
+    """`meta` with `trimmable` re-derived from the rebuilt cache objects.
+
+    The planner decides from the index whether a snapshot may be cut back; a flag that claims
+    a wrapped ring or an SSM state can be cut would make it restore a state longer than it says
+    (mlx-lm's trim silently does nothing then): never trust it, refuse the snapshot (G5).
+    """
+    derived = can_trim_prompt_cache(cache)
+    if meta.trimmable and not derived:
+        raise SnapshotError("the index says this cache can be cut back, its layers say it cannot")
+    return meta if meta.trimmable == derived else replace(meta, trimmable=derived)
