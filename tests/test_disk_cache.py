@@ -24,7 +24,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from engine.blas import optimized_blas
+from engine.blas import blas_library
 from engine.cache.disk import files as disk_files
 from engine.cache.disk import format as disk_format
 from engine.cache.disk import tier as dc
@@ -36,11 +36,11 @@ from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snaps
 from engine.engine import Engine
 from engine.errors import SnapshotError
 from engine.types import GenerationRequest, SamplerSettings
+from tests.engine_helpers import forwards, require_openblas
 from tests.tiny_models import FAMILIES, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("disk_fault_child.py")
-OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 # Long enough that gemma3's 24-token window wraps and every family stores boundary checkpoints.
 MESSAGES = [{"role": "user", "content": "Explain how a prompt cache works in two sentences. " * 3}]
 OTHER = [{"role": "user", "content": "Why is the sky blue? Because of Rayleigh scattering."}]
@@ -95,19 +95,17 @@ def assert_consistent(cache_dir: Path) -> None:
         assert hashlib.sha256(data).hexdigest() == r["sha256"]
 
 
-def openblas_here() -> bool:
-    return optimized_blas()
+def child_env(reference_blas: bool = False, **extra: str) -> dict[str, str]:
+    """Env for a child process. By default it inherits this process's BLAS choice (the
+    LD_PRELOAD that `make test` sets, from VERBATIM_OPENBLAS or the usual paths): the disk tier
+    never restores a state computed with another BLAS, and tests restore a child's snapshots here.
 
-
-def child_env(openblas: bool | None = None, **extra: str) -> dict[str, str]:
-    """Env for a child; OpenBLAS preloaded by default (the forward-width effect needs it, DESIGN.md).
-
-    openblas=False: without it. Tests that restore a child's snapshots in this process pass
-    openblas_here(): the disk tier never restores a state computed with another BLAS."""
+    reference_blas=True: every preloaded BLAS removed, so MLX uses its own reference BLAS."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-    env.pop("LD_PRELOAD", None)
-    if (openblas if openblas is not None else True) and OPENBLAS.exists():
-        env["LD_PRELOAD"] = str(OPENBLAS)
+    if reference_blas:
+        kept = [p for p in env.get("LD_PRELOAD", "").split(":") if p and "blas" not in Path(p).name.lower()]
+        env["LD_PRELOAD"] = ":".join(kept)
+        env["VERBATIM_NO_OPENBLAS"] = "1"
     return env
 
 
@@ -142,16 +140,26 @@ def test_restart_restores_from_disk_bit_identical_on_every_family(models, tmp_pa
         rep = b["report"]
         assert rep["source"] == "disk", (fam, rep["declines"])
         assert rep["restored"] == rep["prompt_tokens"] - 1, fam
-        assert rep["prefill_tokens"] == 1, fam
+        # `a` is a cold run (a fresh process, an empty cache); `b` restored from disk.
         assert b["tokens"] == a["tokens"], fam
         assert b["logprobs"] == a["logprobs"], fam  # bit-equal (JSON floats round-trip exactly)
-        assert ("openblas" in a["blas"]) == ("openblas" in b["blas"]) == OPENBLAS.exists()
-    if not OPENBLAS.exists():
-        return
-    # The same cache under MLX's reference BLAS: those states are not its bits, so never restored.
-    third = child_results(tmp_path, "third", run_child(tmp_path, "third", cache_dir, runs, child_env(openblas=False)))
+        assert a["blas"] == b["blas"] == blas_library()  # the children used this process's BLAS
+
+
+def test_restart_under_the_reference_blas_never_restores(models, tmp_path):
+    """The same cache read by a process on MLX's reference BLAS: those states are not its bits
+    (G3), so they are never restored there."""
+    require_openblas()  # needs an optimized BLAS to differ from: fails in CI, skips locally
+    cache_dir = tmp_path / "cache"
+    runs = [{"model": str(models[f]), "messages": MESSAGES, "max_tokens": MAX_TOKENS} for f in FAMILIES]
+    first = child_results(tmp_path, "first", run_child(tmp_path, "first", cache_dir, runs, child_env()))
+    assert all(a["blas"] == blas_library() and a["disk"]["writes"] >= 1 for a in first)
+    third = child_results(tmp_path, "third", run_child(tmp_path, "third", cache_dir, runs,
+                                                       child_env(reference_blas=True)))
+    if any(c["blas"] == blas_library() for c in third):
+        pytest.skip(f"this process's BLAS ({blas_library()}) is not preloaded through LD_PRELOAD: "
+                    "a child cannot be started without it")
     for fam, c in zip(FAMILIES, third):
-        assert "openblas" not in c["blas"]
         assert c["report"]["source"] is None and c["report"]["declines"] == [], fam
         assert c["disk"]["entries_other_env"] >= 1, fam
 
@@ -307,6 +315,73 @@ def test_damage_found_on_open_and_tampered_entries(models, tmp_path):
     assert any("does not match its index entry" in d for d in r.report.declines), r.report.declines
     assert (r.tokens, r.logprobs) == cold(models["lfm2"])
     assert_consistent(cache_dir)
+
+
+def _forge_meta(cache_dir: Path, sid: str, **changes: Any) -> None:
+    """Change one snapshot's meta consistently in its file header and its index row, checksum
+    and size recomputed: what a writer bug or a crafted cache folder would leave."""
+    path = cache_dir / "snapshots" / f"{sid}.safetensors"
+    tensors, md = mx.load(str(path), return_metadata=True)
+    meta = {**json.loads(md["meta"]), **changes}
+    mx.save_safetensors(str(path), tensors, metadata={**md, "meta": json.dumps(meta, separators=(",", ":"))})
+    data = path.read_bytes()
+    doc = json.loads((cache_dir / "index.json").read_text())
+    for r in doc["entries"]:
+        if r["id"] == sid:
+            r.update(changes, file_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (cache_dir / "index.json").write_text(json.dumps(doc))
+
+
+def test_forged_trimmable_flag_never_allows_a_partial_restore(models, tmp_path):
+    """G5 against the index: a wrapped sliding-window snapshot whose index entry (and header)
+    claim it can be cut back is refused when loaded, never restored partially; the reply is the
+    one an honest copy of the cache gives."""
+    cache_dir = tmp_path / "cache"
+    eng = engine(models["gemma3"], cache_dir)
+    first = eng.generate(req())
+    eng.close()
+    turn2 = GenerationRequest(MESSAGES + [{"role": "assistant", "content": first.text},
+                                          {"role": "user", "content": "And then?"}],
+                              SamplerSettings(max_tokens=MAX_TOKENS), mode="fast")
+    honest_dir = tmp_path / "honest"
+    shutil.copytree(cache_dir, honest_dir)
+    end = next(r for r in index_rows(cache_dir) if r["kind"] == "end")
+    assert end["trimmable"] is False  # the ring wrapped
+    _forge_meta(cache_dir, end["id"], trimmable=True)
+
+    honest = engine(models["gemma3"], honest_dir)
+    h = honest.generate(turn2)
+    honest.close()
+    # Honestly flagged, the end snapshot (the longest match) is declined for what it is.
+    assert any("sliding window wrapped" in d for d in h.report.declines), h.report.declines
+    assert h.report.source == "disk" and h.report.restored > 0
+
+    eng = engine(models["gemma3"], cache_dir)
+    with forwards(eng) as log:
+        r = eng.generate(turn2)
+    eng.close()
+    assert any(end["id"] in d and "cannot" in d for d in r.report.declines), r.report.declines
+    assert log.spans[0][0] == r.report.restored == h.report.restored  # the state the model found
+    assert (r.tokens, r.logprobs) == (h.tokens, h.logprobs)
+    assert end["id"] not in {row["id"] for row in index_rows(cache_dir)}  # and the entry is gone
+
+
+def test_one_cache_dir_two_chunk_sizes_never_share_snapshots(models, tmp_path):
+    """The chunk size decides which widths a prefill forwards, hence the cached bits: an engine
+    with another chunk size must not restore these snapshots, and equals its own cold run."""
+    cache_dir = tmp_path / "cache"
+    a = engine(models["llama"], cache_dir)  # chunk 8
+    a.generate(req())
+    a.close()
+    b = Engine(cache_dir=cache_dir, chunk=16)
+    b.load(str(models["llama"]))
+    r = b.generate(req())
+    b.close()
+    assert r.report.source is None and r.report.restored == 0 and r.report.matched == 0
+    c = Engine(use_disk=False, chunk=16)
+    c.load(str(models["llama"]))
+    cold16 = c.generate(GenerationRequest(MESSAGES, SamplerSettings(max_tokens=MAX_TOKENS), use_cache=False))
+    assert (r.tokens, r.logprobs) == (cold16.tokens, cold16.logprobs)
 
 
 # ---------------------------------------------------------------------------------------------
