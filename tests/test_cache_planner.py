@@ -62,3 +62,7 @@ def test_dominates_keeps_exact_states():
     assert not dominates(untrimmable, exact)  # cannot be cut back to serve it
     other_end = meta(PROMPT + [90, 91], canonical=24, prefill_end=30, prefill_exact=True, sid="f")
     assert not dominates(other_end, exact)  # exact at 30, not at 28
+    partial = meta(PROMPT[:24], canonical=24, prefill_end=28, prefill_exact=False, kind="partial", sid="g")
+    lower = meta(PROMPT + [90, 91], canonical=16, prefill_end=40, prefill_exact=False, sid="h")
+    assert not dominates(lower, partial)  # exact up to 16 only: it cannot serve a restore at 24
+    assert dominates(longer_exact, partial)

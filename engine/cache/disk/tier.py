@@ -280,8 +280,8 @@ class DiskCache:
 
     def hold_writes(self) -> None:
         """A generation starts: queued writes wait until `release_writes` (a write already in
-        progress finishes). Disk writes then never compete with prefill and decode for the CPU,
-        which on 2 cores slowed a regenerate started right after a reply by ~20%."""
+        progress pauses between arrays). Disk writes then never compete with prefill and decode
+        for the CPU (docs/benchmarks.md, item 4, has the measurement)."""
         with self._cond:
             self._holds += 1
 
@@ -416,8 +416,8 @@ class DiskCache:
             return task
 
     def _run(self) -> None:
-        # Writes are never urgent; decode is. On 2 cores this cut the slowdown of a regenerate
-        # started while writes are in flight from 1.61x to 1.36x (docs/benchmarks.md, item 4).
+        # Writes are never urgent; decode is: the writer runs at the lowest priority, so on a
+        # machine with few cores it takes only what the engine leaves (docs/benchmarks.md, item 4).
         lower_thread_priority(WRITER_NICE)
         while (task := self._next_task()) is not None:
             try:
