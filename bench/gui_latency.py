@@ -4,9 +4,9 @@ The real main window (`app.build_main_window`, offscreen Qt) on the test suite's
 (fast decode, so tokens arrive as fast as this machine can make them: the hardest case for the
 GUI) and on the demo model. A 5 ms QTimer on the GUI thread records the gap between its ticks
 while a reply streams; stall = the longest gap minus the 5 ms period. Token-to-screen latency:
-for each token that completes text, the time from the engine producing it (its TokenEvent on the worker thread) to
+for each token that completes text, the time from the engine producing it (its TokenEvent on the engine thread) to
 the chat view having taken the text that contains it (`ChatView.stream` returned on the GUI
-thread). The worker batches token signals (50 ms by default), so that batching is part of the
+thread). The reply job batches text updates (50 ms by default), so that batching is part of the
 latency, by design. Baseline: the same timer on an idle window (what the event loop itself costs).
 
 Also recorded: every cyclic-GC collection (generation, thread, mid-reply or not; app/qt/gc_pacer.py
@@ -15,7 +15,7 @@ costs at the end: of the objects made since the model load (what the pacer runs)
 of the whole heap (gc.unfreeze() first: what an automatic full collection cost before the pacer).
 
 And a reply full of code, which the random models never write: the same window streams a fixed
-~6.6k-character Python answer into one message in 60-character updates (one worker batch at ~20
+~6.6k-character Python answer into one message in 60-character updates (one text batch at ~20
 tokens/s) and times each update (`ChatView.stream` plus the layout and paint it causes), then the
 final render, with the streaming highlight policy of app/core/markdown.py and, side by side, with
 every code block highlighted on every update (what it did before).
@@ -116,8 +116,8 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
             app.processEvents()
             time.sleep(0.001)
 
-    spin_until(lambda: w.model_ready, 300)
-    if not w.model_ready:
+    spin_until(lambda: w.controller.model_ready, 300)
+    if not w.controller.model_ready:
         raise RuntimeError(f"model did not load: {w.last_error}")
     from dataclasses import replace
 
@@ -138,7 +138,7 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
-            collections.append((info["generation"], threading.current_thread().name, w.generating))
+            collections.append((info["generation"], threading.current_thread().name, w.controller.generating))
 
     gc.callbacks.append(on_gc)
     shown: dict[int, float] = {}
@@ -171,14 +171,14 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
         clock.restart()
         w.send()
         t0 = time.perf_counter()
-        spin_until(lambda: not w.generating, 300)
+        spin_until(lambda: not w.controller.generating, 300)
         wall = time.perf_counter() - t0
         stalls = [g - TICK_MS for g in gaps[1:]]
         lat = [shown[i] - produced[i] for i in produced if i in shown]
         out.append({"tokens": len(produced), "wall_s": wall, "max_stall_ms": max(stalls) if stalls else 0.0,
                     "p99_stall_ms": sorted(stalls)[int(0.99 * (len(stalls) - 1))] if stalls else 0.0,
                     "ticks": len(stalls), "lat_ms": [x * 1000 for x in lat],
-                    "signals": getattr(w.worker, "token_signals", None),
+                    "signals": w.controller.token_updates,
                     "tail_ms": (returned[-1] - max(produced.values())) * 1000 if returned and produced else None})
         C.log(f"  {model} reply {k + 1}: {len(produced)} tokens in {wall:.1f} s, longest GUI stall "
               f"{out[-1]['max_stall_ms']:.1f} ms, token-to-screen median {C.median(out[-1]['lat_ms']):.1f} ms, "
@@ -271,10 +271,10 @@ def main() -> None:
          "GUI time, all updates", "final render"], code_rows))
     res.notes.append(
         "Stall = how late a 5 ms GUI-thread timer fired beyond its period (the idle column is the "
-        "same timer on an idle window: the floor on this machine). Token-to-screen includes the worker's "
+        "same timer on an idle window: the floor on this machine). Token-to-screen includes the reply job's "
         "deliberate 50 ms batching of token signals (DESIGN.md: updating the view on every token cost "
         "~15% of tokens/s elsewhere), so its median sits near half the batch interval and its max near one "
-        "interval plus one decode step. 50 ms is the stall bound the app tests use (tests/test_app_window.py). The worker sends the last "
+        "interval plus one decode step. 50 ms is the stall bound the app tests use (tests/test_app_window.py). The reply job sends the last "
         "batch only after `Engine.generate` returns, so the engine's end-of-generation work (end snapshot, "
         "queueing disk writes) adds to the last tokens' latency: last column. Replies are sampled "
         "(T=0.8, seed 1); latency counts tokens that complete text (the engine sends an event for every "

@@ -71,8 +71,8 @@ def main() -> int:
     data = Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
     w = build_main_window(args.model, data, theme=args.theme)
     w.resize(1280, 820)
-    wait_until(lambda: w.model_ready or w.last_error is not None)
-    if not w.model_ready:
+    wait_until(lambda: w.controller.model_ready or w.last_error is not None)
+    if not w.controller.model_ready:
         print(f"cannot load {args.model}: {w.last_error}", file=sys.stderr)
         return 1
     w.apply_settings(
@@ -85,7 +85,7 @@ def main() -> int:
     def ask(text: str) -> None:
         w.composer.setPlainText(text)
         w.send()
-        wait_until(lambda: not w.generating)
+        wait_until(lambda: not w.controller.generating)
         if w.last_error:
             raise RuntimeError(w.last_error)
 
@@ -96,8 +96,8 @@ def main() -> int:
     for q in MAIN_CHAT:
         ask(q)
     first = w.message_vms()[-1]
-    w.regenerate(fresh=False)
-    wait_until(lambda: not w.generating)
+    w.controller.regenerate(fresh=False)
+    wait_until(lambda: not w.controller.generating)
     again = w.message_vms()[-1]
     if again.identical is not True or again.content != first.content:
         print("regenerate was not identical: refusing to take screenshots of that", file=sys.stderr)
@@ -111,7 +111,7 @@ def main() -> int:
     w.resize(1560, 1080)
     w.debug_panel.show()
     w.debug_panel.verifyRequested.emit(again.id)
-    wait_until(lambda: w.verify_job is None)
+    wait_until(lambda: not w.controller.verifying)
     w.chat_view.scroll_to_bottom()
     settle()
     w.grab().save(str(args.out / "screenshot-debug.png"))

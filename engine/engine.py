@@ -18,7 +18,9 @@ from typing import Any, Callable, Generator, Optional
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError
-from engine.generate.loop import LoadedModel, drain, generate, stream
+from engine.generate.context import fit_to_context
+from engine.generate.loop import LoadedModel, drain, stream
+from engine.generate.templating import MessageStarts, render_prompt
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -30,6 +32,7 @@ from engine.types import (
     DEFAULT_CHUNK,
     CancelToken,
     Comparison,
+    ContextInfo,
     Event,
     EventCallback,
     GenerationRequest,
@@ -39,6 +42,16 @@ from engine.types import (
 
 DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of snapshots kept in memory
 _PREVIOUS_KEPT = 256  # replies remembered for "identical to previous"
+
+
+@dataclass
+class Prepared:
+    """A request as it will run: the messages sent, their tokens, boundaries and context fit."""
+
+    request: GenerationRequest
+    prompt: list[int]
+    message_starts: list[int]
+    context: ContextInfo
 
 
 @dataclass
@@ -64,11 +77,14 @@ class Engine:
         chunk: int = DEFAULT_CHUNK,
         disk_budget: Optional[int] = None,
         dequantize: Optional[bool] = None,
+        context_length: Optional[int] = None,
     ) -> None:
         if chunk < 1:
             raise EngineError("chunk size must be at least 1")
         self.chunk = chunk
         self.dequantize = dequantize  # None: decide per backend (see _should_dequantize)
+        self.context_length = context_length  # overrides the model's own context length
+        self._starts: Optional[MessageStarts] = None
         disk = None
         if use_disk:
             disk = DiskCache(cache_dir, budget_bytes=disk_budget)
@@ -117,6 +133,7 @@ class Engine:
             kv_group_size=int(options.get("kv_group_size", 64)),
             eos_ids=eos,
         )
+        self._starts = MessageStarts(tokenizer)
         cache = self.lm.new_cache()
         self.info = ModelInfo(
             name=self.lm.name,
@@ -134,28 +151,47 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        from engine.generate.templating import render_prompt
-
         return render_prompt(self._lm().tokenizer, validate_messages(messages))
+
+    @property
+    def context_limit(self) -> Optional[int]:
+        """Tokens a request may use (prompt + reply): the user's override, else the model's."""
+        if self.context_length is not None:
+            return self.context_length
+        return self.info.context_length if self.info is not None else None
+
+    def prepare(self, request: GenerationRequest) -> Prepared:
+        """The conversation as it will be sent: validated, fitted into the context (or refused
+        with a one-line error before any prefill), rendered, and its message boundaries."""
+        lm = self._lm()
+        messages = validate_messages(request.messages)
+        limit = self.context_limit
+        fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m), messages, request.sampler.max_tokens,
+                                limit, request.context_policy)
+        assert self._starts is not None
+        starts = self._starts(fitted.messages, fitted.prompt)
+        return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,
+                        ContextInfo(limit, len(fitted.prompt), fitted.dropped))
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
         """Generate a reply: yields PrefillProgress and TokenEvents, returns the GenerationResult."""
         lm = self._lm()
-        request = replace(request, messages=validate_messages(request.messages))
-        prompt = self.prompt_ids(request.messages)
+        p = self.prepare(request)
         disk = self.cache.disk
         if disk is not None:
             disk.hold_writes()  # background snapshot writes wait while the model runs
         try:
-            result = yield from stream(lm, request, self.cache, self.chunk, cancel, prompt=prompt)
+            result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
+                                       p.context.limit)
         finally:
             if disk is not None:
                 disk.release_writes()
+        result.report.context = p.context
         if disk is not None:
             result.report.warnings = disk.pop_warnings()
         if result.finish_reason != "cancelled":
-            self._compare_with_previous(lm.key, prompt, request, result)
+            self._compare_with_previous(lm.key, p.prompt, p.request, result)
         return result
 
     def generate(
@@ -182,9 +218,10 @@ class Engine:
             self._previous.popitem(last=False)
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
-        """Re-run `request` with no cache at all and compare with `result`."""
-        cold = generate(self._lm(), replace(request, use_cache=False), None, self.chunk, None, cancel,
-                        prompt=self.prompt_ids(request.messages))
+        """Re-run `request` with no cache at all (the same canonical schedule) and compare with `result`."""
+        p = self.prepare(request)
+        cold = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
+                            p.message_starts, p.context.limit))
         return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
 
     # -- cache ---------------------------------------------------------------------------------

@@ -8,13 +8,14 @@ renders them without knowing anything about MLX. JSON appears only at those edge
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Literal, Optional, Union
 
 from engine.errors import Cancelled, RequestError
 
 Mode = Literal["exact", "fast"]
 Progress = Callable[[float, str], None]  # (fraction done 0..1, what is happening)
+ContextPolicy = Literal["refuse", "truncate"]
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
 ROLES = ("system", "user", "assistant")
@@ -52,6 +53,10 @@ class GenerationRequest:
     mode: Mode = "exact"
     use_cache: bool = True  # False: neither look up nor store (a cold run)
     stop: tuple[str, ...] = ()
+    # When prompt + max_tokens exceeds the model's context: "refuse" (an error before any
+    # prefill) or "truncate" (leave out the oldest turns, never the system prompt or the last
+    # message; deterministic, so a regenerate stays instant and identical).
+    context_policy: ContextPolicy = "refuse"
 
 
 def validate_messages(messages: Any) -> list[Message]:
@@ -70,7 +75,7 @@ def validate_messages(messages: Any) -> list[Message]:
     return out
 
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "context", "cancelled", "error"]
 
 
 @dataclass
@@ -125,6 +130,27 @@ class LayerInfo:
     size: int  # tokens held (a ring holds at most its window)
     trimmable: bool
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], index: int = 0) -> "LayerInfo":
+        """Rebuild from `asdict` output; a missing key takes a neutral value (old stored rows)."""
+        offset = d.get("offset")
+        return cls(
+            index=int(d.get("index", index)),
+            cache_class=str(d.get("cache_class") or ""),
+            offset=None if offset is None else int(offset),
+            size=int(d.get("size") or 0),
+            trimmable=bool(d.get("trimmable", False)),
+        )
+
+
+@dataclass
+class ContextInfo:
+    """How the conversation was fitted into the model's context."""
+
+    limit: Optional[int]  # the model's context length in tokens (None: unknown)
+    prompt_tokens: int  # of the prompt actually sent
+    dropped_messages: int = 0  # oldest messages left out ("truncate" policy)
+
 
 @dataclass
 class CacheReport:
@@ -141,6 +167,8 @@ class CacheReport:
     declines: list[str] = field(default_factory=list)
     prefill_tokens: int = 0  # tokens forwarded before decode, the last prompt token included
     chunks: list[list[int]] = field(default_factory=list)  # [start, end) of each prefill forward
+    message_starts: list[int] = field(default_factory=list)  # message boundaries among the chunk cuts
+    context: Optional[ContextInfo] = None
     snapshots_stored: list[dict[str, Any]] = field(default_factory=list)  # kind/length/canonical
     mode: str = "exact"
     chunk_size: int = 512
@@ -156,6 +184,28 @@ class CacheReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "CacheReport":
+        """Rebuild a report from `to_dict()` output (e.g. a stored row). Tolerant of old rows:
+        unknown keys are ignored, missing ones (or a null where a value is expected) keep the
+        default, and layers come back as `LayerInfo`."""
+        d = d or {}
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            value = d[f.name]
+            if value is None and f.default is not None:
+                continue  # a null where the field has a non-null default (a list, a number)
+            kw[f.name] = value
+        kw["layers"] = [
+            LayerInfo.from_dict(x, i) if isinstance(x, dict) else x for i, x in enumerate(d.get("layers") or [])
+        ]
+        ctx = d.get("context")
+        kw["context"] = ContextInfo(ctx.get("limit"), int(ctx.get("prompt_tokens") or 0),
+                                    int(ctx.get("dropped_messages") or 0)) if isinstance(ctx, dict) else None
+        return cls(**kw)
 
 
 @dataclass

@@ -112,6 +112,6 @@ def kv_snapshot(tokens: list[int], key: str = "k" * 32, seed: int = 0):
     for c in cache:
         c.update_and_fetch(mx.random.normal((1, 2, len(tokens), 64)), mx.random.normal((1, 2, len(tokens), 64)))
     cache = clone_cache(cache)
-    meta = SnapshotMeta(new_snapshot_id(), key, tuple(tokens), "end", 0, len(tokens) - 1, False,
-                        ("KVCache", "KVCache"), True, cache_nbytes(cache))
+    meta = SnapshotMeta(new_snapshot_id(), key, tuple(tokens), "end", (), ("KVCache", "KVCache"), True,
+                        cache_nbytes(cache))
     return Snapshot(meta, cache)

@@ -10,10 +10,10 @@ import pytest
 
 from app.core.markdown import render
 from app.core.session import ChatSession, ChatSettings, title_from
-from app.core.store import ConversationStore
+from app.core.store import ConversationStore, ReplyOutcome
 from app.core.view_models import footer_text, identity_text
 from engine.engine import Engine
-from engine.types import SamplerSettings
+from engine.types import Comparison, SamplerSettings
 
 
 @pytest.fixture
@@ -47,12 +47,13 @@ def test_send_regenerate_variant_edit_without_qt(chat) -> None:
 
     again = run(session, engine, session.begin_regenerate(first.id))
     assert again.seed == first.seed and again.tokens == first.tokens and again.logprobs == first.logprobs
-    rep = again.cache_report
-    assert rep["identical"] is True and rep["action"] == "regenerate" and rep["previous_id"] == first.id
-    assert rep["restored"] == rep["prompt_tokens"] - 1
+    rep, outcome = again.report, again.outcome
+    assert outcome.comparison.identical is True and outcome.action == "regenerate" and outcome.previous_id == first.id
+    assert rep.restored == rep.prompt_tokens - 1
+    assert again.cache_report["identical"] is True  # stored flat in the report column, as before
 
     variant = run(session, engine, session.begin_regenerate(again.id, fresh=True))
-    assert variant.seed != first.seed and variant.cache_report["action"] == "variant"
+    assert variant.seed != first.seed and variant.outcome.action == "variant"
     view = session.view(conv)
     assert [vm.role for vm in view] == ["user", "assistant"]
     assert view[-1].navigator == "3 / 3" and view[-1].prev_id == again.id
@@ -92,9 +93,12 @@ def test_settings_round_trip_and_labels() -> None:
     assert ChatSettings.from_dict({"mode": "bogus", "sampler": "nope"}) == ChatSettings()
     assert s.seed_for_new_reply() == 7
     assert title_from("  a\nlong   question " * 10).endswith("…")
-    assert identity_text({"identical": True}) == "identical to previous"
-    assert identity_text({"identical": False, "first_diff": 3}) == "differs from previous at token 3"
-    assert identity_text({}) == ""
+    assert identity_text(ReplyOutcome(comparison=Comparison(True))) == "identical to previous"
+    assert identity_text(ReplyOutcome(comparison=Comparison(False, 3))) == "differs from previous at token 3"
+    assert identity_text(ReplyOutcome()) == ""
+    # Stored rows keep the flat JSON layout they always had, and come back typed.
+    row = {"action": "regenerate", "previous_id": 4, "identical": False, "first_diff": 3, "max_logprob_diff": 0.5}
+    assert ReplyOutcome.from_dict(row).to_dict() == row and ReplyOutcome.from_dict(None) == ReplyOutcome()
 
 
 def test_footer_text_for_a_stored_reply(chat) -> None:
@@ -154,7 +158,7 @@ def test_chat_logic_does_not_import_qt() -> None:
     import subprocess
 
     code = (
-        "import sys, app.core.session, app.core.view_models, app.core.markdown, app.core.store; "
+        "import sys, app.core.session, app.core.view_models, app.core.markdown, app.core.store, app.core.models; "
         "sys.exit(any(m.startswith('PySide6') for m in sys.modules))"
     )
     root = Path(__file__).resolve().parent.parent

@@ -48,7 +48,7 @@ def open_window(qtbot: Any, tiny_model: Path, tmp_path: Path) -> Callable[..., M
         qtbot.addWidget(w)
         opened.append(w)
         if wait:
-            qtbot.waitUntil(lambda: w.model_ready, timeout=LONG)
+            qtbot.waitUntil(lambda: w.controller.model_ready, timeout=LONG)
             w.activateWindow()  # window shortcuts (Esc, Ctrl+R, Ctrl+D) need the active window
             qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
             w.apply_settings(settings(max_tokens, temperature))
@@ -62,13 +62,13 @@ def open_window(qtbot: Any, tiny_model: Path, tmp_path: Path) -> Callable[..., M
 def send(qtbot: Any, w: MainWindow, text: str, wait: bool = True) -> None:
     w.composer.setPlainText(text)
     qtbot.mouseClick(w.findChild(QPushButton, "sendButton"), Qt.MouseButton.LeftButton)
-    assert w.generating
+    assert w.controller.generating
     if wait:
         wait_idle(qtbot, w)
 
 
 def wait_idle(qtbot: Any, w: MainWindow) -> None:
-    qtbot.waitUntil(lambda: not w.generating, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.controller.generating, timeout=LONG)
 
 
 def click(qtbot: Any, w: MainWindow, name: str) -> None:
@@ -87,14 +87,14 @@ def test_object_names_and_first_reply_streams(qtbot: Any, open_window: Callable[
                  "regenerateButton", "newVariantButton", "debugPanel", "modelPicker"):  # fmt: skip
         assert w.findChild(QObject, name) is not None, name
     seen: list[str] = []
-    w.worker.tokens.connect(lambda job, text, n: seen.append(w.chat_view.widget_for(w.pending.reply_id).text()))
+    w.controller.streamed.connect(lambda text, n: seen.append(w.chat_view.widget_for(w.controller.pending.reply_id).text()))
     send(qtbot, w, "Why is the sky blue?")
     reply = replies(w)[-1]
     assert reply.status == "complete" and reply.content
     # Streamed: several growing updates before the end, each a batch of tokens, not one per token.
     assert len(seen) >= 2 and all(len(a) <= len(b) for a, b in zip(seen, seen[1:]))
-    n_tokens = len(w.store.get_message(reply.id).tokens)
-    assert w.worker.token_signals < n_tokens
+    n_tokens = len(w.session.store.get_message(reply.id).tokens)
+    assert w.controller.token_updates < n_tokens
     assert "tokens" in reply.footer and "cache: restored 0 / " in reply.footer and "tok/s" in reply.footer
     assert w.sidebar.list.count() == 1 and w.sidebar.list.item(0).text() == "Why is the sky blue?"
     assert "Memory" in w.memory_label.text()
@@ -107,9 +107,9 @@ def test_composer_enter_sends_shift_enter_newline(qtbot: Any, open_window: Calla
     qtbot.keyClick(w.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
     qtbot.keyClicks(w.composer, "line two")
     assert w.composer.toPlainText() == "line one\nline two"
-    assert not w.generating
+    assert not w.controller.generating
     qtbot.keyClick(w.composer, Qt.Key.Key_Return)
-    assert w.generating and w.composer.toPlainText() == ""
+    assert w.controller.generating and w.composer.toPlainText() == ""
     wait_idle(qtbot, w)
     assert [vm.content for vm in w.message_vms() if vm.role == "user"] == ["line one\nline two"]
 
@@ -117,13 +117,13 @@ def test_composer_enter_sends_shift_enter_newline(qtbot: Any, open_window: Calla
 def test_stop_mid_prefill(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window(chunk=4)  # ~250 small forwards: plenty of time to stop in the middle
     progress: list[tuple[int, int]] = []
-    w.worker.prefill.connect(lambda job, done, total: progress.append((done, total)))
+    w.controller.prefilled.connect(lambda done, total: progress.append((done, total)))
     send(qtbot, w, LONG_PROMPT, wait=False)
     qtbot.waitUntil(lambda: any(0 < d < t for d, t in progress), timeout=LONG)
-    assert w.stream_text == ""  # still reading the prompt
+    assert w.controller.stream_text == ""  # still reading the prompt
     click(qtbot, w, "stopButton")
     wait_idle(qtbot, w)
-    reply = w.store.get_message(replies(w)[-1].id)
+    reply = w.session.store.get_message(replies(w)[-1].id)
     assert reply.status == "interrupted" and reply.tokens == [] and reply.finish_reason == "cancelled"
     report = reply.cache_report
     assert report["chunks"] and report["chunks"][-1][1] < report["prompt_tokens"]  # stopped part-way
@@ -131,7 +131,7 @@ def test_stop_mid_prefill(qtbot: Any, open_window: Callable[..., MainWindow]) ->
     # Nothing lost, and the app is usable again: regenerate answers the same prompt.
     click(qtbot, w, "regenerateButton")
     wait_idle(qtbot, w)
-    assert w.store.get_message(replies(w)[-1].id).status == "complete"
+    assert w.session.store.get_message(replies(w)[-1].id).status == "complete"
 
 
 def test_stop_mid_decode_with_escape(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
@@ -139,10 +139,10 @@ def test_stop_mid_decode_with_escape(qtbot: Any, open_window: Callable[..., Main
     # tiny model runs to the token limit.
     w = open_window(max_tokens=2000, temperature=0.0)
     send(qtbot, w, "Tell me a long story.", wait=False)
-    qtbot.waitUntil(lambda: len(w.stream_text) > 10, timeout=LONG)
+    qtbot.waitUntil(lambda: len(w.controller.stream_text) > 10, timeout=LONG)
     qtbot.keyClick(w.composer, Qt.Key.Key_Escape)
     wait_idle(qtbot, w)
-    reply = w.store.get_message(replies(w)[-1].id)
+    reply = w.session.store.get_message(replies(w)[-1].id)
     assert reply.status == "interrupted" and 0 < len(reply.tokens) < 2000
     assert reply.content and replies(w)[-1].content == reply.content
     assert "stopped" in replies(w)[-1].footer
@@ -155,7 +155,7 @@ def test_regenerate_is_identical_and_restores_all_but_last_token(
     send(qtbot, w, "Explain how a prompt cache works in two sentences.")
     first = replies(w)[-1]
     qtbot.keyClick(w, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)  # Ctrl/Cmd+R
-    assert w.generating
+    assert w.controller.generating
     wait_idle(qtbot, w)
     second = replies(w)[-1]
     assert second.id != first.id and second.seed == first.seed
@@ -252,10 +252,10 @@ def test_debug_panel_verify_and_clear_cache(qtbot: Any, open_window: Callable[..
     assert w.debug_panel.isVisible()
     qtbot.waitUntil(lambda: w.debug_panel.value("entries") not in ("–", "0"), timeout=LONG)
     qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.verify_job is None, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.controller.verifying, timeout=LONG)
     assert w.debug_panel.value("verify").startswith("✓ identical")
     qtbot.mouseClick(w.debug_panel.clear_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.cache_stats.get("memory_entries") == 0, timeout=LONG)
+    qtbot.waitUntil(lambda: w.controller.cache_stats.get("memory_entries") == 0, timeout=LONG)
     assert w.debug_panel.value("entries") == "0"
     # After a clear, regenerate is a cold prefill but still reproduces the reply exactly.
     click(qtbot, w, "regenerateButton")
@@ -273,7 +273,7 @@ def test_restart_keeps_everything_and_regenerates_identically(
     send(qtbot, w1, "Regenerate the answer, please.")
     first = replies(w1)[-1]
     w1.close()
-    assert not w1.worker._thread.is_alive()
+    assert w1.controller.engine_closed  # the engine thread ended
     w2 = open_window(data)
     assert (w2.size().width(), w2.size().height()) == (720, 520)  # geometry remembered
     assert [vm.id for vm in w2.message_vms()][-1] == first.id
@@ -281,7 +281,7 @@ def test_restart_keeps_everything_and_regenerates_identically(
     wait_idle(qtbot, w2)
     second = replies(w2)[-1]
     assert second.content == first.content and second.identical is True
-    report = w2.store.get_message(second.id).cache_report
+    report = w2.session.store.get_message(second.id).cache_report
     assert report["source"] == "disk" and report["restored"] == report["prompt_tokens"] - 1
 
 
@@ -295,9 +295,9 @@ def test_disk_cache_problem_is_shown_once_in_the_window(
     send(qtbot, w, "hello")
     banner = w.findChild(QLabel, "banner")
     assert banner.isVisible() and "Prompt cache" in banner.text()
-    assert w.store.get_message(replies(w)[-1].id).cache_report["warnings"]
+    assert w.session.store.get_message(replies(w)[-1].id).cache_report["warnings"]
     send(qtbot, w, "again")
-    assert w.store.get_message(replies(w)[-1].id).cache_report["warnings"] == []  # told once
+    assert w.session.store.get_message(replies(w)[-1].id).cache_report["warnings"] == []  # told once
 
 
 def test_close_mid_generation_saves_partial_reply(
@@ -306,11 +306,11 @@ def test_close_mid_generation_saves_partial_reply(
     data = tmp_path / "data"
     w = open_window(data, max_tokens=3000, temperature=0.0)  # greedy: no early EOS
     send(qtbot, w, "Tell me everything.", wait=False)
-    qtbot.waitUntil(lambda: len(w.stream_text) > 5, timeout=LONG)
-    reply_id = w.pending.reply_id
+    qtbot.waitUntil(lambda: len(w.controller.stream_text) > 5, timeout=LONG)
+    reply_id = w.controller.pending.reply_id
     t0 = time.perf_counter()
     w.close()
-    assert time.perf_counter() - t0 < 5 and not w.worker._thread.is_alive()
+    assert time.perf_counter() - t0 < 5 and w.controller.engine_closed
     with ConversationStore(data / "verbatim.sqlite3", read_only=True) as store:
         reply = store.get_message(reply_id)
     assert reply.status == "interrupted" and reply.content and reply.tokens
@@ -325,7 +325,7 @@ def test_broken_model_shows_error(qtbot: Any, open_window: Callable[..., MainWin
     box = w.findChild(QMessageBox, "errorDialog")
     assert box is not None and box.isVisible()
     assert "broken-model" in box.text() and "config.json" in box.text()
-    assert not w.model_ready and w.model_label.text() == "No model"
+    assert not w.controller.model_ready and w.model_label.text() == "No model"
     box.close()
     # Sending without a model: the message is kept, the failure is explained.
     w.last_error = None
@@ -368,9 +368,9 @@ def test_settings_apply_to_the_next_reply(qtbot: Any, open_window: Callable[...,
     w.apply_settings(dlg.value())
     assert "fast" in w.settings_summary.text() and "seed 1234" in w.settings_summary.text()
     send(qtbot, w, "hi")
-    reply = w.store.get_message(replies(w)[-1].id)
+    reply = w.session.store.get_message(replies(w)[-1].id)
     assert reply.seed == 1234 and len(reply.tokens) <= 5 and reply.cache_report["mode"] == "fast"
-    assert w.store.messages_for_prompt(w.conv_id, reply.parent_id)[0] == {"role": "system", "content": "You are terse."}
+    assert w.session.store.messages_for_prompt(w.conv_id, reply.parent_id)[0] == {"role": "system", "content": "You are terse."}
 
 
 def _runqueue_wait_s() -> float:
@@ -401,7 +401,7 @@ def test_gui_thread_never_stalls_during_generation(
     w = open_window(max_tokens=200)
     send(qtbot, w, LONG_PROMPT[:600])  # warm-up: first paint, glyph caches, MLX kernels
     gc.set_threshold(300, 1, 1)  # a full collection due after every second young one
-    gc_collections.flag = lambda: w.generating
+    gc_collections.flag = lambda: w.controller.generating
     raw: list[float] = []
     own: list[float] = []
     cpu: list[float] = []  # of each gap, the time the GUI thread ran (the rest it was blocked)
@@ -415,7 +415,7 @@ def test_gui_thread_never_stalls_during_generation(
             own.append(gap - (wait - state["wait"]))
             cpu.append(ran - state["cpu"])
         cycles(200)  # ~400 objects of garbage per beat: a young collection due every tick
-        state.update(last=now, wait=wait, cpu=time.thread_time(), was=w.generating)
+        state.update(last=now, wait=wait, cpu=time.thread_time(), was=w.controller.generating)
 
     timer = QTimer()
     timer.setTimerType(Qt.TimerType.PreciseTimer)
@@ -426,7 +426,7 @@ def test_gui_thread_never_stalls_during_generation(
         click(qtbot, w, "newVariantButton")
         state.update(last=time.perf_counter(), wait=_runqueue_wait_s(), cpu=time.thread_time(), was=True)
         wait_idle(qtbot, w)
-        tokens += len(w.store.get_message(replies(w)[-1].id).tokens)
+        tokens += len(w.session.store.get_message(replies(w)[-1].id).tokens)
         if tokens >= 300:
             break
     qtbot.wait(20)
@@ -462,10 +462,10 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     mgr = w.open_model_manager()
     qtbot.waitUntil(lambda: "found" in mgr.status.text() or "No models" in mgr.status.text(), timeout=LONG)
     before = len(mgr.entries)
-    # Import a GGUF (on the engine worker, with progress), then it is listed and usable.
+    # Import a GGUF (on the engine thread, with progress), then it is listed and usable.
     gguf = tiny_llama_gguf(tiny_model, tmp_path / "tiny.gguf")
     steps: list[float] = []
-    w.worker.taskProgress.connect(lambda job, f, m: steps.append(f))
+    mgr.progressed.connect(lambda f, m: steps.append(f))
     mgr.import_gguf(str(gguf))
     assert mgr.cancel_button.isVisible()
     qtbot.waitUntil(lambda: "Imported" in mgr.status.text() or "failed" in mgr.status.text(), timeout=LONG)
@@ -487,7 +487,7 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     send(qtbot, w, "a long reply keeps the engine busy", wait=False)
     mgr.import_gguf(str(gguf))
     qtbot.mouseClick(mgr.cancel_button, Qt.MouseButton.LeftButton)
-    w.stop()
+    w.controller.stop()
     wait_idle(qtbot, w)
     qtbot.waitUntil(lambda: "Import cancelled" in mgr.status.text(), timeout=LONG)
     assert mgr.import_button.isEnabled() and not mgr.cancel_button.isVisible()
@@ -496,7 +496,7 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     row = next(i for i, e in enumerate(mgr.entries) if e.source == "gguf")
     mgr.table.selectRow(row)
     qtbot.mouseClick(mgr.use_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.model_ready, timeout=LONG)
+    qtbot.waitUntil(lambda: w.controller.model_ready, timeout=LONG)
     assert w.model_picker.currentData() == str(mgr.entries[row].path)
     send(qtbot, w, "hello")
     assert replies(w)[-1].status == "complete"
@@ -511,7 +511,7 @@ def test_second_window_on_the_same_data_is_read_only(
     w2 = open_window(data, wait=False)
     assert w2.read_only and w2.banner.isVisible() and "read-only" in w2.banner.text()
     assert w2.message_vms()[0].content == "only the first window writes"  # it can read
-    qtbot.waitUntil(lambda: w2.model_ready, timeout=LONG)
+    qtbot.waitUntil(lambda: w2.controller.model_ready, timeout=LONG)
     assert not w2.findChild(QPushButton, "sendButton").isEnabled()
     assert not w2.findChild(QPushButton, "regenerateButton").isEnabled()
 

@@ -555,8 +555,8 @@ def make_snapshot(tokens: list[int], key: str = KEY, seed: int = 0) -> Snapshot:
     for c in cache:
         c.update_and_fetch(mx.random.normal((1, 2, len(tokens), 64)), mx.random.normal((1, 2, len(tokens), 64)))
     cache = clone_cache(cache)
-    meta = SnapshotMeta(new_snapshot_id(), key, tuple(tokens), "end", 0, len(tokens) - 1, False,
-                        ("KVCache", "KVCache"), True, cache_nbytes(cache))
+    meta = SnapshotMeta(new_snapshot_id(), key, tuple(tokens), "end", (), ("KVCache", "KVCache"), True,
+                        cache_nbytes(cache))
     return Snapshot(meta, cache)
 
 
@@ -626,10 +626,10 @@ def test_hostile_index_entries_are_rejected(tmp_path):
         {**good, "id": "v", "file_bytes": 10**15},
         {**good, "id": "u", "classes": ["os.system"]},
         {**good, "id": "t", "kind": "evil"},
-        {**good, "id": "s", "canonical": 10**9},
+        {**good, "id": "s", "exact_cuts": [10**9]},
         {**good, "id": "r", "sha256": "zz"},
         {**good, "id": "q", "model_key": "../../k"},
-        {**good, "id": "p", "prefill_exact": "yes"},
+        {**good, "id": "p", "exact_cuts": [3, 2]},
         "not an object",
         None,
         {**good},  # a duplicate id

@@ -8,7 +8,7 @@ from mlx.utils import tree_flatten
 
 from engine.cache.memory import PromptCache
 from engine.cache.snapshot import layer_offset
-from engine.generate.loop import chunk_bounds
+from engine.cache.planner import schedule_cuts
 from engine.generate.sampling import Sampler
 from engine.types import CancelToken, PrefillProgress, SamplerSettings, TokenEvent
 from tests.engine_helpers import (
@@ -36,11 +36,17 @@ def kv_offsets(report):
     return [o for o in report.layer_offsets if o is not None]
 
 
-def aligned_prefill(chunk, start, n):
-    """The prefill forwards a cold run makes from `start`: cut at absolute multiples of `chunk`,
-    then the last prompt token alone (written out here, not taken from the engine)."""
-    cuts = sorted({start, n - 1} | set(range((start // chunk + 1) * chunk, n - 1, chunk)))
-    return [(a, b) for a, b in zip(cuts, cuts[1:])] + [(n - 1, n)]
+def schedule(chunk, start, n, message_starts=()):
+    """The forwards a run makes from `start` (a restore point, or 0): the prompt cut at every
+    multiple of `chunk` and every message start, then the last prompt token alone. Written out
+    here from the rule, not taken from the engine."""
+    cuts = sorted({c for c in range(chunk, n - 1, chunk)} | {m for m in message_starts if 0 < m < n - 1} | {n - 1})
+    out, pos = [], start
+    for c in cuts:
+        if c > pos:
+            out.append((pos, c))
+            pos = c
+    return out + [(n - 1, n)]
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)
@@ -89,10 +95,14 @@ def test_whole_prompt_bug_reproduced_on_purpose(models):
             y = tok
         return toks, lps, offsets
 
+    first = eng.generate(request(msgs, max_tokens=steps))  # cold
+    starts = first.report.message_starts
+
     def prefilled(upto):
+        cuts = sorted(set(range(eng.chunk, upto, eng.chunk)) | {m for m in starts if 0 < m < upto} | {upto})
         cache = lm.new_cache()
-        for s in range(0, upto, eng.chunk):  # aligned chunks from 0, written out
-            lm.model(mx.array([prompt[s : min(s + eng.chunk, upto)]]), cache=cache)
+        for s, e in zip([0, *cuts], cuts):  # the engine's schedule, written out
+            lm.model(mx.array([prompt[s:e]]), cache=cache)
             mx.eval([c.state for c in cache])
         return cache
 
@@ -102,7 +112,6 @@ def test_whole_prompt_bug_reproduced_on_purpose(models):
     assert offsets == [n + 1] * len(offsets)  # the last prompt token now sits in the cache twice
     assert max(abs(a - b) for a, b in zip(buggy_lps, right_lps)) > 1e-4
     # The engine takes the right path, cold and on a regenerate (whole-prompt hit).
-    first = eng.generate(request(msgs, max_tokens=steps))
     again = eng.generate(request(msgs, max_tokens=steps))
     assert again.report.restored == n - 1
     for r in (first, again):
@@ -146,7 +155,7 @@ def test_exact_mode_multi_turn_equals_cold_with_cache_used(models, family):
     # the aligned schedule from its restore point.
     for log, (_, r) in zip(logs, results):
         n, start = len(r.prompt_ids), r.report.restored
-        expected = aligned_prefill(eng.chunk, start, n)
+        expected = schedule(eng.chunk, start, n, r.report.message_starts)
         assert log.calls[0][1] and all(o in (None, start) for o in log.calls[0][1])  # restored state
         assert log.spans[: len(expected)] == expected
 
@@ -173,34 +182,44 @@ def test_control_fast_mode_reuse_differs_from_cold(models, family):
 
 @pytest.mark.parametrize("family,reason", [("gemma3", "sliding window wrapped"), ("lfm2", "SSM/conv state")])
 def test_uncuttable_cache_declined_never_partially_restored(models, family, reason):
-    # Chunk 512: no aligned boundary checkpoint exists, so turn 2 can only reuse by cutting back.
+    # The question is edited: the prompts part inside the user message, where no stored state is
+    # exact (chunk 512: no aligned cut; the message cuts lie after it). The snapshots could only
+    # be used by cutting them back, which a wrapped ring or SSM state cannot do.
     eng = make_engine(models[family], chunk=512)
-    logs = []
-    _, (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q, logs=logs)
-    log = logs[1]
+    eng.generate(request([{"role": "user", "content": LONG_Q}], max_tokens=12))
+    req = request([{"role": "user", "content": LONG_Q + " Please answer in detail."}], max_tokens=12)
+    with forwards(eng) as log:
+        second = eng.generate(req)
     rep = second.report
+    assert rep.matched > 0
     assert any(reason in d and "cannot cut" in d for d in rep.declines), rep.declines
     assert rep.restored == 0 and rep.stored is None and rep.source is None
     # Nothing partial was installed: seen at the model, the first forward starts from an empty
     # cache and the prefill covers the whole prompt.
     n = len(second.prompt_ids)
     assert all(o in (None, 0) for o in log.calls[0][1]), log.calls[0]
-    expected = aligned_prefill(512, 0, n)
+    expected = schedule(512, 0, n, rep.message_starts)
     assert log.spans[: len(expected)] == expected
 
 
 @pytest.mark.parametrize("family", ["gemma3", "lfm2"])
-def test_uncuttable_cache_uses_boundary_checkpoint(models, family):
-    eng = make_engine(models[family], chunk=8)
+@pytest.mark.parametrize("chunk", [8, 512])
+def test_uncuttable_cache_uses_boundary_checkpoint(models, family, chunk):
+    eng = make_engine(models[family], chunk=chunk)
     logs = []
     (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q, logs=logs)
     rep = second.report
-    boundary = (len(first.prompt_ids) - 1) // 8 * 8
+    n1 = first.report.prompt_tokens
+    # the checkpoint sits at the last cut before n - 1: the start of turn 1's generation prompt
+    # (a message boundary), unless a multiple of the chunk size falls after it
+    boundary = max(c for c in schedule_cuts(n1, chunk, first.report.message_starts) if c < n1 - 1)
+    assert boundary >= first.report.message_starts[-1]
     assert rep.restored == boundary and rep.stored == boundary and not rep.partial
     assert logs[1].spans[0][0] == boundary  # turn 2's first forward found the checkpoint's state
-    assert any(s["kind"] == "boundary" for s in first.report.snapshots_stored)
+    assert any(s["kind"] == "boundary" and s["length"] == boundary for s in first.report.snapshots_stored)
     assert any("cannot cut" in d for d in rep.declines)  # the longer snapshots could not be cut
-    assert eng.verify(req, second).identical
+    cold = make_engine(models[family], chunk=chunk).generate(cold_request(req))
+    assert second.tokens == cold.tokens and second.logprobs == cold.logprobs
 
 
 def test_fast_mode_reuses_decoded_tokens(models):
@@ -221,29 +240,29 @@ def test_prefill_after_an_unaligned_restore_is_cut_at_absolute_multiples(models,
     (_, first), (_, second) = _conversation(eng, "fast", turns=2, logs=logs)
     start, n = second.report.restored, len(second.prompt_ids)
     assert start > len(first.prompt_ids) - 1 and start % 8, "the test needs an unaligned restore"
-    expected = aligned_prefill(8, start, n)
+    expected = schedule(8, start, n, second.report.message_starts)
     assert logs[1].spans[: len(expected)] == expected
-    assert logs[0].spans[: len(aligned_prefill(8, 0, len(first.prompt_ids)))] == aligned_prefill(8, 0, len(first.prompt_ids))
+    expected = schedule(8, 0, len(first.prompt_ids), first.report.message_starts)
+    assert logs[0].spans[: len(expected)] == expected
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "kvquant"])  # caches that can be cut back into a reply
 def test_exact_regenerate_after_fast_mode_equals_cold(models, family):
-    """Exact mode after a fast-mode generation of the same turn: the fast run's snapshots hold
-    decoded tokens and an unaligned prefill, so exact mode may restore them only up to the
-    previous turn's canonical boundary (computed here from the first prompt's length)."""
+    """Exact mode after a fast-mode generation of the same turn: the fast run restored mid-reply
+    (decoded tokens, an unaligned point), so nothing it computed or stored is exact past turn 1's
+    prompt; exact mode may restore it only up to there (a bound taken from turn 1's length)."""
     require_openblas()
     eng = make_engine(models[family], chunk=8)
     (_, first), (fast_req, fast) = _conversation(eng, "fast", turns=2)
-    assert fast.report.restored > 0
-    c1 = (len(first.prompt_ids) - 1) // 8 * 8  # the last state turn 1 computed in full aligned chunks
-    # What the fast run stored says so: nothing it holds is exact past c1.
+    assert fast.report.restored > len(first.prompt_ids) - 1  # the fast run reused decoded tokens
+    bound = len(first.prompt_ids) - 1  # turn 1's prefill: the end of every exact history so far
     fast_snaps = [m for m in eng.cache.metas() if m.tokens[: len(fast.prompt_ids) - 1] == tuple(fast.prompt_ids[:-1])]
-    assert fast_snaps and all(m.canonical <= c1 and not m.prefill_exact for m in fast_snaps)
+    assert fast_snaps and all(m.canonical <= bound for m in fast_snaps)
     exact_req = request(fast_req.messages, mode="exact", max_tokens=12)
     with forwards(eng) as log:
         exact = eng.generate(exact_req)
     start = log.spans[0][0]
-    assert 0 < start <= c1 and start % 8 == 0, (start, c1)
+    assert 0 < start <= bound, (start, bound)
     assert exact.report.restored == start
     cold = make_engine(models[family], chunk=8).generate(cold_request(exact_req))
     assert (exact.tokens, exact.logprobs) == (cold.tokens, cold.logprobs)
@@ -315,8 +334,11 @@ def test_report_describes_layers_and_aligned_chunks(models):
     assert [l.cache_class for l in rep.layers] == ["RotatingKVCache", "KVCache", "RotatingKVCache", "KVCache"]
     n = len(r.prompt_ids)
     assert rep.prompt_tokens == n and rep.prefill_tokens == n and rep.restored == 0
-    # The report says what the model did: its chunks are the forwards seen at the model.
-    assert [tuple(c) for c in rep.chunks] == log.spans[: len(rep.chunks)] == aligned_prefill(8, 0, n)
+    # the chunks are cut at every multiple of 8 and every message start, nowhere else, and they
+    # are what the model did: the forwards seen at the model
+    assert rep.message_starts and all(0 < m < n - 1 for m in rep.message_starts)
+    expected = schedule(8, 0, n, rep.message_starts)
+    assert [tuple(c) for c in rep.chunks] == log.spans[: len(rep.chunks)] == expected
     assert rep.ttft_s > 0 and rep.decode_tps > 0
 
 

@@ -26,9 +26,9 @@ def test_stream_yields_progress_then_one_event_per_token_and_returns_the_result(
     tokens = [e for e in seen if isinstance(e, TokenEvent)]
     n = result.report.prompt_tokens
     assert progress[0].done == 0 and progress[-1].done == n - 1 and all(p.total == n for p in progress)
-    # progress moves at the chunk boundaries (absolute multiples of 8), then to n - 1
+    # progress moves at the chunk cuts (multiples of 8 and message starts), then to n - 1
     assert [p.done for p in progress[1:]] == [end for _, end in result.report.chunks[:-1]]
-    assert all(e.done % 8 == 0 for e in progress[1:-1])
+    assert all(e.done % 8 == 0 or e.done in result.report.message_starts for e in progress[1:-1])
     # every token once, in order, and the text of the events is the reply's text
     assert sorted({e.index for e in tokens}) == list(range(len(result.tokens)))
     assert "".join(e.text for e in tokens) == result.text

@@ -16,10 +16,11 @@ from typing import Any, Optional
 from app.core.store import (
     ConversationStore,
     Message,
+    ReplyOutcome,
     StoreError,
     assistant_fields_from_result,
 )
-from app.core.view_models import MessageVM, message_vm
+from app.core.view_models import ConversationItem, MessageVM, message_vm
 from engine.types import (
     Comparison,
     GenerationRequest,
@@ -93,6 +94,9 @@ class ChatSession:
     def __init__(self, store: ConversationStore) -> None:
         self.store = store
 
+    def close(self) -> None:
+        self.store.close()
+
     # -- conversations -------------------------------------------------------------------------
     def new_conversation(self, settings: ChatSettings, title: str = DEFAULT_TITLE) -> int:
         return self.store.create_conversation(title, settings.to_dict()).id
@@ -102,6 +106,40 @@ class ChatSession:
 
     def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
         self.store.set_settings(conv_id, settings.to_dict())
+
+    def conversation_items(self, query: str = "") -> list[ConversationItem]:
+        """The conversation list, most recent first; with a query, the matches and a snippet."""
+        if query:
+            return [ConversationItem(h.conversation.id, h.conversation.title, h.snippet) for h in self.store.search(query)]
+        return [ConversationItem(c.id, c.title) for c in self.store.list_conversations()]
+
+    def title(self, conv_id: int) -> str:
+        return self.store.get_conversation(conv_id).title
+
+    def rename(self, conv_id: int, title: str) -> None:
+        self.store.rename_conversation(conv_id, title)
+
+    def delete_conversation(self, conv_id: int) -> None:
+        self.store.delete_conversation(conv_id)
+
+    def export(self, conv_id: int, as_json: bool) -> str:
+        """The whole tree as Verbatim JSON (re-importable), or the active path as Markdown."""
+        return self.store.export_json(conv_id) if as_json else self.store.export_markdown(conv_id)
+
+    def import_conversation(self, data: bytes) -> int:
+        return self.store.import_json(data).id
+
+    # -- messages ------------------------------------------------------------------------------
+    def show_variant(self, message_id: int) -> None:
+        """Make a message (a reply variant or an edit branch) the active one among its siblings."""
+        self.store.set_active(message_id)
+
+    def has_followers(self, message_id: int) -> bool:
+        return bool(self.store.children(message_id))
+
+    def delete_message(self, message_id: int) -> None:
+        """Delete a message and everything below it."""
+        self.store.delete_message(message_id)
 
     def view(self, conv_id: int) -> list[MessageVM]:
         """The active path as view models (what the chat view shows).
@@ -149,7 +187,7 @@ class ChatSession:
             sampler = SamplerSettings.from_dict(reply.sampler or {}) if reply.sampler else settings.sampler
             if reply.seed is not None:
                 sampler = replace(sampler, seed=reply.seed)
-            mode = (reply.cache_report or {}).get("mode") or settings.mode
+            mode = reply.report.mode if reply.report is not None else settings.mode
             settings = replace(settings, sampler=sampler, random_seed=False, mode=mode)
             action = "regenerate"
         return self._begin_reply(reply.conversation_id, reply.parent_id, settings, reply_id, action, model_name)
@@ -192,15 +230,8 @@ class ChatSession:
     def finish(self, pending: PendingReply, result: GenerationResult) -> Message:
         """Store the reply with its tokens, logprobs and report, and its identity with the variant
         it replaces (compared on stored tokens and logprobs, so it holds across restarts)."""
-        fields = assistant_fields_from_result(result)
-        report: dict[str, Any] = fields["cache_report"]
-        report["action"] = pending.action
-        report["previous_id"] = pending.previous_id
-        cmp = self.compare_with_previous(pending.previous_id, result)
-        if cmp is not None:
-            report["identical"] = cmp.identical
-            report["first_diff"] = cmp.first_diff
-            report["max_logprob_diff"] = cmp.max_logprob_diff
+        outcome = ReplyOutcome(pending.action, pending.previous_id, self.compare_with_previous(pending.previous_id, result))
+        fields = assistant_fields_from_result(result, outcome)
         status = "interrupted" if result.finish_reason == "cancelled" else "complete"
         if pending.model_name:
             fields["model_name"] = pending.model_name
@@ -242,7 +273,7 @@ class ChatSession:
             if not reply.tokens:
                 raise StoreError("this reply was stopped before its first token; nothing to verify")
             sampler = replace(sampler, max_tokens=len(reply.tokens))
-        mode = (reply.cache_report or {}).get("mode") or "exact"
+        mode = reply.report.mode if reply.report is not None else "exact"
         messages = self.store.messages_for_prompt(reply.conversation_id, reply.parent_id)
         request = GenerationRequest(messages=messages, sampler=sampler, mode=mode)
         return request, list(reply.tokens), list(reply.logprobs or [])

@@ -1,11 +1,28 @@
-"""View models: what the chat view and the debug panel show, computed from store rows (no Qt)."""
+"""View models: what the chat view, the footer, the status bar and the debug panel show (no Qt).
+
+Every word the app says about a reply's report lives here, once: the footer under a reply, its
+"identical to previous" line, the status line when a reply ends, the debug panel's rows, the
+cold-run verdict. Inputs are typed: the engine's `CacheReport` and the session's `ReplyOutcome`
+(rebuilt from the stored row by `Message.report` / `Message.outcome`), never string keys.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from app.core.store import Message
+from app.core.store import Message, ReplyOutcome
+from engine.types import CacheReport, Comparison, GenerationResult
+
+
+@dataclass(frozen=True)
+class ConversationItem:
+    """One row of the conversation list."""
+
+    id: int
+    title: str
+    subtitle: str = ""  # a search snippet, or when it was last used
 
 
 @dataclass(frozen=True)
@@ -23,16 +40,23 @@ class MessageVM:
     identical: Optional[bool] = None
     seed: Optional[int] = None
     model_name: Optional[str] = None
-    report: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    report: Optional[CacheReport] = field(default=None, compare=False, hash=False)
+    outcome: ReplyOutcome = field(default_factory=ReplyOutcome, compare=False, hash=False)
 
     @property
     def navigator(self) -> str:
         return f"{self.variant} / {self.variants}"
 
+    @property
+    def badge(self) -> str:
+        """The identity line as shown under the reply: '✓ identical to previous'."""
+        return ("✓ " if self.identical else "≠ ") + self.identity if self.identity else ""
+
 
 def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
     i = sibling_ids.index(m.id) if m.id in sibling_ids else 0
-    report = m.cache_report or {}
+    assistant = m.role == "assistant"
+    outcome = m.outcome
     return MessageVM(
         id=m.id,
         role=m.role,
@@ -42,51 +66,21 @@ def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
         variants=max(len(sibling_ids), 1),
         prev_id=sibling_ids[i - 1] if i > 0 else None,
         next_id=sibling_ids[i + 1] if i + 1 < len(sibling_ids) else None,
-        footer=footer_text(m) if m.role == "assistant" else "",
-        identity=identity_text(report) if m.role == "assistant" else "",
-        identical=report.get("identical"),
+        footer=footer_text(m) if assistant else "",
+        identity=identity_text(outcome) if assistant else "",
+        identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
         model_name=m.model_name,
-        report=report,
+        report=m.report,
+        outcome=outcome,
     )
 
 
+# ------------------------------------------------------------------------------- formatting
 def format_seconds(s: Optional[float]) -> str:
     if s is None:
         return "–"
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
-
-
-def footer_text(m: Message) -> str:
-    """'64 tokens · TTFT 31 ms · 148.2 tok/s · cache: restored 170 / 171'."""
-    if m.status == "generating":
-        return "generating…"
-    r = m.cache_report or {}
-    if not r:
-        return "stopped" if m.status == "interrupted" else ""
-    n = len(m.tokens or [])
-    parts = [f"{n} token{'s' if n != 1 else ''}"]
-    if n:
-        parts.append(f"TTFT {format_seconds(r.get('ttft_s'))}")
-        parts.append(f"{r.get('decode_tps') or 0:.1f} tok/s")
-    parts.append(f"cache: restored {r.get('restored', 0)} / {r.get('prompt_tokens', 0)}")
-    if m.status == "interrupted":
-        parts.append("stopped" if n else "stopped before the first token")
-    elif m.finish_reason == "length":
-        parts.append("max tokens reached")
-    return " · ".join(parts)
-
-
-def identity_text(report: dict[str, Any]) -> str:
-    ident = report.get("identical")
-    if ident is None:
-        return ""
-    if ident:
-        return "identical to previous"
-    first = report.get("first_diff")
-    if first is None:
-        return f"same tokens, logprobs differ by {report.get('max_logprob_diff', 0):.3g}"
-    return f"differs from previous at token {first}"
 
 
 def format_bytes(n: Optional[float]) -> str:
@@ -97,3 +91,171 @@ def format_bytes(n: Optional[float]) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+# ----------------------------------------------------------------------- under a reply, status
+def footer_text(m: Message) -> str:
+    """'64 tokens · TTFT 31 ms · 148.2 tok/s · cache: restored 170 / 171'."""
+    if m.status == "generating":
+        return "generating…"
+    r = m.report
+    if r is None:
+        return "stopped" if m.status == "interrupted" else ""
+    n = len(m.tokens or [])
+    parts = [f"{n} token{'s' if n != 1 else ''}"]
+    if n:
+        parts.append(f"TTFT {format_seconds(r.ttft_s)}")
+        parts.append(f"{r.decode_tps or 0:.1f} tok/s")
+    parts.append(f"cache: restored {r.restored} / {r.prompt_tokens}")
+    if m.status == "interrupted":
+        parts.append("stopped" if n else "stopped before the first token")
+    elif m.finish_reason == "length":
+        parts.append("max tokens reached")
+    return " · ".join(parts)
+
+
+def identity_text(outcome: ReplyOutcome, long: bool = False) -> str:
+    """How a reply compares with the variant it replaced: the line under the reply, or (long)
+    the debug panel's wording."""
+    c = outcome.comparison
+    if c is None:
+        return "no previous variant with the same prompt and settings" if long else ""
+    if c.identical:
+        return "identical to previous (same tokens, bit-equal logprobs)" if long else "identical to previous"
+    if c.first_diff is None:
+        return f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
+    return f"differs from previous at token {c.first_diff}"
+
+
+def progress_text(action: str, seed: int) -> str:
+    """The status line while a reply is generated."""
+    verb = {"regenerate": "Regenerating", "variant": "New variant"}.get(action, "Generating")
+    return f"{verb}… (seed {seed})"
+
+
+def finished_text(result: GenerationResult, outcome: ReplyOutcome) -> str:
+    """The status line when a reply ends: '24 tokens · restored 170 / 171 · identical to previous'."""
+    rep = result.report
+    msg = f"{len(result.tokens)} tokens · restored {rep.restored} / {rep.prompt_tokens}"
+    c = outcome.comparison
+    if result.finish_reason == "cancelled":
+        return "Stopped · " + msg
+    if c is not None:
+        msg += " · identical to previous" if c.identical else " · differs from previous"
+    return msg
+
+
+def verify_text(cmp: Comparison) -> str:
+    """The cold run's verdict in the debug panel."""
+    return ("✓ " if cmp.identical else "≠ ") + cmp.detail
+
+
+# --------------------------------------------------------------------------------- debug panel
+REPORT_FIELDS = [
+    ("prompt_tokens", "Prompt tokens"),
+    ("matched", "Matched prefix"),
+    ("restored_stored", "Restored / stored"),
+    ("partial", "Partial restore"),
+    ("source", "Source"),
+    ("mode", "Mode"),
+    ("chunk_size", "Chunk size"),
+    ("prefill_tokens", "Prefill tokens"),
+    ("chunks", "Prefill chunks"),
+    ("snapshots", "Snapshots stored"),
+    ("seed", "Seed"),
+    ("sampler", "Sampler"),
+    ("model_key", "Model key"),
+]
+TIMING_FIELDS = [("ttft", "Time to first token"), ("prefill_tps", "Prefill"), ("decode_tps", "Decode")]
+IDENTITY_FIELDS = [("identity", "Previous variant"), ("verify", "Cold run")]
+STORE_FIELDS = [("entries", "Snapshots in memory"), ("memory", "Memory"), ("disk", "On disk"), ("hits", "Hits / lookups")]
+LAYER_COLUMNS = ["#", "Cache class", "Offset", "Size", "Trim"]
+ACTIONS = {"regenerate": "regenerated", "variant": "new variant", "edit": "after an edit", "retry": "retry"}
+NO_REPLY = "No reply selected"
+NO_REPORT = "This reply has no cache report yet"
+VERIFYING = "running a cold generation…"
+
+
+def chunks_text(chunks: list[list[int]]) -> str:
+    if not chunks:
+        return "none (whole prompt restored)"
+    shown = [f"[{a}, {b})" for a, b in chunks]
+    if len(shown) > 8:
+        shown = shown[:4] + ["…"] + shown[-3:]
+    return f"{len(chunks)} forward{'s' if len(chunks) != 1 else ''}: " + " ".join(shown)
+
+
+def sampler_text(s: dict[str, Any]) -> str:
+    if not s:
+        return "–"
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens")
+    short = {"temperature": "T", "repetition_penalty": "rep", "max_tokens": "max"}
+    return ", ".join(f"{short.get(k, k)}={s[k]}" for k in keys if k in s)
+
+
+@dataclass(frozen=True)
+class DebugVM:
+    """The debug panel's reading of one reply: a title, one text per row, the layer table."""
+
+    title: str
+    rows: dict[str, str]  # key of REPORT_FIELDS / TIMING_FIELDS / "identity" -> text
+    model_key: str  # in full (the row shows a prefix)
+    layers: list[list[str]]  # one row of LAYER_COLUMNS per layer
+    declines: str
+
+
+def debug_vm(vm: MessageVM) -> DebugVM:
+    r = vm.report
+    assert r is not None
+    how = ACTIONS.get(vm.outcome.action, "")
+    title = f"<b>Reply {vm.navigator}</b>" + (f" · {how}" if how else "") + f" · message #{vm.id}"
+    snaps = ", ".join(f"{s.get('kind')} @{s.get('length')} (canonical {s.get('canonical')})" for s in r.snapshots_stored)
+    rows = {
+        "prompt_tokens": str(r.prompt_tokens),
+        "matched": str(r.matched),
+        "restored_stored": f"{r.restored} / {r.stored if r.stored is not None else '–'}",
+        "partial": "yes (cut back)" if r.partial else "no",
+        "source": r.source or "none (cold prefill)",
+        "mode": str(r.mode),
+        "chunk_size": str(r.chunk_size),
+        "prefill_tokens": str(r.prefill_tokens),
+        "chunks": chunks_text(r.chunks),
+        "snapshots": snaps or "none",
+        "seed": str(r.seed),
+        "sampler": sampler_text(r.sampler),
+        "model_key": r.model_key[:16] + ("…" if len(r.model_key) > 16 else ""),
+        "ttft": format_seconds(r.ttft_s),
+        "prefill_tps": f"{r.prefill_tps or 0:.1f} tok/s",
+        "decode_tps": f"{r.decode_tps or 0:.1f} tok/s",
+        "identity": identity_text(vm.outcome, long=True),
+    }
+    layers = [
+        [str(x.index), x.cache_class, "–" if x.offset is None else str(x.offset), str(x.size),
+         "yes" if x.trimmable else "no"]
+        for x in r.layers
+    ]  # fmt: skip
+    declines = "\n".join(f"• {d}" for d in r.declines) if r.declines else "none"
+    return DebugVM(title, rows, r.model_key, layers, declines)
+
+
+def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The cache store box from Engine.cache_stats(): key -> (text, tooltip)."""
+    budget = stats.get("memory_budget_bytes")
+    rows = {
+        "entries": (str(stats.get("memory_entries", "–")), ""),
+        "memory": (format_bytes(stats.get("memory_bytes")) + (f" of {format_bytes(budget)}" if budget else ""), ""),
+        "hits": (f"{stats.get('hits', 0)} / {stats.get('lookups', 0)}", ""),
+    }
+    disk = {k[5:]: val for k, val in stats.items() if k.startswith("disk_")}
+    if not disk:
+        rows["disk"] = ("no disk tier", "")
+    else:
+        entries = disk.get("entries", disk.get("count"))
+        nbytes = disk.get("bytes", disk.get("size_bytes"))
+        parts = []
+        if entries is not None:
+            parts.append(f"{entries} snapshot{'s' if entries != 1 else ''}")
+        if nbytes is not None:
+            parts.append(format_bytes(nbytes))
+        rows["disk"] = (", ".join(parts) or json.dumps(disk), json.dumps(disk, indent=1, default=str))
+    return rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import logging
 import signal
 import sys
@@ -14,16 +15,27 @@ from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QMessageBox
 
+from app.qt import jobs
 from app.qt.theme import RESOURCES
 from engine.paths import APP_NAME
 from engine.paths import data_dir as default_data_dir
 
 
 def ensure_application(argv: Optional[Sequence[str]] = None) -> QApplication:
+    """The QApplication, and with it the qasync event loop every GUI flow runs on (app/qt/jobs.py):
+    `python -m app` runs that loop; under pytest-qt, Qt's own event processing drives it."""
     app = QApplication.instance()
     if app is None:
         app = QApplication(list(argv) if argv is not None else [sys.argv[0]])
     assert isinstance(app, QApplication)
+    if app.property("verbatimLoop") is None:
+        import qasync
+
+        loop = qasync.QEventLoop(app)
+        asyncio.set_event_loop(loop)
+        jobs.install_loop(loop)
+        app.setProperty("verbatimLoop", True)
+        atexit.register(_close_loop, loop)
     app.setApplicationName(APP_NAME)
     app.setOrganizationName(APP_NAME)
     app.setApplicationDisplayName(APP_NAME)
@@ -31,6 +43,14 @@ def ensure_application(argv: Optional[Sequence[str]] = None) -> QApplication:
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
     return app
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        if not loop.is_running():
+            loop.close()
+    except RuntimeError:  # Qt already gone at exit
+        pass
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -55,13 +75,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         last = QSettings(str(data_dir / "settings.ini"), QSettings.Format.IniFormat).value("model/last")
         model = last if isinstance(last, str) and last else "demo"
 
-    import qasync
-
     from app.core.store import StoreError
     from app.qt.window import MainWindow
 
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
+    loop = jobs.gui_loop()
     try:
         window = MainWindow(model, data_dir, chunk=args.chunk, use_disk=not args.no_disk_cache, theme=args.theme)
     except StoreError as e:  # e.g. a damaged or newer conversation database: say so, change nothing

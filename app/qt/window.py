@@ -1,13 +1,18 @@
-"""The main window: wires the conversation store, the engine worker and the widgets together.
+"""The main window: layout, menus, and what the window shows; no chat logic and no background work.
 
-All chat logic lives in `session.ChatSession` (no Qt) and all MLX work on the worker thread;
-this class only reacts to user actions and worker signals. The GUI thread never waits on MLX:
-the only blocking call is `worker.shutdown()` when the window closes.
+User actions go to `ChatController` (app/qt/controller.py: generation state and the coroutines
+that wait on the engine) or, for conversations, to `ChatSession` (app/core/session.py: the only
+way to the store). Dialogs live in app/qt/dialogs.py, model discovery in the model picker.
+
+Over ~400 lines (~580), for now: the layout is built in one place (`_build_ui`, ~150 lines, so the
+widget tree reads top to bottom in the order it appears on screen), and the window still holds
+what the controller shows (`show_model_*`, `refresh_messages`) and the conversation actions
+(rename, delete, export, import: each a dialog plus one ChatSession call). Candidates to move
+next: the composer area into widgets/composer.py, the conversation actions into their own module.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -24,10 +29,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QApplication,
-    QComboBox,
-    QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -40,31 +42,22 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.session import ChatSession, ChatSettings, PendingReply
+from app.core.models import model_label
+from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.view_models import MessageVM, format_bytes
+from app.qt import dialogs, jobs
+from app.qt.controller import ChatController
 from app.qt.gc_pacer import GcPacer
-from app.qt.tasks import BackgroundTask
 from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
 from app.qt.widgets.composer import Composer
 from app.qt.widgets.debug_panel import DebugPanel
-from app.qt.widgets.sidebar import ConversationItem, Sidebar
-from app.qt.worker import EngineWorker, Finished
+from app.qt.widgets.model_picker import ModelPicker
+from app.qt.widgets.sidebar import Sidebar
+from engine.engine import ModelInfo
 
 log = logging.getLogger(__name__)
-
-MANAGE = "__manage__"
-DEMO_LABEL = "SmolLM2-135M-Instruct (demo)"
-
-
-def model_label(spec: str) -> str:
-    if spec == "demo":
-        return DEMO_LABEL
-    p = Path(spec).expanduser()
-    if p.exists():
-        return p.stem if p.is_file() else p.name
-    return spec  # an HF repo id
 
 
 class MainWindow(QMainWindow):
@@ -84,35 +77,22 @@ class MainWindow(QMainWindow):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # Settings live in the data dir, never in the user's global QSettings (tests stay isolated).
         self.qsettings = QSettings(str(self.data_dir / "settings.ini"), QSettings.Format.IniFormat)
-        self.store: ConversationStore
-        self.store, self.lock = open_app_store(self.data_dir)
+        store: ConversationStore
+        store, self.lock = open_app_store(self.data_dir)
         self.read_only = self.lock is None
-        self.session = ChatSession(self.store)
-        self.worker = EngineWorker(
-            None if self.read_only else self.session, self.data_dir / "cache", chunk, use_disk, batch_interval, self
+        self.session = ChatSession(store)
+        self.controller = ChatController(
+            self, self.session, self.data_dir / "cache", chunk, use_disk, batch_interval, self.read_only
         )
         self.conv_id: Optional[int] = None
-        self.pending: Optional[PendingReply] = None
-        self.gen_job: Optional[int] = None
-        self.stream_text = ""
-        self.verify_job: Optional[int] = None
-        self.verify_reply: Optional[int] = None
-        self.model_spec = model
-        self.model_name = model_label(model)
-        self.model_ready = False
-        self.model_info: Any = None
         self.last_error: Optional[str] = None
-        self.last_finished: Optional[Finished] = None
-        self.cache_stats: dict[str, Any] = {}
-        self.mlx_memory = 0
         self._closed = False
-        self._discovery: Optional[BackgroundTask] = None
+        self._discovery: Optional[Any] = None
         self.theme_option = os.environ.get("VERBATIM_THEME") or theme or str(self.qsettings.value("view/theme", "system"))
         self.theme: Theme = theme_named(self.theme_option)
 
         self._build_ui()
         self._build_menus()
-        self._connect_worker()
         self._apply_theme()
         QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _: self._apply_theme())
         self._restore_geometry()
@@ -123,20 +103,19 @@ class MainWindow(QMainWindow):
         else:
             self.show_conversation(None)
         if self.read_only:
-            self._banner(
+            self.banner_text(
                 "Another Verbatim window is using this data folder: this one is read-only "
                 "(you can read conversations, not send)."
             )
         # Garbage collection on this thread, and a full one only between replies (gc_pacer.py).
-        self.gc_pacer = GcPacer(busy=lambda: self.generating, parent=self)
+        self.gc_pacer = GcPacer(busy=lambda: self.controller.generating, parent=self)
         self.gc_pacer.start()
-        self.worker.start()
-        self.load_model(model, self.model_name)
+        self.controller.load_model(model, model_label(model))
         self.discover_models()
         self._mem_timer = QTimer(self)
-        self._mem_timer.timeout.connect(self._update_memory)
+        self._mem_timer.timeout.connect(self.update_memory)
         self._mem_timer.start(2000)
-        self._update_memory()
+        self.update_memory()
         self._update_actions()
 
     # ------------------------------------------------------------------------------------ UI
@@ -159,13 +138,9 @@ class MainWindow(QMainWindow):
         top.setObjectName("topBar")
         tb = QHBoxLayout(top)
         tb.setContentsMargins(12, 8, 12, 8)
-        self.model_picker = QComboBox()
-        self.model_picker.setObjectName("modelPicker")
-        self.model_picker.setMinimumWidth(200)
-        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_picker.setMinimumContentsLength(22)
-        self.model_picker.setToolTip("The model that answers")
-        self.model_picker.activated.connect(self._on_picker)
+        self.model_picker = ModelPicker()
+        self.model_picker.chosen.connect(lambda spec, name: self.controller.load_model(spec, name))
+        self.model_picker.manageRequested.connect(self.open_model_manager)
         tb.addWidget(self.model_picker)
         self.model_status = QLabel("")
         self.model_status.setObjectName("hint")
@@ -195,7 +170,7 @@ class MainWindow(QMainWindow):
         self.chat_view = ChatView(self.theme.code)
         self.chat_view.selected.connect(self._on_message_selected)
         self.chat_view.navigate.connect(self.switch_variant)
-        self.chat_view.editSubmitted.connect(self.edit_message)
+        self.chat_view.editSubmitted.connect(lambda mid, text: self.controller.edit(mid, text))
         self.chat_view.deleteRequested.connect(lambda mid: self.delete_message(mid, confirm=True))
         self.chat_view.copied.connect(lambda msg: self.statusBar().showMessage(msg, 2000))
         col.addWidget(self.chat_view, 1)
@@ -209,11 +184,11 @@ class MainWindow(QMainWindow):
         self.regenerate_button = QPushButton("↻ Regenerate")
         self.regenerate_button.setObjectName("regenerateButton")
         self.regenerate_button.setToolTip("Same seed and settings: reproduces the reply (Ctrl+R)")
-        self.regenerate_button.clicked.connect(lambda: self.regenerate(fresh=False))
+        self.regenerate_button.clicked.connect(lambda: self.controller.regenerate(fresh=False))
         self.new_variant_button = QPushButton("⤳ New variant")
         self.new_variant_button.setObjectName("newVariantButton")
         self.new_variant_button.setToolTip("A fresh seed with the current settings (Ctrl+Shift+R)")
-        self.new_variant_button.clicked.connect(lambda: self.regenerate(fresh=True))
+        self.new_variant_button.clicked.connect(lambda: self.controller.regenerate(fresh=True))
         actions.addWidget(self.regenerate_button)
         actions.addWidget(self.new_variant_button)
         self.settings_summary = QLabel()
@@ -234,7 +209,7 @@ class MainWindow(QMainWindow):
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("stopButton")
         self.stop_button.setToolTip("Stop the reply (Esc)")
-        self.stop_button.clicked.connect(self.stop)
+        self.stop_button.clicked.connect(lambda: self.controller.stop())
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
         buttons.addStretch(1)
@@ -253,9 +228,10 @@ class MainWindow(QMainWindow):
         self.splitter.setChildrenCollapsible(False)
         self.setCentralWidget(self.splitter)
 
+
         self.debug_panel = DebugPanel(self)
-        self.debug_panel.verifyRequested.connect(self.verify_reply_cold)
-        self.debug_panel.clearRequested.connect(self.clear_cache)
+        self.debug_panel.verifyRequested.connect(lambda rid: self.controller.verify(rid))
+        self.debug_panel.clearRequested.connect(lambda: self.controller.clear_cache())
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.debug_panel)
         self.debug_panel.setMinimumWidth(400)
         self.debug_panel.hide()
@@ -297,9 +273,9 @@ class MainWindow(QMainWindow):
         f.addSeparator()
         act(f, "Quit", self.close, QKeySequence.StandardKey.Quit)
         c = mb.addMenu("&Chat")
-        self.regenerate_action = act(c, "Regenerate", lambda: self.regenerate(False), "Ctrl+R", "regenerateAction")
-        self.variant_action = act(c, "New variant", lambda: self.regenerate(True), "Ctrl+Shift+R", "variantAction")
-        self.stop_action = act(c, "Stop", self.stop, "Esc", "stopAction")
+        self.regenerate_action = act(c, "Regenerate", lambda: self.controller.regenerate(False), "Ctrl+R", "regenerateAction")
+        self.variant_action = act(c, "New variant", lambda: self.controller.regenerate(True), "Ctrl+Shift+R", "variantAction")
+        self.stop_action = act(c, "Stop", lambda: self.controller.stop(), "Esc", "stopAction")
         c.addSeparator()
         act(c, "Settings…", self.open_settings, [QKeySequence("Ctrl+,"), QKeySequence(QKeySequence.StandardKey.Preferences)])
         v = mb.addMenu("&View")
@@ -317,20 +293,6 @@ class MainWindow(QMainWindow):
             themes.addAction(a)
         m = mb.addMenu("&Models")
         act(m, "Manage models…", self.open_model_manager, "Ctrl+Shift+M", "manageModelsAction")
-
-    def _connect_worker(self) -> None:
-        w = self.worker
-        w.loadProgress.connect(self._on_load_progress)
-        w.modelLoaded.connect(self._on_model_loaded)
-        w.modelFailed.connect(self._on_model_failed)
-        w.prefill.connect(self._on_prefill)
-        w.tokens.connect(self._on_tokens)
-        w.generated.connect(self._on_generated)
-        w.generationFailed.connect(self._on_generation_failed)
-        w.verified.connect(self._on_verified)
-        w.verifyFailed.connect(self._on_verify_failed)
-        w.cacheStats.connect(self._on_stats)
-        w.memory.connect(self._on_mlx_memory)
 
     # ---------------------------------------------------------------------------- theme, geometry
     def set_theme(self, option: str) -> None:
@@ -362,33 +324,24 @@ class MainWindow(QMainWindow):
         self.qsettings.setValue("window/splitter", self.splitter.saveState())
         self.qsettings.sync()
 
-    # ------------------------------------------------------------------------------- messages UI
-    @property
-    def generating(self) -> bool:
-        return self.gen_job is not None
+    # ------------------------------------------------------------------------- what is shown
+    def status(self, text: str, ms: int = 0) -> None:
+        self.statusBar().showMessage(text, ms)
 
-    def _banner(self, text: str) -> None:
+    def banner_text(self, text: str) -> None:
         self.banner.setText(text)
         self.banner.setVisible(bool(text))
 
     def show_error(self, title: str, text: str) -> QMessageBox:
-        """A clear message in the window (non-blocking, so nothing waits on the user)."""
         self.last_error = text
-        self.statusBar().showMessage(f"{title}: {text}", 10000)
-        box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
-        box.setObjectName("errorDialog")
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.setWindowModality(Qt.WindowModality.WindowModal)
-        box.open()
-        return box
+        self.status(f"{title}: {text}", 10000)
+        return dialogs.error_box(self, title, text)
 
     def _update_actions(self) -> None:
-        busy = self.generating
+        busy = self.controller.generating
         can_write = not self.read_only
         has_conv = self.conv_id is not None
-        path_has_user = bool(self.chat_view.order) and any(
-            w.vm.role == "user" for w in self.chat_view.message_widgets()
-        )
+        path_has_user = any(w.vm.role == "user" for w in self.chat_view.message_widgets())
         self.send_button.setEnabled(can_write and not busy)
         self.stop_button.setEnabled(busy)
         self.stop_action.setEnabled(True)  # Esc must always reach stop(); it ignores idle presses
@@ -403,19 +356,14 @@ class MainWindow(QMainWindow):
         title = "Verbatim"
         if self.conv_id is not None:
             try:
-                title = f"{self.store.get_conversation(self.conv_id).title} — Verbatim"
+                title = f"{self.session.title(self.conv_id)} — Verbatim"
             except StoreError:
                 pass
         self.setWindowTitle(title)
 
     def refresh_conversations(self) -> None:
         self._update_title()
-        q = self.sidebar.search.text().strip()
-        if q:
-            items = [ConversationItem(h.conversation.id, h.conversation.title, h.snippet) for h in self.store.search(q)]
-        else:
-            items = [ConversationItem(c.id, c.title) for c in self.store.list_conversations()]
-        self.sidebar.set_items(items, self.conv_id)
+        self.sidebar.set_items(self.session.conversation_items(self.sidebar.search.text().strip()), self.conv_id)
 
     def open_conversation(self, conv_id: Optional[int]) -> None:
         if conv_id == self.conv_id and conv_id is not None:
@@ -428,36 +376,96 @@ class MainWindow(QMainWindow):
         self._update_title()
         self.refresh_messages()
         self.chat_view.scroll_to_bottom()
-        self._update_actions()
 
     def refresh_messages(self) -> list[MessageVM]:
         vms = self.session.view(self.conv_id) if self.conv_id is not None else []
         self.chat_view.set_messages(vms)
-        if self.pending is not None and self.pending.conversation_id == self.conv_id:
-            self.chat_view.stream(self.pending.reply_id, self.stream_text, 0)
-        self._show_debug_for(self._debug_target(vms))
+        pending = self.controller.pending
+        if pending is not None and pending.conversation_id == self.conv_id:
+            self.chat_view.stream(pending.reply_id, self.controller.stream_text, 0)
+        self.debug_panel.show_reply(self.debug_target(vms))
         self._update_actions()
         return vms
 
-    def _debug_target(self, vms: list[MessageVM]) -> Optional[MessageVM]:
+    def debug_target(self, vms: list[MessageVM]) -> Optional[MessageVM]:
+        """The selected reply, else the last one: what the debug panel shows and Ctrl+R redoes."""
         sel = self.chat_view.selected_id
         for vm in vms:
             if vm.id == sel and vm.role == "assistant":
                 return vm
         return next((vm for vm in reversed(vms) if vm.role == "assistant"), None)
 
-    def _show_debug_for(self, vm: Optional[MessageVM]) -> None:
-        self.debug_panel.show_reply(vm)
-
     def _on_message_selected(self, message_id: int) -> None:
-        vm = next((w.vm for w in self.chat_view.message_widgets() if w.vm.id == message_id), None)
+        vm = next((vm for vm in self.message_vms() if vm.id == message_id), None)
         if vm is not None and vm.role == "assistant":
-            self._show_debug_for(vm)
+            self.debug_panel.show_reply(vm)
 
     def message_vms(self) -> list[MessageVM]:
         return [w.vm for w in self.chat_view.message_widgets()]
 
-    # ------------------------------------------------------------------------------ conversations
+    def show_model_loading(self, spec: str, name: str) -> None:
+        self.model_label.setText(f"Loading {name}…")
+        self.model_status.setText("loading…")
+        self.model_picker.select(spec, name)
+
+    def show_load_progress(self, fraction: float, message: str) -> None:
+        if self._closed:
+            return
+        self.progress.setVisible(True)
+        self.progress.setValue(int(fraction * 1000))
+        self.model_status.setText(f"{message} {fraction:.0%}")
+
+    def show_model_loaded(self, spec: str, name: str, info: ModelInfo) -> None:
+        self.progress.setVisible(False)
+        self.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
+        self.model_label.setText(name)
+        self.chat_view.set_assistant_name(name)
+        self.qsettings.setValue("model/last", spec)
+        self.model_picker.select(spec, name)
+        self.status(f"Loaded {name}", 4000)
+
+    def show_model_failed(self, message: str) -> None:
+        self.progress.setVisible(False)
+        self.model_status.setText("no model loaded")
+        self.model_label.setText("No model")
+        self.show_error("Cannot load the model", message)
+
+    def update_memory(self) -> None:
+        try:
+            import psutil
+
+            text = f"Memory {format_bytes(psutil.Process().memory_info().rss)}"
+        except Exception:  # psutil is optional
+            text = "Memory –"
+        if self.controller.mlx_memory:
+            text += f" (MLX {format_bytes(self.controller.mlx_memory)})"
+        self.memory_label.setText(text)
+
+    # -------------------------------------------------------------------------- user actions
+    def send(self) -> None:
+        if self.controller.send(self.composer.toPlainText()):
+            self.composer.clear()
+
+    def switch_variant(self, message_id: int) -> None:
+        if self.controller.generating:
+            self.status("Stop the current reply before switching variants", 3000)
+            return
+        self.session.show_variant(message_id)
+        if self.chat_view.selected_id is not None:
+            self.chat_view.selected_id = message_id
+        self.refresh_messages()
+
+    def delete_message(self, message_id: int, confirm: bool = True) -> None:
+        if self.controller.generating:
+            self.status("Stop the current reply first", 3000)
+            return
+        if confirm and self.session.has_followers(message_id):
+            if not dialogs.confirm(self, "Delete message", "Delete this message and everything that follows it?"):
+                return
+        self.session.delete_message(message_id)
+        self.refresh_messages()
+        self.refresh_conversations()
+
     def current_settings(self) -> ChatSettings:
         if self.conv_id is not None:
             try:
@@ -473,14 +481,11 @@ class MainWindow(QMainWindow):
         except (ValueError, TypeError):
             return ChatSettings()
 
-    def set_default_settings(self, s: ChatSettings) -> None:
-        self.qsettings.setValue("chat/defaults", json.dumps(s.to_dict()))
-
     def apply_settings(self, s: ChatSettings, as_default: bool = True) -> None:
         if self.conv_id is not None and not self.read_only:
             self.session.set_settings(self.conv_id, s)
         if as_default or self.conv_id is None:
-            self.set_default_settings(s)
+            self.qsettings.setValue("chat/defaults", json.dumps(s.to_dict()))
         self._update_actions()
 
     def open_settings(self) -> None:
@@ -498,317 +503,52 @@ class MainWindow(QMainWindow):
         self.composer.setFocus()
 
     def ask_rename(self, conv_id: int) -> None:
-        conv = self.store.get_conversation(conv_id)
-        title, ok = QInputDialog.getText(self, "Rename conversation", "Title:", text=conv.title)
-        if ok and title.strip():
-            self.rename_conversation(conv_id, title.strip())
+        title = dialogs.ask_title(self, self.session.title(conv_id))
+        if title:
+            self.rename_conversation(conv_id, title)
 
     def rename_conversation(self, conv_id: int, title: str) -> None:
-        self.store.rename_conversation(conv_id, title)
+        self.session.rename(conv_id, title)
         self.refresh_conversations()
 
     def delete_conversation(self, conv_id: int, confirm: bool = True) -> None:
-        if self.pending is not None and self.pending.conversation_id == conv_id:
+        pending = self.controller.pending
+        if pending is not None and pending.conversation_id == conv_id:
             self.show_error("Cannot delete", "Stop the reply being generated in this conversation first.")
             return
-        if confirm:
-            title = self.store.get_conversation(conv_id).title
-            answer = QMessageBox.question(self, "Delete conversation", f"Delete “{title}” and all its replies?")
-            if answer != QMessageBox.StandardButton.Yes:
-                return
-        self.store.delete_conversation(conv_id)
+        if confirm and not dialogs.confirm(
+            self, "Delete conversation", f"Delete “{self.session.title(conv_id)}” and all its replies?"
+        ):
+            return
+        self.session.delete_conversation(conv_id)
         if conv_id == self.conv_id:
             self.show_conversation(None)
         self.refresh_conversations()
 
     def export_conversation(self, conv_id: int) -> None:
-        title = self.store.get_conversation(conv_id).title
-        path, flt = QFileDialog.getSaveFileName(
-            self, "Export conversation", f"{title}.md", "Markdown (*.md);;Verbatim conversation (*.json)"
-        )
+        path = dialogs.export_path(self, self.session.title(conv_id))
         if not path:
             return
         try:
-            text = self.store.export_json(conv_id) if path.endswith(".json") else self.store.export_markdown(conv_id)
-            Path(path).write_text(text, encoding="utf-8")
+            Path(path).write_text(self.session.export(conv_id, as_json=path.endswith(".json")), encoding="utf-8")
         except (OSError, StoreError) as e:
             self.show_error("Export failed", str(e))
             return
-        self.statusBar().showMessage(f"Exported to {path}", 4000)
+        self.status(f"Exported to {path}", 4000)
 
     def import_conversation(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "Verbatim conversation (*.json)")
+        path = dialogs.import_path(self)
         if not path:
             return
         try:
-            conv = self.store.import_json(Path(path).read_bytes())
+            conv_id = self.session.import_conversation(Path(path).read_bytes())
         except (OSError, StoreError) as e:
             self.show_error("Import failed", str(e))
             return
-        self.show_conversation(conv.id)
+        self.show_conversation(conv_id)
         self.refresh_conversations()
-
-    # ----------------------------------------------------------------------------- chat actions
-    def send(self) -> None:
-        text = self.composer.toPlainText()
-        if not text.strip() or self.generating:
-            return
-        if self.read_only:
-            self.show_error("Read-only", "Another Verbatim window owns this data folder.")
-            return
-        try:
-            if self.conv_id is None:
-                self.conv_id = self.session.new_conversation(self.default_settings())
-            pending = self.session.begin_send(self.conv_id, text, self.model_name)
-        except StoreError as e:
-            self.show_error("Cannot save the message", str(e))
-            return
-        self.composer.clear()
-        self._start(pending)
-
-    def regenerate(self, fresh: bool = False) -> None:
-        """Regenerate (same seed and settings) or make a new variant (fresh seed) of the selected
-        reply, or of the last one; answers a trailing user message that has no reply."""
-        if self.generating or self.conv_id is None or self.read_only:
-            return
-        vms = self.message_vms()
-        target = self._debug_target(vms)
-        try:
-            if vms and vms[-1].role == "user" and (target is None or target.id != self.chat_view.selected_id):
-                pending = self.session.begin_reply_to(vms[-1].id, self.model_name)
-            elif target is not None:
-                pending = self.session.begin_regenerate(target.id, fresh=fresh, model_name=self.model_name)
-            else:
-                return
-        except StoreError as e:
-            self.show_error("Cannot regenerate", str(e))
-            return
-        self._start(pending)
-
-    def edit_message(self, user_id: int, text: str) -> None:
-        if self.generating or self.read_only:
-            self.statusBar().showMessage("Stop the current reply first", 3000)
-            return
-        try:
-            pending = self.session.begin_edit(user_id, text, self.model_name)
-        except StoreError as e:
-            self.show_error("Cannot edit", str(e))
-            return
-        self._start(pending)
-
-    def switch_variant(self, message_id: int) -> None:
-        if self.generating:
-            self.statusBar().showMessage("Stop the current reply before switching variants", 3000)
-            return
-        self.store.set_active(message_id)
-        if self.chat_view.selected_id is not None:
-            self.chat_view.selected_id = message_id
-        self.refresh_messages()
-
-    def delete_message(self, message_id: int, confirm: bool = True) -> None:
-        if self.generating:
-            self.statusBar().showMessage("Stop the current reply first", 3000)
-            return
-        if confirm:
-            below = self.store.children(message_id)
-            if below:
-                answer = QMessageBox.question(
-                    self, "Delete message", "Delete this message and everything that follows it?"
-                )
-                if answer != QMessageBox.StandardButton.Yes:
-                    return
-        self.store.delete_message(message_id)
-        self.refresh_messages()
-        self.refresh_conversations()
-
-    def stop(self) -> None:
-        if self.gen_job is not None:
-            self.worker.cancel(self.gen_job)
-            self.statusBar().showMessage("Stopping…", 2000)
-
-    def _start(self, pending: PendingReply) -> None:
-        self.pending = pending
-        self.stream_text = ""
-        self.chat_view.selected_id = pending.reply_id
-        self.gen_job = self.worker.generate(pending)
-        self.refresh_conversations()
-        self.refresh_messages()
-        self.chat_view.scroll_to_bottom()
-        verb = {"regenerate": "Regenerating", "variant": "New variant"}.get(pending.action, "Generating")
-        self.statusBar().showMessage(f"{verb}… (seed {pending.request.sampler.seed})")
-
-    # ----------------------------------------------------------------------------- worker signals
-    def _on_prefill(self, job: int, done: int, total: int) -> None:
-        if job != self.gen_job or self.pending is None or self._closed:
-            return
-        self.chat_view.prefill(self.pending.reply_id, done, total)
-        self.statusBar().showMessage(f"Reading the prompt: {done} / {total} tokens")
-
-    def _on_tokens(self, job: int, text: str, count: int) -> None:
-        if job != self.gen_job or self.pending is None or self._closed:
-            return
-        self.stream_text += text
-        self.chat_view.stream(self.pending.reply_id, self.stream_text, count)
-        self.statusBar().showMessage(f"Generating… {count} tokens")
-
-    def _end_generation(self) -> Optional[PendingReply]:
-        pending = self.pending
-        if pending is not None:
-            self.chat_view.end_stream(pending.reply_id)
-        self.pending = None
-        self.gen_job = None
-        self.stream_text = ""
-        return pending
-
-    def _on_generated(self, job: int, finished: Finished) -> None:
-        if job != self.gen_job or self._closed:
-            return
-        self._end_generation()
-        self.last_finished = finished
-        self.refresh_messages()  # the sidebar was refreshed when the reply started
-        r = finished.result
-        rep = r.report
-        msg = f"{len(r.tokens)} tokens · restored {rep.restored} / {rep.prompt_tokens}"
-        ident = (finished.message.cache_report or {}).get("identical") if finished.message is not None else None
-        if r.finish_reason == "cancelled":
-            msg = "Stopped · " + msg
-        elif ident is True:
-            msg += " · identical to previous"
-        elif ident is False:
-            msg += " · differs from previous"
-        self.statusBar().showMessage(msg, 8000)
-        if rep.warnings:  # the engine hands each disk problem over once; keep it in view
-            self._banner("Prompt cache: " + "; ".join(rep.warnings)
-                         + " Replies still work; the cache is kept in memory only.")
-
-    def _on_generation_failed(self, job: int, message: str) -> None:
-        if job != self.gen_job or self._closed:
-            return
-        self._end_generation()
-        self.refresh_messages()
-        self.show_error("The reply could not be generated", message)
-
-    def _on_load_progress(self, fraction: float, message: str) -> None:
-        if self._closed:
-            return
-        self.progress.setVisible(True)
-        self.progress.setValue(int(fraction * 1000))
-        self.model_status.setText(f"{message} {fraction:.0%}")
-
-    def _on_model_loaded(self, info: Any) -> None:
-        if self._closed:
-            return
-        self.model_ready = True
-        self.model_info = info
-        # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
-        # reach, so the full collections the GC pacer runs between replies stay short. New
-        # objects are still collected normally. Collect first (once, ~50 ms, nothing is streaming)
-        # so the loader's garbage cycles are freed rather than frozen for the life of the process.
-        gc.collect()
-        gc.freeze()
-        self.progress.setVisible(False)
-        self.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
-        self.model_label.setText(self.model_name)
-        self.chat_view.set_assistant_name(self.model_name)
-        self.qsettings.setValue("model/last", self.model_spec)
-        self._select_picker(self.model_spec, self.model_name)
-        self.statusBar().showMessage(f"Loaded {self.model_name}", 4000)
-
-    def _on_model_failed(self, spec: str, message: str) -> None:
-        if self._closed:
-            return
-        self.model_ready = False
-        self.model_info = None
-        self.progress.setVisible(False)
-        self.model_status.setText("no model loaded")
-        self.model_label.setText("No model")
-        self.show_error("Cannot load the model", message)
-
-    def _on_stats(self, stats: dict[str, Any]) -> None:
-        if self._closed:
-            return
-        self.cache_stats = stats
-        self.debug_panel.show_stats(stats)
-
-    def _on_mlx_memory(self, nbytes: int) -> None:
-        self.mlx_memory = nbytes
-        self._update_memory()
-
-    def _update_memory(self) -> None:
-        try:
-            import psutil
-
-            rss = psutil.Process().memory_info().rss
-            text = f"Memory {format_bytes(rss)}"
-        except Exception:  # psutil is optional
-            text = "Memory –"
-        if self.mlx_memory:
-            text += f" (MLX {format_bytes(self.mlx_memory)})"
-        self.memory_label.setText(text)
-
-    # ------------------------------------------------------------------------------ debug panel
-    def verify_reply_cold(self, reply_id: int) -> None:
-        try:
-            request, tokens, logprobs = self.session.verify_inputs(reply_id)
-        except StoreError as e:
-            self.debug_panel.show_verify(reply_id, str(e))
-            return
-        self.verify_reply = reply_id
-        self.verify_job = self.worker.verify(request, tokens, logprobs)
-        self.debug_panel.set_verifying(True)
-
-    def _on_verified(self, job: int, cmp: Any) -> None:
-        if job != self.verify_job or self._closed:
-            return
-        self.verify_job = None
-        self.debug_panel.set_verifying(False)
-        text = ("✓ " if cmp.identical else "≠ ") + cmp.detail
-        if self.verify_reply is not None:
-            self.debug_panel.show_verify(self.verify_reply, text)
-
-    def _on_verify_failed(self, job: int, message: str) -> None:
-        if job != self.verify_job or self._closed:
-            return
-        self.verify_job = None
-        self.debug_panel.set_verifying(False)
-        if self.verify_reply is not None:
-            self.debug_panel.show_verify(self.verify_reply, f"failed: {message}")
-
-    def clear_cache(self) -> None:
-        self.worker.clear_cache()
-        self.statusBar().showMessage("Prompt cache cleared", 3000)
 
     # ---------------------------------------------------------------------------------- models
-    def load_model(self, spec: str, name: Optional[str] = None) -> None:
-        if self.gen_job is not None:
-            self.worker.cancel(self.gen_job)
-        self.model_spec = spec
-        self.model_name = name or model_label(spec)
-        self.model_ready = False
-        self.model_label.setText(f"Loading {self.model_name}…")
-        self.model_status.setText("loading…")
-        self._select_picker(spec, self.model_name)
-        self.worker.load(spec)
-
-    def _select_picker(self, spec: str, name: str) -> None:
-        p = self.model_picker
-        i = p.findData(spec)
-        if i < 0:
-            i = max(p.findData(MANAGE), 0)
-            p.insertItem(i, name, spec)
-        p.setCurrentIndex(i)
-        if p.findData(MANAGE) < 0:
-            p.insertSeparator(p.count())
-            p.addItem("Manage models…", MANAGE)
-
-    def _on_picker(self, index: int) -> None:
-        spec = self.model_picker.itemData(index)
-        if spec == MANAGE:
-            self._select_picker(self.model_spec, self.model_name)
-            self.open_model_manager()
-        elif spec and spec != self.model_spec:
-            self.load_model(spec, self.model_picker.itemText(index))
-
     def extra_model_dirs(self) -> list[str]:
         raw = self.qsettings.value("model/dirs", "[]")
         try:
@@ -818,31 +558,13 @@ class MainWindow(QMainWindow):
         return [d for d in dirs if isinstance(d, str)]
 
     def discover_models(self) -> None:
-        """Fill the picker from engine.models.discover_models (a background thread: it reads files)."""
-        from app.qt.widgets.model_manager import discover, entry_spec
-
-        dirs = self.extra_model_dirs()
-
-        def found(entries: list[Any]) -> None:
-            if self._closed:
-                return
-            for e in entries:
-                spec = entry_spec(e)
-                if self.model_picker.findData(spec) < 0:
-                    name = DEMO_LABEL if e.source == "demo" else e.name
-                    self.model_picker.insertItem(max(self.model_picker.findData(MANAGE) - 1, 0), name, spec)
-            self._select_picker(self.model_spec, self.model_name)
-
-        task = BackgroundTask(lambda: discover(dirs), with_progress=False, parent=self)
-        task.done.connect(found)
-        task.failed.connect(lambda msg: log.info("model discovery failed: %s", msg))
-        self._discovery = task.start()
+        self._discovery = jobs.spawn(self.model_picker.refresh(self.extra_model_dirs()))
 
     def open_model_manager(self) -> Any:
         from app.qt.widgets.model_manager import ModelManager
 
-        dlg = ModelManager(self.worker, self.extra_model_dirs(), self.model_spec, self)
-        dlg.modelChosen.connect(self.load_model)
+        dlg = ModelManager(self.controller, self.extra_model_dirs(), self.controller.model_spec, self)
+        dlg.modelChosen.connect(lambda spec, name: self.controller.load_model(spec, name))
         dlg.dirsChanged.connect(lambda dirs: self.qsettings.setValue("model/dirs", json.dumps(dirs)))
         dlg.finished.connect(lambda _: self.discover_models())
         dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -856,7 +578,7 @@ class MainWindow(QMainWindow):
         event.accept()
 
     def shutdown(self) -> None:
-        """Stop generating (the worker saves the partial reply as interrupted), stop the engine
+        """Stop generating (the reply in progress is saved as interrupted), stop the engine
         thread, close the store and release the data dir."""
         if self._closed:
             return
@@ -867,10 +589,9 @@ class MainWindow(QMainWindow):
             self._save_geometry()
         except Exception:
             log.exception("cannot save the window geometry")
-        ended = self.worker.shutdown(timeout=30.0)
         if self._discovery is not None:
             self._discovery.cancel()
-        if ended:  # a stuck worker may still write: leave the store to process exit then
-            self.store.close()
+        if self.controller.shutdown():  # a stuck engine thread may still write: leave the store to exit
+            self.session.close()
         if self.lock is not None:
             self.lock.release()

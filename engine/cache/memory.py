@@ -60,14 +60,15 @@ class PromptCache:
             disk = [(m, "disk") for m in self.disk.entries(model_key) if m.id not in seen]
         return mem + disk
 
-    def fetch(self, model_key: str, prompt: Sequence[int], mode: str, chunk: int) -> tuple[Plan, Optional[list[Any]]]:
+    def fetch(self, model_key: str, prompt: Sequence[int], mode: str, cuts: Sequence[int]
+              ) -> tuple[Plan, Optional[list[Any]]]:
         """Plan a restore and return (plan, a private copy of the cache cut to plan.reuse)."""
         self.lookups += 1
         declines: list[str] = []
         excluded: set[str] = set()
         while True:
             cands = [c for c in self.candidates(model_key) if c[0].id not in excluded]
-            plan = plan_restore(cands, prompt, mode, chunk)
+            plan = plan_restore(cands, prompt, mode, cuts)
             plan.declines = declines + plan.declines
             if plan.meta is None:
                 return plan, None

@@ -1,22 +1,30 @@
 """The exactness planner: which stored snapshot to restore, and how far, from metadata alone.
 
-A snapshot is a deep, compact copy of the per-layer cache objects after some token prefix.
-Three kinds are taken per generation (DESIGN.md):
+The canonical schedule. A cold run of a prompt of n tokens forwards it in chunks cut at
+absolute multiples of C, at every message boundary (where a rendered message starts, and where
+the generation prompt starts), and before the last token, which goes alone. `schedule_cuts()`
+gives those cut positions (the last is n - 1). Two runs that forward the same chunks from
+position 0 have bit-identical states at every cut, whatever the BLAS does with the width.
 
-- ``pre-last``: right after prefill, the cache holds ``prompt[:-1]``. A regenerate of the same
-  prompt restores exactly this and forwards the last prompt token alone (G4), never the
-  whole prompt (the classic whole-prompt-hit bug).
-- ``end``: prompt + reply, for the next turn (fast mode reuses decoded tokens).
+Exactness. A snapshot records `exact_cuts`: the cuts of its own history up to which every
+forward followed a canonical schedule. Its state at a cut r equals a cold run's state for a new
+prompt exactly when r is also a cut of the new prompt's schedule and both schedules made the
+same cuts before r (`exact_at`). Exact mode restores only such points; fast mode restores the
+longest common prefix. Message boundaries are what make exact mode cheap: turn N + 1 shares
+turn N's cuts up to the start of turn N's reply, so only the previous reply, the new message
+and the template's headers are prefilled again.
+
+Snapshot kinds, taken per generation:
+
+- ``pre-last``: after prefill, the cache holds ``prompt[:-1]``. A regenerate of the same prompt
+  restores exactly this and forwards the last prompt token alone (G4), never the whole prompt
+  (the classic whole-prompt-hit bug).
+- ``end``: prompt + reply, for the next turn (fast mode reuses decoded tokens; exact mode cuts
+  it back to the last message boundary).
 - ``boundary``: for caches that cannot be cut back (wrapped sliding window, SSM state), a copy
-  taken during prefill at the last aligned boundary ``floor((len-1)/C)*C``: what exact mode
-  reuses on the next turn for those families.
-
-Exactness bookkeeping: prefill chunks are cut at absolute multiples of ``C``. The state after
-position ``p`` equals a cold run's state (bit for bit) when ``p`` is a multiple of ``C`` reached
-through full aligned chunks only (``canonical``), or when ``p`` is where an exact prefill ended
-(``prefill_end``) and the new prompt ends one token later too (a whole-prompt hit).
+  taken during prefill at the last cut before n - 1: what exact mode reuses on the next turn.
+- ``partial``: a prefill stopped at an exact cut.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,9 +39,7 @@ class SnapshotMeta:
     model_key: str
     tokens: tuple[int, ...]
     kind: str  # "pre-last" | "end" | "boundary" | "partial"
-    canonical: int  # state at multiples of C up to here equals a cold run's
-    prefill_end: int  # where this snapshot's prompt prefill ended (len(prompt) - 1)
-    prefill_exact: bool  # state at prefill_end equals a cold run's
+    exact_cuts: tuple[int, ...]  # ascending cuts of a canonical history, each <= len(tokens)
     classes: tuple[str, ...]
     trimmable: bool
     nbytes: int
@@ -41,6 +47,30 @@ class SnapshotMeta:
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+    @property
+    def canonical(self) -> int:
+        """How far this snapshot's state equals a cold run's (its last exact cut)."""
+        return self.exact_cuts[-1] if self.exact_cuts else 0
+
+
+def schedule_cuts(n_prompt: int, chunk: int, message_starts: Sequence[int] = ()) -> tuple[int, ...]:
+    """The canonical schedule's cut positions for a prompt of `n_prompt` tokens (ends with n - 1)."""
+    last = n_prompt - 1
+    cuts = set(range(chunk, last, chunk))
+    cuts.update(m for m in message_starts if 0 < m < last)
+    cuts.add(last)
+    return tuple(sorted(c for c in cuts if c > 0))
+
+
+def chunks(start: int, cuts: Sequence[int]) -> list[tuple[int, int]]:
+    """The forwards that take the cache from `start` (a cut, or 0) to the last cut."""
+    out, pos = [], start
+    for c in cuts:
+        if c > pos:
+            out.append((pos, c))
+            pos = c
+    return out
 
 
 def cut_reason(classes: Sequence[str], length: int, target: int) -> str:
@@ -72,33 +102,33 @@ class Plan:
     declines: list[str] = field(default_factory=list)
 
 
-def exact_at(meta: SnapshotMeta, reuse: int, prompt_len: int, chunk: int) -> bool:
-    """Does the snapshot's state after `reuse` tokens equal a cold run's, for a prompt of
-    `prompt_len` tokens? (An aligned boundary reached in full chunks, or a whole-prompt hit on
-    an exact prefill: see the module docstring.)"""
-    return (
-        reuse == 0
-        or (reuse % chunk == 0 and reuse <= meta.canonical)
-        or (meta.prefill_exact and reuse == meta.prefill_end == prompt_len - 1)
-    )
+def exact_at(meta: SnapshotMeta, reuse: int, cuts: Sequence[int]) -> bool:
+    """Does the snapshot's state after `reuse` tokens equal a cold run's for a prompt whose
+    schedule is `cuts`? Yes at 0, and at a cut both schedules share with the same cuts before it."""
+    if reuse == 0:
+        return True
+    if reuse not in meta.exact_cuts:
+        return False
+    mine = meta.exact_cuts[: meta.exact_cuts.index(reuse) + 1]
+    return mine == tuple(c for c in cuts if c <= reuse)
 
 
-def reuse_point(meta: SnapshotMeta, matched: int, prompt_len: int, mode: str, chunk: int) -> int:
-    """The longest prefix of `meta` that may be restored for a prompt of `prompt_len` tokens.
+def reuse_point(meta: SnapshotMeta, matched: int, mode: str, cuts: Sequence[int]) -> int:
+    """The longest prefix of `meta` that may be restored for a prompt with schedule `cuts`.
 
     `matched` is the common prefix with the prompt, already capped at prompt_len - 1 so that
     the last prompt token is always forwarded, alone. Exact mode: the longest exact point.
     """
-    if mode == "fast" or exact_at(meta, matched, prompt_len, chunk):
+    if mode == "fast":
         return matched
-    return min(matched // chunk * chunk, meta.canonical // chunk * chunk)
+    return max((c for c in (matched, *meta.exact_cuts) if c <= matched and exact_at(meta, c, cuts)), default=0)
 
 
 def plan_restore(
     candidates: Sequence[tuple[SnapshotMeta, str]],
     prompt: Sequence[int],
     mode: str,
-    chunk: int,
+    cuts: Sequence[int],
 ) -> Plan:
     """Pick the snapshot giving the longest usable restore; say why better-matching ones lost."""
     limit = len(prompt) - 1
@@ -108,7 +138,7 @@ def plan_restore(
         matched = common_prefix(meta.tokens, head)
         if matched == 0:
             continue
-        reuse = reuse_point(meta, matched, len(prompt), mode, chunk)
+        reuse = reuse_point(meta, matched, mode, cuts)
         problem = None
         if reuse < meta.length and not meta.trimmable:
             problem = f"{meta.kind} snapshot: " + cut_reason(meta.classes, meta.length, reuse)
@@ -132,13 +162,10 @@ def plan_restore(
 
 
 def dominates(a: SnapshotMeta, b: SnapshotMeta) -> bool:
-    """True if `a` can serve every restore `b` could (so `b` may be dropped)."""
-    if a.tokens == b.tokens and a.canonical >= b.canonical and a.prefill_exact >= b.prefill_exact:
+    """True if `a` can serve every restore `b` could (so `b` may be dropped): the same tokens, or
+    a trimmable extension of them, with `b`'s exact history as a prefix of `a`'s."""
+    if a.exact_cuts[: len(b.exact_cuts)] != b.exact_cuts:
+        return False
+    if a.tokens == b.tokens:
         return True  # the same state again (a regenerate's snapshots): keep the newer copy
-    if not a.trimmable or a.length < b.length or a.tokens[: b.length] != b.tokens:
-        return False
-    if a.canonical < b.canonical:
-        return False
-    if b.prefill_exact and not (a.prefill_exact and a.prefill_end == b.prefill_end):
-        return False
-    return True
+    return a.trimmable and a.length >= b.length and a.tokens[: b.length] == b.tokens

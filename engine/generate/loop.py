@@ -28,7 +28,7 @@ from mlx_lm.models.cache import (
 )
 
 from engine.cache.memory import PromptCache
-from engine.cache.planner import SnapshotMeta, exact_at
+from engine.cache.planner import SnapshotMeta, chunks, exact_at, schedule_cuts
 from engine.cache.snapshot import (
     Snapshot,
     cache_arrays,
@@ -75,17 +75,6 @@ class LoadedModel:
         return cache
 
 
-def chunk_bounds(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
-    """[start, end) cut at absolute multiples of `chunk`."""
-    out = []
-    pos = start
-    while pos < end:
-        stop = min((pos // chunk + 1) * chunk, end)
-        out.append((pos, stop))
-        pos = stop
-    return out
-
-
 class _Snapshots:
     """Takes the snapshots of one generation and records them in its report.
 
@@ -93,10 +82,10 @@ class _Snapshots:
     the disk writer (serialise, SHA-256, fsync) would otherwise compete with decode for the CPU.
     """
 
-    def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], report: CacheReport, chunk: int,
-                 n_prompt: int, canonical: int, exact_restore: bool, classes: tuple[str, ...]) -> None:
-        self.lm, self.prompt_cache, self.report, self.chunk = lm, prompt_cache, report, chunk
-        self.n_prompt, self.canonical, self.exact_restore, self.classes = n_prompt, canonical, exact_restore, classes
+    def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], report: CacheReport,
+                 exact_cuts: tuple[int, ...], classes: tuple[str, ...]) -> None:
+        self.lm, self.prompt_cache, self.report = lm, prompt_cache, report
+        self.exact_cuts, self.classes = exact_cuts, classes  # this generation's exact history
         self.deferred: list[Snapshot] = []
 
     def take(self, kind: str, tokens: Sequence[int], cache: list[Any], defer: bool = False) -> None:
@@ -108,9 +97,7 @@ class _Snapshots:
             model_key=self.lm.key,
             tokens=tuple(tokens),
             kind=kind,
-            canonical=min(self.canonical, len(tokens)) // self.chunk * self.chunk,
-            prefill_end=self.n_prompt - 1,
-            prefill_exact=self.exact_restore and len(tokens) >= self.n_prompt - 1,
+            exact_cuts=tuple(c for c in self.exact_cuts if c <= len(tokens)),
             classes=self.classes,
             trimmable=can_trim_prompt_cache(snap_cache),
             nbytes=cache_nbytes(snap_cache),
@@ -136,11 +123,17 @@ def stream(
     chunk: int,
     cancel: Optional[CancelToken] = None,
     prompt: Optional[list[int]] = None,
+    message_starts: Sequence[int] = (),
+    context_limit: Optional[int] = None,
 ) -> Generator[Event, None, GenerationResult]:
+    """Generate a reply to `prompt` (rendered from the request if not given). `message_starts`
+    are the token positions where rendered messages start (canonical cuts, see cache/planner.py);
+    `context_limit` ends decoding (finish reason "context") before the model's context is full."""
     t0 = time.perf_counter()
     is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
     prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages)
     n_prompt = len(prompt)
+    cuts = schedule_cuts(n_prompt, chunk, message_starts)
     settings = request.sampler
     report = CacheReport(
         prompt_tokens=n_prompt,
@@ -149,6 +142,7 @@ def stream(
         sampler=settings.to_dict(),
         seed=settings.seed,
         model_key=lm.key,
+        message_starts=[m for m in message_starts if m in cuts],
     )
     if not request.use_cache:
         prompt_cache = None
@@ -156,10 +150,9 @@ def stream(
     # -- restore: the planner picks the longest usable snapshot, never the whole prompt --------
     cache: Optional[list[Any]] = None
     restored = 0
-    src_canonical = 0
-    exact_restore = True  # the restored state equals a cold run's at `restored`
+    exact_cuts = cuts  # the history this generation's states follow, as far as it is exact
     if prompt_cache is not None:
-        plan, cache = prompt_cache.fetch(lm.key, prompt, request.mode, chunk)
+        plan, cache = prompt_cache.fetch(lm.key, prompt, request.mode, cuts)
         report.matched = plan.matched
         report.declines = plan.declines
         if cache is not None and plan.meta is not None:
@@ -167,8 +160,8 @@ def stream(
             report.stored = plan.meta.length
             report.partial = restored < plan.meta.length
             report.source = plan.source
-            src_canonical = plan.meta.canonical
-            exact_restore = exact_at(plan.meta, restored, n_prompt, chunk)
+            if not exact_at(plan.meta, restored, cuts):  # fast mode: exact only as far as the source was
+                exact_cuts = tuple(c for c in plan.meta.exact_cuts if c <= restored)
     if cache is None:
         cache = lm.new_cache()
     report.restored = restored
@@ -176,16 +169,12 @@ def stream(
     report.layer_offsets = [layer_offset(c) for c in cache]
     assert restored <= n_prompt - 1, "never restore the whole prompt"
 
-    # What this generation's prefill computes exactly (as a cold run would): see cache/planner.py.
-    if exact_restore:
-        canonical = (n_prompt - 1) // chunk * chunk
-    else:
-        canonical = min(restored, src_canonical) // chunk * chunk
-    boundary = (n_prompt - 1) // chunk * chunk
+    # Caches that cannot be cut back keep a checkpoint at the last cut before n - 1: where the
+    # next turn's exact restore lands (the start of the generation prompt, or a multiple of C).
+    boundary = cuts[-2] if len(cuts) > 1 else 0
     all_plain_kv = plain_kv(cache)
-    want_boundary = prompt_cache is not None and not all_plain_kv and restored < boundary < n_prompt - 1
-    snaps = _Snapshots(lm, prompt_cache, report, chunk, n_prompt, canonical, exact_restore,
-                       tuple(type(c).__name__ for c in cache))
+    want_boundary = prompt_cache is not None and not all_plain_kv and restored < boundary
+    snaps = _Snapshots(lm, prompt_cache, report, exact_cuts, tuple(type(c).__name__ for c in cache))
     t_prefill = time.perf_counter()
 
     def cancelled_result() -> GenerationResult:
@@ -193,15 +182,15 @@ def stream(
 
     def keep_partial(done: int) -> None:
         """Stopped mid-prefill with the cache complete up to `done`: keep it if that state is exact."""
-        if done % chunk == 0 and restored < done <= canonical:
+        if restored < done and done in exact_cuts:
             snaps.take("partial", prompt[:done], cache)
 
     done = restored  # prompt tokens in the cache
     prelast_by_end = False
     try:
-        # -- prefill prompt[restored:-1] in chunks cut at absolute multiples of `chunk` --------
+        # -- prefill prompt[restored:-1] in the canonical schedule's chunks ----------------------
         yield PrefillProgress(restored, n_prompt)
-        for start, end in chunk_bounds(restored, n_prompt - 1, chunk):
+        for start, end in chunks(restored, cuts):
             if is_cancelled():
                 keep_partial(start)
                 return cancelled_result()
@@ -227,7 +216,7 @@ def stream(
             return cancelled_result()
 
         # -- the last prompt token, alone; then decode ------------------------------------------
-        decoded = yield from _decode(lm, request, prompt, cache, is_cancelled)
+        decoded = yield from _decode(lm, request, prompt, cache, is_cancelled, context_limit)
         mx.eval(cache_arrays(cache))
         if prompt_cache is not None and decoded.tokens:
             fed = prompt + decoded.tokens[: decoded.forwarded]
@@ -259,9 +248,11 @@ class _Decoded:
 
 
 def _decode(
-    lm: LoadedModel, request: GenerationRequest, prompt: list[int], cache: list[Any], is_cancelled: Callable[[], bool]
+    lm: LoadedModel, request: GenerationRequest, prompt: list[int], cache: list[Any], is_cancelled: Callable[[], bool],
+    context_limit: Optional[int] = None,
 ) -> Generator[Event, None, _Decoded]:
-    """Forward the last prompt token, then sample and feed back tokens; yield one event per token."""
+    """Forward the last prompt token, then sample and feed back tokens; yield one event per token.
+    Never runs past `context_limit` positions: then it ends with finish reason "context"."""
     settings = request.sampler
     sampler = Sampler(settings)
     use_history = settings.repetition_penalty != 1.0
@@ -291,6 +282,9 @@ def _decode(
 
     y, lp = step(mx.array([prompt[-1]]))
     max_tokens = settings.max_tokens
+    room = context_limit - len(prompt) + 1 if context_limit is not None else max_tokens
+    limited = room < max_tokens  # the context, not max_tokens, ends this reply
+    max_tokens = max(min(max_tokens, room), 0)
     ended: Optional[str] = None
     while ended is None and len(tokens) < max_tokens:
         # Pipelined: queue the forward that consumes this token before reading it, so host work
@@ -327,7 +321,8 @@ def _decode(
         final_text = text.text
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
         yield TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :])
-    return _Decoded(tokens, logprobs, forwarded, ended or "length", final_text, t_first, t_last)
+    return _Decoded(tokens, logprobs, forwarded, ended or ("context" if limited else "length"), final_text,
+                    t_first, t_last)
 
 
 def generate(
@@ -338,9 +333,10 @@ def generate(
     on_event: Optional[Callable[[Event], None]] = None,
     cancel: Optional[CancelToken] = None,
     prompt: Optional[list[int]] = None,
+    message_starts: Sequence[int] = (),
 ) -> GenerationResult:
     """Run `stream()` to its end, handing each event to `on_event`."""
-    return drain(stream(lm, request, prompt_cache, chunk, cancel, prompt), on_event)
+    return drain(stream(lm, request, prompt_cache, chunk, cancel, prompt, message_starts), on_event)
 
 
 def drain(events: Generator[Event, None, GenerationResult], on_event: Optional[Callable[[Event], None]] = None

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from engine.errors import RequestError
 from engine.types import Message
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
-    """Token ids of the conversation with the generation prompt added (ends ready for a reply)."""
+def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of the conversation, by default with the generation prompt added (ready for a reply)."""
     if getattr(tokenizer, "chat_template", None):
         try:
-            ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                                tokenize=True)
         except Exception as e:  # jinja errors: e.g. a template that rejects a system message
             raise RequestError(f"the model's chat template rejected the conversation: {e}") from e
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -21,11 +22,49 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
         if ids and isinstance(ids[0], list):
             ids = ids[0]
     else:  # base models without a template: plain text, one turn per line
-        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        if add_generation_prompt:
+            text += "\nassistant:"
         ids = list(tokenizer.encode(text))
     if not ids:
         raise RequestError("the conversation rendered to an empty prompt")
     return [int(t) for t in ids]
+
+
+class MessageStarts:
+    """Where each rendered message starts in a prompt's tokens: the canonical schedule's
+    message cuts (cache/planner.py).
+
+    The start of message i is the length of the conversation before it, rendered without a
+    generation prompt, kept only if that is a prefix of the prompt (a template that rewrites
+    history, or a tokenizer that merges across the seam, simply gives fewer cuts). The last
+    entry is where the generation prompt starts: the next turn's reply starts there too.
+    Renders are memoized by conversation prefix, so a growing chat renders only its new turns.
+    """
+
+    def __init__(self, tokenizer: Any, max_entries: int = 4096) -> None:
+        self._tok = tokenizer
+        self._memo: dict[tuple[tuple[str, str], ...], Optional[list[int]]] = {}
+        self._max = max_entries
+
+    def __call__(self, messages: Sequence[Message], prompt: Sequence[int]) -> list[int]:
+        out: list[int] = []
+        for i in range(1, len(messages) + 1):
+            ids = self._render(messages[:i])
+            if ids is not None and 0 < len(ids) < len(prompt) and list(prompt[: len(ids)]) == ids:
+                out.append(len(ids))
+        return out
+
+    def _render(self, messages: Sequence[Message]) -> Optional[list[int]]:
+        key = tuple((m["role"], m["content"]) for m in messages)
+        if key not in self._memo:
+            if len(self._memo) >= self._max:
+                self._memo.pop(next(iter(self._memo)))
+            try:
+                self._memo[key] = render_prompt(self._tok, messages, add_generation_prompt=False)
+            except RequestError:
+                self._memo[key] = None  # a template that will not render this prefix: no cut here
+        return self._memo[key]
 
 
 class TextStream:

@@ -1,14 +1,16 @@
 """The model manager: local models (discovery), GGUF import, download by repo id.
 
-Discovery and downloads run on plain background threads (no MLX); GGUF import converts
-weights with MLX, so it runs on the engine worker. Every long step shows progress and can be
-cancelled; failures (offline, bad file) are shown in the dialog in one line.
+Each long step is a coroutine (app/qt/jobs.py): discovery and downloads await a background
+thread (no MLX); GGUF import converts weights with MLX, so it awaits a job on the engine thread.
+Every long step shows progress and can be cancelled (its CancelToken); failures (offline, bad
+file) are shown in the dialog in one line.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -26,46 +28,45 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from shiboken6 import isValid
 
+from app.core.models import discover, entry_name, entry_spec, source_label
 from app.core.view_models import format_bytes
-from app.qt.tasks import BackgroundTask
-from app.qt.worker import EngineWorker
+from app.qt import jobs
+from app.qt.jobs import Relay
+from engine.executor import EngineExecutor
+from engine.types import CancelToken
+
+
+class EngineJobs(Protocol):
+    """Where the import runs (app/qt/controller.py's ChatController)."""
+
+    executor: EngineExecutor
+
+    def cancel_token(self) -> CancelToken: ...
 
 COLUMNS = ["Name", "Family", "Size", "Quantization", "Context", "Source"]
-
-
-def entry_spec(entry: Any) -> str:
-    """What Engine.load takes for a discovered model."""
-    if entry.source == "demo":
-        return "demo"
-    if entry.source == "hf-cache":
-        return entry.name  # org/name, resolved through the HF cache
-    return str(entry.path)
-
-
-def discover(extra_dirs: list[str]) -> list[Any]:
-    from engine.models.resolve import discover_models
-
-    return discover_models([Path(d) for d in extra_dirs])
 
 
 class ModelManager(QDialog):
     modelChosen = Signal(str, str)  # spec, display name
     dirsChanged = Signal(list)
+    progressed = Signal(float, str)  # the import's or download's progress, as shown
 
     def __init__(
-        self, worker: EngineWorker, extra_dirs: list[str], current_spec: str = "", parent: Optional[QWidget] = None
-    ) -> None:
+        self, controller: EngineJobs, extra_dirs: list[str], current_spec: str = "",
+        parent: Optional[QWidget] = None,
+    ) -> None:  # fmt: skip
         super().__init__(parent)
         self.setObjectName("modelManager")
         self.setWindowTitle("Models")
         self.resize(780, 460)
-        self.worker = worker
+        self.controller = controller
         self.extra_dirs = list(extra_dirs)
         self.current_spec = current_spec
         self.entries: list[Any] = []
-        self._task: Optional[BackgroundTask] = None  # discovery or download
-        self._import_job: Optional[int] = None
+        self._discovering = False
+        self._cancel: Optional[CancelToken] = None  # the import's or download's
         self._select_after: Optional[str] = None
         self._importing = ""
         self._note = ""  # shown instead of the model count after the next discovery
@@ -136,20 +137,26 @@ class ModelManager(QDialog):
         self.download_button.clicked.connect(lambda: self.download(self.repo.text().strip()))
         self.repo.returnPressed.connect(lambda: self.download(self.repo.text().strip()))
         self.cancel_button.clicked.connect(self.cancel)
-        worker.taskProgress.connect(self._on_import_progress)
-        worker.taskDone.connect(self._on_import_done)
-        worker.taskFailed.connect(self._on_import_failed)
         self.refresh()
 
     # -- discovery --------------------------------------------------------------------------------
     def refresh(self) -> None:
-        if self._task is not None and self._task.running:
-            return
+        if not self._discovering:
+            jobs.spawn(self._discover())
+
+    async def _discover(self) -> None:
+        self._discovering = True
         self.status.setText("Looking for models…")
-        task = BackgroundTask(lambda: discover(self.extra_dirs), with_progress=False, parent=self)
-        task.done.connect(self._on_discovered)
-        task.failed.connect(lambda msg: self._set_status(f"Cannot list models: {msg}", error=True))
-        self._task = task.start()
+        try:
+            entries = await jobs.in_thread(discover, self.extra_dirs)
+        except Exception as e:
+            if isValid(self):
+                self._set_status(f"Cannot list models: {jobs.user_message(e)}", error=True)
+            return
+        finally:
+            self._discovering = False
+        if isValid(self):
+            self._on_discovered(entries)
 
     def _on_discovered(self, entries: list[Any]) -> None:
         self.entries = entries
@@ -157,10 +164,8 @@ class ModelManager(QDialog):
         select = self._select_after or self.current_spec
         for r, e in enumerate(entries):
             ctx = f"{e.context_length:,}" if e.context_length else "–"
-            source = {"hf-cache": "HF cache", "gguf": "imported GGUF", "folder": "folder", "demo": "built-in"}.get(
-                e.source, e.source
-            )
-            name = "SmolLM2-135M-Instruct (demo)" if e.source == "demo" else e.name
+            source = source_label(e)
+            name = entry_name(e)
             in_use = entry_spec(e) == self.current_spec or str(e.path) == self.current_spec
             if in_use:
                 name += "  ● in use"
@@ -188,8 +193,7 @@ class ModelManager(QDialog):
         e = self._selected()
         if e is None:
             return
-        name = "SmolLM2-135M-Instruct (demo)" if e.source == "demo" else e.name
-        self.modelChosen.emit(entry_spec(e), name)
+        self.modelChosen.emit(entry_spec(e), entry_name(e))
         self.accept()
 
     def _pick_folder(self) -> None:
@@ -211,38 +215,18 @@ class ModelManager(QDialog):
             self.import_gguf(path)
 
     def import_gguf(self, path: str) -> None:
+        self._importing = Path(path).name
+        self._busy(True, f"Importing {self._importing}…")
+        jobs.spawn(self._run("Import", self._import_job(path), self._importing))
+
+    def _import_job(self, path: str) -> Any:
+        """Convert on the engine thread (MLX), queued behind a reply that is being generated."""
         from engine.models.gguf.convert import import_gguf
         from engine.paths import models_dir
 
-        self._importing = Path(path).name
-        self._busy(True, f"Importing {self._importing}…")
-
-        def run(progress: Any, cancel: Any) -> Path:
-            return import_gguf(path, models_dir(), progress, cancel)
-
-        self._import_job = self.worker.run_task(run)
-
-    def _on_import_progress(self, job: int, fraction: float, message: str) -> None:
-        if job == self._import_job:
-            self.progress.setValue(int(fraction * 1000))
-            self.status.setText(f"Importing: {message} ({fraction:.0%})")
-
-    def _on_import_done(self, job: int, folder: Any) -> None:
-        if job != self._import_job:
-            return
-        self._import_job = None
-        self._busy(False)
-        self._select_after = str(folder)
-        self._note = f"Imported into {folder}."
-        self.refresh()
-
-    def _on_import_failed(self, job: int, message: str) -> None:
-        if job != self._import_job:
-            return
-        self._import_job = None
-        self._busy(False)
-        self._set_status("Import cancelled." if message == "cancelled" else f"Import failed ({self._importing}): {message}",
-                         error=message != "cancelled")
+        cancel = self._cancel = self.controller.cancel_token()
+        progress = Relay(self._on_progress, 0.05)
+        return jobs.on_engine(self.controller.executor, lambda _engine: import_gguf(path, models_dir(), progress.progress, cancel))
 
     # -- download (background thread: network only) -------------------------------------------
     def download(self, repo_id: str) -> None:
@@ -251,36 +235,52 @@ class ModelManager(QDialog):
             return
         from engine.models.download import download_model
 
+        self._importing = ""
         self._busy(True, f"Downloading {repo_id}…")
-        task = BackgroundTask(lambda progress, cancel: download_model(repo_id, progress, cancel), parent=self)
-        task.progress.connect(self._on_download_progress)
-        task.done.connect(lambda folder: self._on_download_done(repo_id, folder))
-        task.failed.connect(self._on_download_failed)
-        self._task = task.start()
+        cancel = self._cancel = self.controller.cancel_token()
+        progress = Relay(self._on_progress, 0.05)
+        jobs.spawn(self._run("Download", jobs.in_thread(download_model, repo_id, progress.progress, cancel), repo_id))
 
-    def _on_download_progress(self, fraction: float, message: str) -> None:
-        self.progress.setValue(int(fraction * 1000))
-        self.status.setText(message)
-
-    def _on_download_done(self, repo_id: str, folder: Any) -> None:
+    async def _run(self, what: str, job: Any, name: str) -> None:
+        """Await an import or a download, then say how it went and list the models again."""
+        cancel = self._cancel
+        self._importing = name if what == "Import" else ""
+        try:
+            folder = await job
+            if cancel is not None and cancel.cancelled:
+                raise asyncio.CancelledError
+        except BaseException as e:  # every way it can end is shown
+            if not isValid(self):
+                return
+            self._busy(False)
+            if isinstance(e, asyncio.CancelledError) or jobs.is_cancelled(e):
+                self._set_status(f"{what} cancelled.")
+            else:
+                failed = f"{what} failed ({name})" if what == "Import" else f"{what} failed"
+                self._set_status(f"{failed}: {jobs.user_message(e)}", error=True)
+            return
+        if not isValid(self):
+            return
         self._busy(False)
-        self._task = None
-        self._select_after = repo_id
-        self._note = f"Downloaded {repo_id}."
+        if what == "Import":
+            self._select_after = str(folder)
+            self._note = f"Imported into {folder}."
+        else:
+            self._select_after = name
+            self._note = f"Downloaded {name}."
         self.refresh()
 
-    def _on_download_failed(self, message: str) -> None:
-        self._busy(False)
-        self._task = None
-        self._set_status("Download cancelled." if message == "cancelled" else f"Download failed: {message}",
-                         error=message != "cancelled")
+    def _on_progress(self, fraction: float, message: str) -> None:
+        if not isValid(self):
+            return
+        self.progress.setValue(int(fraction * 1000))
+        self.status.setText(f"Importing: {message} ({fraction:.0%})" if self._importing else message)
+        self.progressed.emit(fraction, message)
 
     # -- common -----------------------------------------------------------------------------------
     def cancel(self) -> None:
-        if self._import_job is not None:
-            self.worker.cancel(self._import_job)
-        if self._task is not None:
-            self._task.cancel()
+        if self._cancel is not None:
+            self._cancel.cancel()
 
     def _busy(self, on: bool, message: str = "") -> None:
         self.progress.setVisible(on)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal
@@ -18,12 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-
-@dataclass(frozen=True)
-class ConversationItem:
-    id: int
-    title: str
-    subtitle: str = ""  # a search snippet, or when it was last used
+from app.core.view_models import ConversationItem
 
 
 class Sidebar(QWidget):

@@ -25,7 +25,7 @@ from engine.cache.snapshot import Snapshot, layer_offset
 from engine.errors import SnapshotError
 
 FORMAT = "verbatim-prompt-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: exact_cuts replaces canonical / prefill_end / prefill_exact
 
 # Sanity limits for anything read back from disk (index or file header): hostile or corrupt
 # metadata is rejected instead of allocating or looping on absurd values.
@@ -112,9 +112,7 @@ def meta_to_dict(meta: SnapshotMeta) -> dict[str, Any]:
         "model_key": meta.model_key,
         "tokens": list(meta.tokens),
         "kind": meta.kind,
-        "canonical": meta.canonical,
-        "prefill_end": meta.prefill_end,
-        "prefill_exact": meta.prefill_exact,
+        "exact_cuts": list(meta.exact_cuts),
         "classes": list(meta.classes),
         "trimmable": meta.trimmable,
         "nbytes": meta.nbytes,
@@ -143,13 +141,11 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
     n = len(tokens)
     if d.get("kind") not in KINDS:
         raise ValueError("bad kind")
-    if not _is_int(d.get("canonical"), 0, n):
-        raise ValueError("bad canonical length")
-    if not _is_int(d.get("prefill_end"), 0, MAX_TOKENS):
-        raise ValueError("bad prefill_end")
-    for k in ("prefill_exact", "trimmable"):
-        if type(d.get(k)) is not bool:
-            raise ValueError(f"bad {k}")
+    cuts = d.get("exact_cuts")
+    if not isinstance(cuts, list) or not all(_is_int(c, 1, n) for c in cuts) or cuts != sorted(set(cuts)):
+        raise ValueError("bad exact cuts")
+    if type(d.get("trimmable")) is not bool:
+        raise ValueError("bad trimmable")
     classes = d.get("classes")
     if not isinstance(classes, list) or not 0 < len(classes) <= MAX_LAYERS:
         raise ValueError("bad classes")
@@ -162,9 +158,7 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
         model_key=key,
         tokens=tuple(tokens),
         kind=d["kind"],
-        canonical=d["canonical"],
-        prefill_end=d["prefill_end"],
-        prefill_exact=d["prefill_exact"],
+        exact_cuts=tuple(cuts),
         classes=tuple(classes),
         trimmable=d["trimmable"],
         nbytes=d["nbytes"],

@@ -1,0 +1,119 @@
+"""Background work, one way: a coroutine on the GUI's asyncio loop awaits a future.
+
+- MLX work (load, generate, verify, GGUF import, cache stats) runs on the engine's one thread:
+  `await on_engine(executor, fn)` runs `fn(engine)` there (`engine.executor.EngineExecutor`),
+  after every job submitted before it.
+- Work without MLX (model discovery, downloads) runs on a thread of its own: `await
+  in_thread(fn)`. Daemon threads, not the loop's default executor: a download stuck in the
+  network must not hold up the process's exit.
+
+Either way the coroutine resumes on the GUI thread, so code after an `await` may touch widgets,
+and there are no job ids to check: each flow awaits its own future. Updates while a job runs
+(tokens, progress) cross threads with `Relay`, through loop.call_soon_threadsafe. Cancelling is
+the job's `CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
+
+The loop is the qasync loop that `app.qt.main.ensure_application` installs with the
+QApplication. pytest-qt drives Qt's event loop without asyncio's "running loop" being set, so
+this module names the loop explicitly and never calls asyncio.get_running_loop().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Any, Callable, Coroutine, Optional, TypeVar
+
+from engine.engine import Engine
+from engine.errors import Cancelled, VerbatimError
+from engine.executor import EngineExecutor
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_loop: Optional[asyncio.AbstractEventLoop] = None
+
+
+def install_loop(loop: asyncio.AbstractEventLoop) -> None:
+    global _loop
+    _loop = loop
+
+
+def gui_loop() -> asyncio.AbstractEventLoop:
+    if _loop is None:
+        raise RuntimeError("no GUI event loop: create the QApplication with app.qt.main.ensure_application()")
+    return _loop
+
+
+def spawn(coro: Coroutine[Any, Any, T]) -> "asyncio.Task[T]":
+    """Start a coroutine on the GUI loop; an exception it lets escape is logged, not lost."""
+    task = gui_loop().create_task(coro)
+    task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: "asyncio.Task[Any]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background flow failed", exc_info=task.exception())
+
+
+async def on_engine(executor: EngineExecutor, fn: Callable[[Engine], T]) -> T:
+    """Run fn(engine) on the engine thread and wait for it without blocking the GUI."""
+    return await asyncio.wrap_future(executor.submit(fn), loop=gui_loop())
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run fn(*args) on a new daemon thread (work that never touches MLX)."""
+    fut: "concurrent.futures.Future[T]" = concurrent.futures.Future()
+
+    def run() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # handed to the awaiting coroutine
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name="verbatim-task", daemon=True).start()
+    return await asyncio.wrap_future(fut, loop=gui_loop())
+
+
+class Relay:
+    """Calls `callback(*args)` on the GUI thread from any thread, at most every `interval`
+    seconds; a call with `force=True` (the first text, the last progress step) always goes out."""
+
+    def __init__(self, callback: Callable[..., None], interval: float = 0.05) -> None:
+        self._loop = gui_loop()
+        self._callback = callback
+        self.interval = interval
+        self._last = 0.0
+        self.sent = 0
+
+    def __call__(self, *args: Any, force: bool = False) -> bool:
+        now = time.perf_counter()
+        if not force and now - self._last < self.interval:
+            return False
+        self._last = now
+        self.sent += 1
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._callback, *args)
+        return True
+
+    def progress(self, fraction: float, message: str) -> None:
+        """An `engine.types.Progress` callback: the final step is never dropped."""
+        self(float(fraction), str(message), force=fraction >= 1.0)
+
+
+def user_message(e: BaseException) -> str:
+    """One line for the window: the errors users cause carry their own message."""
+    from app.core.store import StoreError
+
+    if isinstance(e, (VerbatimError, StoreError, OSError)):
+        return str(e) or type(e).__name__
+    return f"{type(e).__name__}: {e}"
+
+
+def is_cancelled(e: BaseException) -> bool:
+    return isinstance(e, Cancelled)
