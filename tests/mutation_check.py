@@ -50,8 +50,7 @@ MUTATIONS: list[Mutation] = [
         (("engine/cache/planner.py", "    limit = len(prompt) - 1\n", "    limit = len(prompt)\n"),
          # the loop's own guard goes too, or it alone would catch this
          ("engine/generate/loop.py", '    assert restored <= n_prompt - 1, "never restore the whole prompt"\n', "")),
-        (EC + "test_whole_prompt_hit_restores_len_minus_one_and_is_identical",
-         EC + "test_whole_prompt_bug_reproduced_on_purpose",
+        (EC + "test_whole_prompt_hit_restores_len_minus_one_and_is_identical",  # its fast-mode cases
          PL + "test_plan_never_restores_the_whole_prompt"),
     ),
     Mutation(

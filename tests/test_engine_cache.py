@@ -49,23 +49,24 @@ def schedule(chunk, start, n, message_starts=()):
     return out + [(n - 1, n)]
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
 @pytest.mark.parametrize("family", ALL_FAMILIES)
-def test_whole_prompt_hit_restores_len_minus_one_and_is_identical(models, family):
+def test_whole_prompt_hit_restores_len_minus_one_and_is_identical(models, family, mode):
     """G4 + G1 + G3: the regenerate's first forward is the last prompt token alone on a cache
     holding exactly prompt[:-1] (seen at the model), and its reply equals a separate cold run."""
     eng = make_engine(models[family])
     msgs = [{"role": "user", "content": LONG_Q}]
     n = len(eng.prompt_ids(msgs))
-    eng.generate(request(msgs, max_tokens=24))  # cold: stores the snapshots
+    eng.generate(request(msgs, mode=mode, max_tokens=24))  # cold: stores the snapshots
     with forwards(eng) as log:
-        again = eng.generate(request(msgs, max_tokens=24))
+        again = eng.generate(request(msgs, mode=mode, max_tokens=24))
     assert again.report.restored == n - 1 and again.report.source == "memory"
     width, offsets = log.calls[0]
     assert width == 1 and offsets and all(o == n - 1 for o in offsets if o is not None), log.calls[0]
     assert any(o is not None for o in offsets)
     assert all(w == 1 for w, _ in log.calls)  # no prefill at all (G4)
     assert kv_offsets(again.report) == [o for o in offsets if o is not None]
-    cold = make_engine(models[family]).generate(cold_request(request(msgs, max_tokens=24)))
+    cold = make_engine(models[family]).generate(cold_request(request(msgs, mode=mode, max_tokens=24)))
     assert again.tokens == cold.tokens
     assert again.logprobs == cold.logprobs  # bit-equal, not approximately
 
