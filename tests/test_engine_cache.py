@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
@@ -432,3 +434,26 @@ def test_first_token_is_handed_out_before_the_next_forward_is_queued(models):
     assert all(n <= i + 2 for i, n in seen)  # then at most one forward ahead
     assert r.finish_reason == "length" and len(calls) == len(r.tokens)  # none after the last token
     assert sorted({i for i, _ in seen}) == list(range(len(r.tokens)))  # an event for every token
+
+
+def test_verify_and_clear_cache_compare_warm_with_cold(models):
+    """What the debug panel's Verify and Clear cache rest on, with a warm side that provably
+    restored: verify() re-runs cold and finds a warm regenerate identical (and a one-bit
+    difference not); after clear_cache() a regenerate is cold and still equals the warm reply."""
+    eng = make_engine(models["llama"])
+    msgs = [{"role": "user", "content": QUESTIONS[1]}]
+    eng.generate(request(msgs))
+    req = request(msgs)
+    warm = eng.generate(req)
+    assert warm.report.restored == len(warm.prompt_ids) - 1 > 0
+    cmp = eng.verify(req, warm)
+    assert cmp.identical
+    bent = dataclasses.replace(warm, logprobs=[warm.logprobs[0] + 2**-20, *warm.logprobs[1:]])
+    cmp = eng.verify(req, bent)
+    assert not cmp.identical and cmp.first_diff is None and cmp.max_logprob_diff > 0  # same tokens, other bits
+    eng.clear_cache()
+    assert eng.cache.metas() == []
+    with forwards(eng) as log:
+        cold = eng.generate(req)
+    assert cold.report.restored == 0 and all(o in (None, 0) for o in log.calls[0][1])
+    assert (cold.tokens, cold.logprobs) == (warm.tokens, warm.logprobs)
