@@ -17,10 +17,10 @@ from typing import Any, Callable, Generator, Optional
 
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
-from engine.errors import EngineError, GGUFError, ModelError
+from engine.errors import EngineError, GGUFError, ModelError, RequestError
 from engine.generate.context import fit_to_context
 from engine.generate.loop import LoadedModel, drain, stream
-from engine.generate.templating import MessageStarts, render_prompt
+from engine.generate.templating import MessageStarts, render_prompt, render_text
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -30,6 +30,7 @@ from engine.models.resolve import (
 )
 from engine.types import (
     DEFAULT_CHUNK,
+    MAX_TOP_LOGPROBS,
     CancelToken,
     Comparison,
     ContextInfo,
@@ -161,11 +162,18 @@ class Engine:
         return self.info.context_length if self.info is not None else None
 
     def prepare(self, request: GenerationRequest) -> Prepared:
-        """The conversation as it will be sent: validated, fitted into the context (or refused
-        with a one-line error before any prefill), rendered, and its message boundaries."""
+        """The request as it will run: validated, its prompt rendered (the chat through the
+        template, or raw text as is), fitted into the context (or refused with a one-line error
+        before any prefill), and its message boundaries."""
         lm = self._lm()
-        messages = validate_messages(request.messages)
+        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         limit = self.context_limit
+        if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries
+            prompt = render_text(lm.tokenizer, request.prompt)
+            fit_to_context(lambda m: prompt, [], request.sampler.max_tokens, limit, "refuse")
+            return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)))
+        messages = validate_messages(request.messages)
         fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m), messages, request.sampler.max_tokens,
                                 limit, request.context_policy)
         assert self._starts is not None
@@ -311,4 +319,8 @@ def _dequantize_f32(model: Any) -> Any:
 
 
 def _display_name(spec: str, folder: Path) -> str:
+    from engine.models.named import NAMED_MODELS
+
+    if spec in NAMED_MODELS:
+        return NAMED_MODELS[spec].label
     return DEMO_NAME if spec == "demo" else folder.name

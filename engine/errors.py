@@ -19,6 +19,17 @@ class RequestError(VerbatimError, ValueError):
     """A bad generation request (unknown role, empty conversation, a template that rejects it)."""
 
 
+class ContextLengthError(RequestError):
+    """The conversation does not fit the model's context: refused before any prefill."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int, note: str = "") -> None:
+        super().__init__(f"prompt has {prompt_tokens} tokens, max tokens {max_tokens}, "
+                         f"the model's context is {context_length}{note}")
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context_length = context_length
+
+
 class ModelError(VerbatimError):
     """A model that cannot be found or used."""
 

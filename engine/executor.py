@@ -64,3 +64,9 @@ class EngineExecutor:
             except Exception:
                 log.exception("engine close failed")
             self._engine = None
+        # MLX streams are per thread; left for the interpreter to tear down at exit, they abort
+        # the process now and then ("terminate called without an active exception"). MLX's
+        # recommendation: clear them at the end of the thread that made them.
+        import mlx.core as mx
+
+        mx.clear_streams()

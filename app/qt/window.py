@@ -49,6 +49,7 @@ from app.core.view_models import MessageVM, format_bytes
 from app.qt import dialogs, jobs
 from app.qt.controller import ChatController
 from app.qt.gc_pacer import GcPacer
+from app.qt.server_toggle import ServerToggle
 from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
 from app.qt.widgets.composer import Composer
@@ -293,6 +294,12 @@ class MainWindow(QMainWindow):
             themes.addAction(a)
         m = mb.addMenu("&Models")
         act(m, "Manage models…", self.open_model_manager, "Ctrl+Shift+M", "manageModelsAction")
+        # The local OpenAI-compatible server: the loaded model, through this window's worker.
+        m.addSeparator()
+        self.server_toggle = ServerToggle(self.controller.executor, self)
+        self.server_toggle.failed.connect(lambda msg: self.show_error("Cannot start the local server", msg))
+        m.addAction(self.server_toggle.action)
+        self.statusBar().addPermanentWidget(self.server_toggle.label)
 
     # ---------------------------------------------------------------------------- theme, geometry
     def set_theme(self, option: str) -> None:
@@ -416,6 +423,7 @@ class MainWindow(QMainWindow):
         self.model_status.setText(f"{message} {fraction:.0%}")
 
     def show_model_loaded(self, spec: str, name: str, info: ModelInfo) -> None:
+        self.server_toggle.set_model(info, spec)
         self.progress.setVisible(False)
         self.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
         self.model_label.setText(name)
@@ -425,6 +433,7 @@ class MainWindow(QMainWindow):
         self.status(f"Loaded {name}", 4000)
 
     def show_model_failed(self, message: str) -> None:
+        self.server_toggle.set_model(None)
         self.progress.setVisible(False)
         self.model_status.setText("no model loaded")
         self.model_label.setText("No model")
@@ -591,6 +600,7 @@ class MainWindow(QMainWindow):
             log.exception("cannot save the window geometry")
         if self._discovery is not None:
             self._discovery.cancel()
+        self.server_toggle.shutdown()  # its requests' generations stop before the engine thread does
         if self.controller.shutdown():  # a stuck engine thread may still write: leave the store to exit
             self.session.close()
         if self.lock is not None:

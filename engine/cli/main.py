@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from engine.cli.models import add_subcommands
+from engine.cli.serve import add_serve_parser
 from engine.errors import GGUFError, ModelError, RequestError
 from engine.generate.loop import drain
 from engine.types import (
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler_args(c)
     c.add_argument("--system", default="", help="system prompt")
     add_subcommands(sub)
+    add_serve_parser(sub)
     return parser
 
 

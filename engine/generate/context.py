@@ -12,12 +12,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from engine.errors import RequestError
+from engine.errors import ContextLengthError
 from engine.types import ContextPolicy, Message
-
-
-class ContextError(RequestError):
-    """The conversation does not fit the model's context (one line naming the numbers)."""
 
 
 @dataclass
@@ -39,7 +35,7 @@ def fit_to_context(
     if limit is None or len(prompt) + max_tokens <= limit:
         return Fitted(messages, prompt, 0)
     if policy != "truncate":
-        raise ContextError(_numbers(len(prompt), max_tokens, limit))
+        raise ContextLengthError(len(prompt), max_tokens, limit)
     lead = 0
     while lead < len(messages) - 1 and messages[lead]["role"] == "system":
         lead += 1
@@ -58,11 +54,7 @@ def fit_to_context(
         return len(tokens(k)) + max_tokens <= limit
 
     if not fits(ks[-1]):
-        raise ContextError(_numbers(len(tokens(ks[-1])), max_tokens, limit)
-                           + " (even with only the system prompt and the last message)")
+        raise ContextLengthError(len(tokens(ks[-1])), max_tokens, limit,
+                                 " (even with only the system prompt and the last message)")
     k = ks[bisect.bisect_left(ks, True, key=fits)]  # the fewest dropped that fit
     return Fitted(messages[:lead] + body[k:] + messages[-1:], tokens(k), k)
-
-
-def _numbers(prompt_tokens: int, max_tokens: int, limit: int) -> str:
-    return f"prompt has {prompt_tokens} tokens, max tokens {max_tokens}, the model's context is {limit}"

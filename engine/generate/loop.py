@@ -39,7 +39,7 @@ from engine.cache.snapshot import (
     new_snapshot_id,
     plain_kv,
 )
-from engine.generate.sampling import Sampler
+from engine.generate.sampling import Sampler, top_logprobs
 from engine.generate.templating import TextStream, render_prompt
 from engine.types import (
     CacheReport,
@@ -222,8 +222,10 @@ def stream(
             fed = prompt + decoded.tokens[: decoded.forwarded]
             assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
             snaps.take("end", fed, cache)
-        return _finish(report, prompt, decoded.tokens, decoded.logprobs, decoded.finish, settings.seed, t0,
-                       t_prefill, decoded.t_first, decoded.text, decoded.t_last)
+        result = _finish(report, prompt, decoded.tokens, decoded.logprobs, decoded.finish, settings.seed, t0,
+                         t_prefill, decoded.t_first, decoded.text, decoded.t_last)
+        result.top_logprobs = decoded.tops
+        return result
     except GeneratorExit:  # closed by the consumer: keep what a regenerate needs, then end
         mx.eval(cache_arrays(cache))
         if done < n_prompt - 1:
@@ -245,6 +247,7 @@ class _Decoded:
     text: str
     t_first: Optional[float]
     t_last: Optional[float]
+    tops: list[list[tuple[int, float]]]  # per token, when the request asked for top_logprobs
 
 
 def _decode(
@@ -260,27 +263,35 @@ def _decode(
     text = TextStream(lm.tokenizer, lm.eos_ids)
     tokens: list[int] = []
     logprobs: list[float] = []
+    n_top = request.top_logprobs
+    tops: list[list[tuple[int, float]]] = []
     forwarded = 0
     sent = ""  # text already handed out in events
     final_text: Optional[str] = None
     t_first: Optional[float] = None
     t_last: Optional[float] = None
 
-    def step(token_in: mx.array) -> tuple[mx.array, mx.array]:
+    def step(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
         logits = lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
-        return sampler(logits, history)
+        token, logprob, dist = sampler.sample(logits, history)
+        return token, logprob, (top_logprobs(dist, n_top) if n_top > 0 else None)
 
-    def schedule(token_in: mx.array) -> tuple[mx.array, mx.array]:
+    def read_top(top: Any) -> Optional[list[tuple[int, float]]]:
+        if top is None:
+            return None
+        return list(zip((int(i) for i in top[0].tolist()), (float(v) for v in top[1].tolist())))
+
+    def schedule(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
         """Queue the forward of the newest decoded token (read or not yet)."""
         nonlocal history, forwarded
         forwarded += 1
         if use_history:
             history = mx.concatenate([history, token_in])
         out = step(token_in)
-        mx.async_eval(*out)
+        mx.async_eval(out[0], out[1], *(out[2] or ()))
         return out
 
-    y, lp = step(mx.array([prompt[-1]]))
+    y, lp, top = step(mx.array([prompt[-1]]))
     max_tokens = settings.max_tokens
     room = context_limit - len(prompt) + 1 if context_limit is not None else max_tokens
     limited = room < max_tokens  # the context, not max_tokens, ends this reply
@@ -293,13 +304,15 @@ def _decode(
         # most of a second decode step into the time to first token.
         queue_next = t_first is not None and len(tokens) + 1 < max_tokens
         if queue_next:
-            next_y, next_lp = schedule(y)
-        token, logprob = int(y.item()), float(lp.item())
+            next_y, next_lp, next_top = schedule(y)
+        token, logprob, top_read = int(y.item()), float(lp.item()), read_top(top)
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
         tokens.append(token)
         logprobs.append(logprob)
+        if top_read is not None:
+            tops.append(top_read)
         text.add(token)
         if token in lm.eos_ids:
             ended = "stop"
@@ -309,20 +322,21 @@ def _decode(
         else:
             # An event for every token, also one that completes no text yet (part of a
             # character, a held-back piece): listeners that batch text flush on events.
-            yield TokenEvent(len(tokens) - 1, token, logprob, text.text[len(sent) :])
+            yield TokenEvent(len(tokens) - 1, token, logprob, text.text[len(sent) :], top_read)
             sent = text.text
             ended = "cancelled" if is_cancelled() else None
         if queue_next:
-            y, lp = next_y, next_lp
+            y, lp, top = next_y, next_lp, next_top
         elif ended is None and len(tokens) < max_tokens:
-            y, lp = schedule(y)
+            y, lp, top = schedule(y)
     if final_text is None:
         text.flush()
         final_text = text.text
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
-        yield TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :])
+        yield TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :],
+                         tops[-1] if tops else None)
     return _Decoded(tokens, logprobs, forwarded, ended or ("context" if limited else "length"), final_text,
-                    t_first, t_last)
+                    t_first, t_last, tops)
 
 
 def generate(

@@ -36,6 +36,11 @@ class Sampler:
         repetition penalty, before temperature and truncation): comparable across runs and
         settings, which is what determinism checks compare.
         """
+        token, logprob, _ = self.sample(logits, history)
+        return token, logprob
+
+    def sample(self, logits: mx.array, history: Optional[mx.array] = None) -> tuple[mx.array, mx.array, mx.array]:
+        """`__call__`, plus the whole (lazy) log-distribution [1, vocab] the logprob comes from."""
         # The key advances every step, greedy or not, so a step's draw never depends on
         # which settings earlier steps used.
         self._key, step_key = mx.random.split(self._key)
@@ -47,7 +52,18 @@ class Sampler:
         else:
             scores = _truncate(logprobs / s.temperature, s.top_k, s.top_p, s.min_p)
             token = mx.random.categorical(scores, axis=-1, key=step_key)
-        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0]
+        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs
+
+
+def top_logprobs(logprobs: mx.array, n: int) -> tuple[mx.array, mx.array]:
+    """The `n` most likely token ids of a [1, vocab] log-distribution and their logprobs, best
+    first (lazy; the same input always gives the same order, ties included)."""
+    n = min(n, logprobs.shape[-1])
+    row = logprobs[0]
+    ids = mx.argpartition(-row, kth=n - 1)[:n]
+    vals = row[ids]
+    order = mx.argsort(-vals)
+    return ids[order], vals[order]
 
 
 def _truncate(scores: mx.array, top_k: int, top_p: float, min_p: float) -> mx.array:

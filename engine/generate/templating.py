@@ -67,6 +67,16 @@ class MessageStarts:
         return self._memo[key]
 
 
+def render_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of raw text (no chat template), with the BOS token if the tokenizer adds one."""
+    if not isinstance(text, str):
+        raise RequestError("prompt must be a string")
+    ids = [int(t) for t in tokenizer.encode(text)]
+    if not ids:
+        raise RequestError("the prompt encoded to no tokens (the model's tokenizer adds no BOS token)")
+    return ids
+
+
 class TextStream:
     """Turns a growing token list into text deltas that never split a multi-byte character.
 

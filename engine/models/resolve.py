@@ -1,6 +1,7 @@
 """Where models come from: the demo model, GGUF files, MLX folders and the Hugging Face cache.
 
-`resolve_model` turns whatever a user typed (`demo`, a .gguf path, a folder, `org/name`) into a
+`resolve_model` turns whatever a user typed (`demo`, a named model such as `gemma3-270m`, a .gguf
+path, a folder, `org/name`) into a
 folder mlx-lm can load, importing GGUFs once into the user cache. `discover_models` lists what is
 usable on this machine. Safetensors only (never pickle) and never trust_remote_code: a model
 folder is data, not code.
@@ -18,6 +19,7 @@ from typing import Any, Iterable, Optional
 from engine.errors import GGUFError, ModelError
 from engine.models.gguf.convert import import_gguf
 from engine.models.gguf.reader import read_gguf
+from engine.models.named import NAMED_MODELS, installed, named_gguf_path
 from engine.paths import models_dir
 from engine.types import CancelToken, Progress
 
@@ -36,7 +38,8 @@ class ModelEntry:
     size_bytes: int
     quantization: str  # "4-bit g32", "f32", "Q4_1" (a GGUF not imported yet)...
     context_length: Optional[int]
-    source: str  # "hf-cache" | "folder" | "gguf" | "demo"
+    source: str  # "hf-cache" | "folder" | "gguf" | "demo" | "named"
+    spec: Optional[str] = None  # what resolve_model takes for it, when not its path (named models)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -121,12 +124,15 @@ def hf_snapshot(repo_id: str, hub: Optional[Path] = None) -> Optional[Path]:
 
 
 def resolve_model(spec: str, progress: Optional[Progress] = None, cancel: Optional[CancelToken] = None) -> Path:
-    """`demo` | path to a .gguf | MLX folder | HF repo id in the local cache -> loadable folder."""
+    """`demo` | a named model | path to a .gguf | MLX folder | HF repo id in the local cache ->
+    loadable folder."""
     spec = spec.strip()
     if not spec:
         raise ModelError("no model given")
     if spec == "demo":
         return _import(demo_gguf_path(), progress, cancel)
+    if spec in NAMED_MODELS:
+        return _import(named_gguf_path(spec), progress, cancel)
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() == ".gguf":
@@ -219,15 +225,15 @@ def folder_entry(folder: Path, source: str, name: Optional[str] = None) -> Optio
 
 def gguf_entry(path: Path, source: str = "gguf") -> Optional[ModelEntry]:
     """A not-yet-imported GGUF, described from its header (cheap: no tensors read)."""
-    from engine.models.gguf.convert import SUPPORTED_ARCHITECTURES
-    from engine.models.gguf.reader import SUPPORTED_TYPES
+    from engine.models.gguf.arch import SUPPORTED_ARCHITECTURES
+    from engine.models.gguf.tensors import supported
 
     try:
         g = read_gguf(path)
         arch = g.architecture
     except GGUFError:
         return None
-    if arch not in SUPPORTED_ARCHITECTURES or any(t.ggml_type not in SUPPORTED_TYPES for t in g.tensors.values()):
+    if arch not in SUPPORTED_ARCHITECTURES or not all(supported(t.ggml_type) for t in g.tensors.values()):
         return None  # listed models must be usable; `import` explains what is unsupported
     types: dict[str, int] = {}
     for t in g.tensors.values():
@@ -252,6 +258,21 @@ def _imported(folder: Path) -> tuple[Optional[str], Optional[str]]:
         return meta.get("name"), meta.get("source")
     except (OSError, ValueError, AttributeError):
         return None, None
+
+
+def _named_entry(name: str, imported_sources: dict[str, Path]) -> Optional[ModelEntry]:
+    """A named model's entry: its import if done, else its assembled GGUF's header (assembling
+    it the first time), shown under the model's label and loaded by name."""
+    model = NAMED_MODELS[name]
+    try:
+        gguf = named_gguf_path(name)
+    except ModelError:
+        return None
+    done = imported_sources.get(str(gguf.resolve()))
+    entry = folder_entry(done, "named") if done else gguf_entry(gguf, "named")
+    if entry is not None:
+        entry.name, entry.spec = model.label, model.name
+    return entry
 
 
 def discover_models(extra_dirs: Iterable[Path | str] = ()) -> list[ModelEntry]:
@@ -283,6 +304,9 @@ def discover_models(extra_dirs: Iterable[Path | str] = ()) -> list[ModelEntry]:
             entry.name = "demo"
             add(entry)
             seen.add(demo.resolve())
+    for named in NAMED_MODELS.values():
+        if installed(named):
+            add(_named_entry(named.name, imported_sources))
     for folder in imports:
         name, src = _imported(folder)
         add(folder_entry(folder, "gguf", name=name or folder.name))

@@ -35,11 +35,8 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
     22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
 }
-QUANTIZED = {2: 4, 3: 4, 8: 8}  # supported block types -> MLX bits (group size 32)
-FLOATS = {0: "float32", 1: "float16", 30: "bfloat16"}
-SUPPORTED_TYPES = set(QUANTIZED) | set(FLOATS)
 MAX_DIMS = 4
 MAX_ARRAY_DEPTH = 3
 # Caps far above any real model (vocabularies ~250k, ~1k-100k tensors, <100 metadata keys)

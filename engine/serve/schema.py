@@ -1,0 +1,441 @@
+"""OpenAI-style request validation and response shaping for the local server.
+
+Requests are checked field by field into the engine's own `GenerationRequest` (plus what only
+the HTTP side needs: stream, logprobs); anything malformed raises `APIError`, which the app
+turns into an OpenAI error object with the right status. No aiohttp and no MLX here, so all of
+it can be tested as plain functions.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from engine.types import (
+    MAX_TOP_LOGPROBS,
+    GenerationRequest,
+    GenerationResult,
+    SamplerSettings,
+)
+
+DEFAULT_MAX_TOKENS = 512  # as mlx_lm.server: a reply that never ends must still end
+MAX_STOP = 4  # stop strings per request (OpenAI's limit)
+SEED_MAX = 2**64 - 1  # the engine's PRNG key takes an unsigned 64-bit seed
+
+
+class APIError(Exception):
+    """An error answered as `{"error": {...}}` with an HTTP status (OpenAI's shape)."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: Optional[str] = None, code: Optional[str] = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class ParsedRequest:
+    """One validated API request: what to generate and how to answer."""
+
+    kind: str  # "chat" | "completion"
+    model: str  # as the client named it (echoed back)
+    request: GenerationRequest
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    logprobs: bool = False
+    top_logprobs: int = 0
+    seed_given: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
+            self.id = f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class ServedModel:
+    """The model being served: its id in the API, other names accepted for it, its cache key."""
+
+    id: str
+    key: Optional[str] = None  # the engine's model key: a request runs only on this model
+    aliases: tuple[str, ...] = ()
+    context_length: Optional[int] = None
+
+    @classmethod
+    def of(cls, info: Any, spec: Optional[str] = None) -> "ServedModel":
+        """From the engine's ModelInfo (and the spec it was loaded with: 'demo', a folder...)."""
+        names = [info.name, Path(info.path).name, info.path]
+        ident = info.name
+        if spec:
+            names.append(spec)
+            if "/" not in spec and "\\" not in spec:
+                ident = spec  # a short spec ('demo', a repo id's tail) is what users will type
+        return cls(ident, info.key, tuple(n for n in dict.fromkeys(names) if n and n != ident),
+                   getattr(info, "context_length", None))
+
+    def matches(self, name: str) -> bool:
+        return name == "" or name == self.id or name in self.aliases
+
+
+# -- field readers: exact types (a bool is not a number, a float is not an int) -----------------
+
+
+def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float,
+            lo_open: bool = False) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(f"'{name}' must be a number", name)
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise bad(f"'{name}' must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}, got {v}", name)
+    return float(v)
+
+
+def _int(body: dict[str, Any], name: str, default: Optional[int], lo: int, hi: int) -> Optional[int]:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(f"'{name}' must be an integer", name)
+    if v < lo or v > hi:
+        raise bad(f"'{name}' must be between {lo} and {hi}, got {v}", name)
+    return v
+
+
+def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"'{name}' must be a boolean", name)
+    return v
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad("'stop' must be a string or a list of strings", "stop")
+    if len(v) > MAX_STOP:
+        raise bad(f"'stop' takes at most {MAX_STOP} strings", "stop")
+    return tuple(s for s in v if s)
+
+
+def _unsupported(body: dict[str, Any]) -> None:
+    n = _int(body, "n", 1, 1, 128)
+    if n != 1:
+        raise bad("only n=1 is supported", "n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
+            raise bad(f"'{name}' is not supported (use 'repetition_penalty')", name)
+    if body.get("tools") or body.get("functions"):
+        raise bad("tool calling is not supported", "tools")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in (None, "text")):
+        raise bad("only the 'text' response_format is supported", "response_format")
+
+
+def _model(body: dict[str, Any]) -> str:
+    v = body.get("model")
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise bad("'model' must be a string", "model")
+    return v
+
+
+def _sampler(body: dict[str, Any]) -> tuple[SamplerSettings, bool]:
+    if "max_completion_tokens" in body and body.get("max_tokens") is None:
+        max_tokens = _int(body, "max_completion_tokens", DEFAULT_MAX_TOKENS, 1, 1 << 31)
+    else:
+        max_tokens = _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, 1 << 31)
+    seed = _int(body, "seed", None, 0, SEED_MAX)
+    seed_given = seed is not None
+    if seed is None:
+        seed = secrets.randbits(31)  # reported back: any reply can be reproduced
+    settings = SamplerSettings(
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=int(_int(body, "top_k", 0, 0, 1 << 31) or 0),
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
+        seed=seed,
+        max_tokens=int(max_tokens or DEFAULT_MAX_TOKENS),
+    )
+    return settings, seed_given
+
+
+def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
+    """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool}`."""
+    v = body.get("verbatim")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad("'verbatim' must be an object", "verbatim")
+    out: dict[str, Any] = {}
+    if "mode" in v:
+        if v["mode"] not in ("exact", "fast"):
+            raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
+        out["mode"] = v["mode"]
+    if "cache" in v:
+        if not isinstance(v["cache"], bool):
+            raise bad("'verbatim.cache' must be a boolean", "verbatim.cache")
+        out["use_cache"] = v["cache"]
+    return out
+
+
+def _content(m: dict[str, Any], i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):  # content parts: only text ones
+        parts = []
+        for p in c:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = m.get("role")
+        if role == "developer":  # OpenAI's newer name for the system role
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise bad(f"messages[{i}].role must be one of system, user, assistant; got {role!r}",
+                      f"messages[{i}].role")
+        out.append({"role": role, "content": _content(m, i)})
+    return out
+
+
+def parse_chat(body: Any) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    _unsupported(body)
+    messages = _messages(body)
+    settings, seed_given = _sampler(body)
+    logprobs = _bool(body, "logprobs")
+    top = int(_int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS) or 0)
+    if top and not logprobs:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("'stream_options' must be an object", "stream_options")
+    include_usage = bool(opts and _bool(opts, "include_usage"))
+    req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, **_verbatim_options(body))
+    return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given)
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    _unsupported(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad("'prompt' must be a string (token-id and batched prompts are not supported)", "prompt")
+    if _bool(body, "echo"):
+        raise bad("'echo' is not supported", "echo")
+    if body.get("suffix"):
+        raise bad("'suffix' is not supported", "suffix")
+    if _int(body, "best_of", 1, 1, 128) != 1:
+        raise bad("only best_of=1 is supported", "best_of")
+    settings, seed_given = _sampler(body)
+    top = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)  # legacy: an int, the alternatives wanted
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("'stream_options' must be an object", "stream_options")
+    include_usage = bool(opts and _bool(opts, "include_usage"))
+    req = GenerationRequest([], settings, stop=_stop(body), prompt=prompt, top_logprobs=top or 0,
+                            **_verbatim_options(body))
+    return ParsedRequest("completion", _model(body), req, stream, include_usage, top is not None, top or 0,
+                         seed_given)
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+
+def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The `verbatim` object: what the prompt cache did, and the seed actually used."""
+    r = result.report
+    offsets = list(r.layer_offsets)
+    known = [o for o in offsets if o is not None]
+    out: dict[str, Any] = {
+        "prompt_tokens": r.prompt_tokens,
+        "matched": r.matched,
+        "restored": r.restored,
+        "stored": r.stored,
+        "partial": r.partial,
+        "source": r.source,
+        "declines": list(r.declines),
+        "layer_offsets": offsets,
+        "layer_offsets_summary": {
+            "layers": len(offsets),
+            "min": min(known) if known else None,
+            "max": max(known) if known else None,
+            "without_offset": len(offsets) - len(known),
+        },
+        "prefill_tokens": r.prefill_tokens,
+        "mode": r.mode,
+        "chunk_size": r.chunk_size,
+        "seed": result.seed,
+        "sampler": dict(r.sampler),
+        "token_ids": list(result.tokens),
+        "finish_reason": result.finish_reason,
+        "identical_to_previous": r.identical,
+        "first_diff": r.first_diff,
+        "ttft_s": r.ttft_s,
+        "prefill_tps": r.prefill_tps,
+        "decode_tps": r.decode_tps,
+        "model_key": r.model_key,
+        "warnings": list(r.warnings),
+    }
+    if queue is not None:
+        out["queue"] = queue
+    return out
+
+
+def usage(result: GenerationResult) -> dict[str, Any]:
+    n_prompt, n_out = result.report.prompt_tokens, len(result.tokens)
+    return {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_out,
+        "total_tokens": n_prompt + n_out,
+        "prompt_tokens_details": {"cached_tokens": result.report.restored},
+    }
+
+
+def finish_reason(result: GenerationResult) -> str:
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def fingerprint(model_key: str) -> str:
+    return f"verbatim-{model_key[:16]}"
+
+
+# Token text for logprobs: computed on the engine thread by the job (it owns the tokenizer) and
+# carried as (text, bytes) pairs next to each logprob.
+TokenText = tuple[str, list[int]]
+
+
+@dataclass
+class TokenLogprob:
+    token: TokenText
+    logprob: float
+    top: Optional[list[tuple[TokenText, float]]] = None
+
+
+def chat_logprob_entries(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    return [
+        {
+            "token": e.token[0],
+            "logprob": e.logprob,
+            "bytes": e.token[1],
+            "top_logprobs": [{"token": t[0], "logprob": lp, "bytes": t[1]} for t, lp in (e.top or [])],
+        }
+        for e in entries
+    ]
+
+
+def completion_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """The legacy completions logprobs object (text_offset counts from `offset`)."""
+    offsets, pos = [], offset
+    for e in entries:
+        offsets.append(pos)
+        pos += len(e.token[0])
+    return {
+        "tokens": [e.token[0] for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [({t[0]: lp for t, lp in e.top} if e.top is not None else None) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def full_response(p: ParsedRequest, model: str, result: GenerationResult, entries: Optional[list[TokenLogprob]],
+                  queue: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A whole (non-streamed) chat.completion or text_completion object."""
+    if p.kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result.text},
+            "logprobs": {"content": chat_logprob_entries(entries)} if entries is not None else None,
+            "finish_reason": finish_reason(result),
+        }
+        obj = "chat.completion"
+    else:
+        choice = {
+            "index": 0,
+            "text": result.text,
+            "logprobs": completion_logprobs(entries) if entries is not None else None,
+            "finish_reason": finish_reason(result),
+        }
+        obj = "text_completion"
+    return {
+        "id": p.id,
+        "object": obj,
+        "created": p.created,
+        "model": model,
+        "system_fingerprint": fingerprint(result.report.model_key),
+        "choices": [choice],
+        "usage": usage(result),
+        "verbatim": verbatim_report(result, queue),
+    }
+
+
+def chunk(p: ParsedRequest, model: str, text: Optional[str], entries: Optional[list[TokenLogprob]],
+          finish: Optional[str] = None, role: bool = False, text_offset: int = 0) -> dict[str, Any]:
+    """One streamed chunk: a text delta and the logprobs of the tokens it covers."""
+    if p.kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": {"content": chat_logprob_entries(entries)} if entries is not None else None,
+            "finish_reason": finish,
+        }
+        obj = "chat.completion.chunk"
+    else:
+        choice = {
+            "index": 0,
+            "text": text or "",
+            "logprobs": completion_logprobs(entries, text_offset) if entries is not None else None,
+            "finish_reason": finish,
+        }
+        obj = "text_completion"
+    return {"id": p.id, "object": obj, "created": p.created, "model": model, "choices": [choice]}
