@@ -105,7 +105,12 @@ def kv_snapshot(tokens: list[int], key: str = "k" * 32, seed: int = 0):
     from mlx_lm.models.cache import KVCache
 
     from engine.cache.planner import SnapshotMeta
-    from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
+    from engine.cache.snapshot import (
+        Snapshot,
+        cache_nbytes,
+        clone_cache,
+        new_snapshot_id,
+    )
 
     mx.random.seed(seed)
     cache = [KVCache() for _ in range(2)]

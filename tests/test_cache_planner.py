@@ -3,7 +3,15 @@ snapshot may replace another (engine/cache/planner.py). No model: each case is o
 
 from __future__ import annotations
 
-from engine.cache.planner import SnapshotMeta, dominates, exact_at, plan_restore, reuse_point, schedule_cuts
+from engine.cache.planner import (
+    SnapshotMeta,
+    chunks,
+    dominates,
+    exact_at,
+    plan_restore,
+    reuse_point,
+    schedule_cuts,
+)
 
 C = 8
 PROMPT = list(range(1, 30))  # 29 tokens; one message starts at 5
@@ -17,6 +25,10 @@ def meta(tokens, exact_cuts, trimmable=True, kind="end", sid="s") -> SnapshotMet
 def test_schedule_cuts_multiples_of_c_message_starts_and_the_last_token():
     assert CUTS == (5, 8, 16, 24, 28)
     assert schedule_cuts(29, C) == (8, 16, 24, 28)
+    assert schedule_cuts(30, 512, [5, 12, 29, 40, 0]) == (5, 12, 29)  # starts outside (0, n - 1) ignored
+    assert schedule_cuts(1, C) == ()  # a one-token prompt: that token goes alone, nothing before it
+    assert chunks(0, CUTS) == [(0, 5), (5, 8), (8, 16), (16, 24), (24, 28)]
+    assert chunks(16, CUTS) == [(16, 24), (24, 28)]
 
 
 def test_exact_at_only_where_both_schedules_made_the_same_cuts():
@@ -64,3 +76,13 @@ def test_dominates_keeps_exact_states():
     assert not dominates(untrimmable, exact)  # cannot be cut back to serve it
     other_history = meta(PROMPT + [90, 91], schedule_cuts(29, C, [3]), sid="f")
     assert not dominates(other_history, exact)  # cut elsewhere: other bits at 8, 16, ...
+
+
+def test_plan_prefers_the_longest_usable_restore_then_memory():
+    ring = meta(PROMPT + [90, 91], CUTS, trimmable=False, sid="ring")
+    boundary = meta(PROMPT[:24], (5, 8, 16, 24), trimmable=False, kind="boundary", sid="b")
+    plan = plan_restore([(ring, "memory"), (boundary, "disk")], PROMPT, "exact", CUTS)
+    assert plan.meta is boundary and plan.reuse == 24 and plan.source == "disk" and plan.matched == 28
+    assert plan.declines == ["end snapshot: cache cannot be cut back: 31 -> 28"]
+    again = meta(PROMPT[:24], (5, 8, 16, 24), trimmable=False, kind="boundary", sid="b2")
+    assert plan_restore([(boundary, "disk"), (again, "memory")], PROMPT, "exact", CUTS).meta is again

@@ -17,7 +17,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, can_trim_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    can_trim_prompt_cache,
+)
 
 from engine.blas import blas_library
 from engine.cache.planner import SnapshotMeta

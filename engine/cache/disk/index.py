@@ -13,7 +13,13 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from engine.cache.disk.format import FORMAT, FORMAT_VERSION, MAX_INDEX_BYTES, Entry, entry_from_dict
+from engine.cache.disk.format import (
+    FORMAT,
+    FORMAT_VERSION,
+    MAX_INDEX_BYTES,
+    Entry,
+    entry_from_dict,
+)
 from engine.cache.planner import SnapshotMeta, dominates
 
 

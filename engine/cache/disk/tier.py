@@ -54,7 +54,13 @@ from typing import Any, Callable, Optional
 import mlx.core as mx
 
 from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
-from engine.cache.disk.format import CACHE_CLASSES, Entry, compute_env, decode_snapshot, encode_snapshot
+from engine.cache.disk.format import (
+    CACHE_CLASSES,
+    Entry,
+    compute_env,
+    decode_snapshot,
+    encode_snapshot,
+)
 from engine.cache.disk.hooks import NO_HOOKS, WriterHooks
 from engine.cache.disk.index import Index, read_index, stray_files
 from engine.cache.planner import SnapshotMeta, dominates
