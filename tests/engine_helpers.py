@@ -51,7 +51,7 @@ def cold_request(req: GenerationRequest) -> GenerationRequest:
 
 
 def require_openblas() -> None:
-    """Determinism controls only bite with an optimized BLAS (DESIGN.md): fail in CI, skip locally."""
+    """Determinism controls only bite with an optimized BLAS (docs/testing.md): fail in CI, skip locally."""
     if optimized_blas():
         return
     msg = ("OpenBLAS is not preloaded: the forward-width effect these tests control for does not show "

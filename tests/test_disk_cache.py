@@ -22,7 +22,6 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import KVCache
 
 from engine.blas import blas_library
 from engine.cache.disk import files as disk_files
@@ -31,12 +30,11 @@ from engine.cache.disk import tier as dc
 from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
-from engine.cache.planner import SnapshotMeta
-from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
+from engine.cache.snapshot import Snapshot
 from engine.engine import Engine
 from engine.errors import SnapshotError
 from engine.types import GenerationRequest, SamplerSettings
-from tests.engine_helpers import forwards, require_openblas
+from tests.engine_helpers import forwards, kv_snapshot, require_openblas
 from tests.tiny_models import FAMILIES, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -550,14 +548,7 @@ KEY = "k" * 32
 
 
 def make_snapshot(tokens: list[int], key: str = KEY, seed: int = 0) -> Snapshot:
-    mx.random.seed(seed)
-    cache = [KVCache() for _ in range(2)]
-    for c in cache:
-        c.update_and_fetch(mx.random.normal((1, 2, len(tokens), 64)), mx.random.normal((1, 2, len(tokens), 64)))
-    cache = clone_cache(cache)
-    meta = SnapshotMeta(new_snapshot_id(), key, tuple(tokens), "end", (), ("KVCache", "KVCache"), True,
-                        cache_nbytes(cache))
-    return Snapshot(meta, cache)
+    return kv_snapshot(tokens, key, seed)
 
 
 def test_save_load_round_trip_is_exact(tmp_path):

@@ -330,7 +330,7 @@ class ChatController(QObject):
         self.model_info = info
         # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
         # reach, so the full collections the GC pacer runs between replies stay short. New
-        # objects are still collected normally. Collect first (once, ~50 ms, nothing is streaming)
+        # objects are still collected normally. Collect first (once, while nothing is streaming)
         # so the loader's garbage cycles are freed rather than frozen for the life of the process.
         gc.collect()
         gc.freeze()
