@@ -86,6 +86,10 @@ class PendingReply:
     action: str  # "send" | "regenerate" | "variant" | "edit" | "retry"
     previous_id: Optional[int] = None  # the variant this reply was made to replace
     model_name: Optional[str] = None
+    # Set by `finish`: how the reply compares, and the existing variant it turned out identical
+    # to (then the new row was dropped and that variant made active instead).
+    outcome: Optional[ReplyOutcome] = None
+    duplicate_of: Optional[int] = None
 
 
 class ChatSession:
@@ -229,24 +233,59 @@ class ChatSession:
 
     def finish(self, pending: PendingReply, result: GenerationResult) -> Message:
         """Store the reply with its tokens, logprobs and report, and its identity with the variant
-        it replaces (compared on stored tokens and logprobs, so it holds across restarts)."""
-        outcome = ReplyOutcome(pending.action, pending.previous_id, self.compare_with_previous(pending.previous_id, result))
+        it replaces (compared on stored tokens and logprobs, so it holds across restarts).
+
+        Regenerate compares with its source reply (over the source's length when that one was
+        stopped); a new variant (new seed) is compared with nothing. A regenerate or new variant
+        identical to an existing variant (same tokens, bit-equal logprobs) adds no copy: its row is
+        dropped, that variant is made active and returned, and `pending.duplicate_of` names it."""
+        comparison = None if pending.action == "variant" else self.compare_with_previous(pending.previous_id, result)
+        outcome = ReplyOutcome(pending.action, pending.previous_id, comparison)
+        pending.outcome = outcome
+        twin = self.identical_variant(pending, result)
+        if twin is not None:
+            pending.duplicate_of = twin.id
+            pending.outcome = replace(outcome, duplicate_of=twin.id)
+            self.store.delete_message(pending.reply_id)
+            self.store.set_active(twin.id)
+            return twin
         fields = assistant_fields_from_result(result, outcome)
         status = "interrupted" if result.finish_reason == "cancelled" else "complete"
         if pending.model_name:
             fields["model_name"] = pending.model_name
         return self.store.update_message(pending.reply_id, content=result.text, status=status, **fields)
 
+    def identical_variant(self, pending: PendingReply, result: GenerationResult) -> Optional[Message]:
+        """A complete sibling of a regenerate / new variant with the same tokens and bit-equal logprobs."""
+        if pending.action not in ("regenerate", "variant") or result.finish_reason == "cancelled":
+            return None
+        try:
+            siblings = self.store.siblings(pending.reply_id)
+        except StoreError:
+            return None
+        for m in siblings:
+            if (m.id != pending.reply_id and m.status == "complete" and m.tokens == list(result.tokens)
+                    and m.logprobs == list(result.logprobs)):
+                return m
+        return None
+
     def compare_with_previous(self, previous_id: Optional[int], result: GenerationResult) -> Optional[Comparison]:
+        """The new reply against the one it regenerates: in full, or over the shared length when
+        the previous one was stopped (identical up to where it stopped)."""
         if previous_id is None or result.finish_reason == "cancelled":
             return None
         try:
             prev = self.store.get_message(previous_id)
         except StoreError:  # deleted meanwhile
             return None
-        if prev.status != "complete" or prev.tokens is None:
+        if prev.tokens is None or prev.status == "generating":
             return None
-        return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs)
+        if prev.status != "complete":  # stopped: compare what it generated
+            if not prev.tokens:
+                return None
+            return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content,
+                                 result.text, shared_length=True)
+        return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content, result.text)
 
     def fail(self, pending: PendingReply, keep_text: str = "") -> None:
         """A generation that raised: drop an empty placeholder (the user's message stays), keep

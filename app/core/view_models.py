@@ -50,7 +50,15 @@ class MessageVM:
     @property
     def badge(self) -> str:
         """The identity line as shown under the reply: '✓ identical to previous'."""
-        return ("✓ " if self.identical else "≠ ") + self.identity if self.identity else ""
+        if not self.identity:
+            return ""
+        return {"same": "✓ ", "diff": "≠ ", "near": "≈ "}.get(self.badge_state, "") + self.identity
+
+    @property
+    def badge_state(self) -> str:
+        """'same' (identical), 'diff' (other tokens), 'near' (same tokens, other logprobs: fast
+        mode may do that), 'info' (nothing compared: a new seed)."""
+        return badge_state(self.outcome)
 
 
 def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
@@ -67,7 +75,7 @@ def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
         prev_id=sibling_ids[i - 1] if i > 0 else None,
         next_id=sibling_ids[i + 1] if i + 1 < len(sibling_ids) else None,
         footer=footer_text(m) if assistant else "",
-        identity=identity_text(outcome) if assistant else "",
+        identity=identity_text(outcome, mode=m.report.mode if m.report else "exact") if assistant else "",
         identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
         model_name=m.model_name,
@@ -114,16 +122,38 @@ def footer_text(m: Message) -> str:
     return " · ".join(parts)
 
 
-def identity_text(outcome: ReplyOutcome, long: bool = False) -> str:
-    """How a reply compares with the variant it replaced: the line under the reply, or (long)
-    the debug panel's wording."""
+FAST_NOTE = "fast mode reuses decoded states; exact mode would not"
+
+
+def badge_state(outcome: ReplyOutcome) -> str:
     c = outcome.comparison
     if c is None:
+        return "info"
+    if c.identical:
+        return "same"
+    return "near" if c.first_diff is None else "diff"
+
+
+def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact") -> str:
+    """How a reply compares with the variant it replaced: the line under the reply, or (long)
+    the debug panel's wording. A new variant (new seed) is compared with nothing; a regenerate of
+    a stopped reply over the stopped one's length; fast mode's logprob drift is explained."""
+    c = outcome.comparison
+    if outcome.duplicate_of is not None:
+        return ("identical to an existing variant: selected it instead of adding a copy" if long
+                else "identical to an existing variant (not added again)")
+    if c is None:
+        if outcome.action == "variant":
+            return "new seed (a new variant is not compared with the others)" if long else "new seed"
         return "no previous variant with the same prompt and settings" if long else ""
     if c.identical:
+        if c.upto is not None:
+            return f"identical up to where the first one stopped ({c.upto} tokens)" if long else \
+                "identical up to where the first one stopped"
         return "identical to previous (same tokens, bit-equal logprobs)" if long else "identical to previous"
     if c.first_diff is None:
-        return f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
+        text = f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
+        return text + (f" ({FAST_NOTE})" if long else " (fast mode)") if mode == "fast" else text
     return f"differs from previous at token {c.first_diff}"
 
 
@@ -140,8 +170,13 @@ def finished_text(result: GenerationResult, outcome: ReplyOutcome) -> str:
     c = outcome.comparison
     if result.finish_reason == "cancelled":
         return "Stopped · " + msg
+    if outcome.duplicate_of is not None:
+        return msg + " · identical to an existing variant: selected it, no copy added"
+    if outcome.action == "variant":
+        return msg + " · new seed"
     if c is not None:
-        msg += " · identical to previous" if c.identical else " · differs from previous"
+        same_tokens = c.identical or c.first_diff is None
+        msg += " · " + (identity_text(outcome, mode=rep.mode) if same_tokens else "differs from previous")
     return msg
 
 
@@ -208,6 +243,8 @@ def debug_vm(vm: MessageVM) -> DebugVM:
     r = vm.report
     assert r is not None
     how = ACTIONS.get(vm.outcome.action, "")
+    if vm.outcome.duplicate_of is not None:
+        how = f"{how or 'regenerated'} again: identical, no copy added (this run's report)"
     title = f"<b>Reply {vm.navigator}</b>" + (f" · {how}" if how else "") + f" · message #{vm.id}"
     snaps = ", ".join(f"{s.get('kind')} @{s.get('length')} (canonical {s.get('canonical')})" for s in r.snapshots_stored)
     rows = {
@@ -227,7 +264,7 @@ def debug_vm(vm: MessageVM) -> DebugVM:
         "ttft": format_seconds(r.ttft_s),
         "prefill_tps": f"{r.prefill_tps or 0:.1f} tok/s",
         "decode_tps": f"{r.decode_tps or 0:.1f} tok/s",
-        "identity": identity_text(vm.outcome, long=True),
+        "identity": identity_text(vm.outcome, long=True, mode=r.mode),
     }
     layers = [
         [str(x.index), x.cache_class, "–" if x.offset is None else str(x.offset), str(x.size),

@@ -207,7 +207,7 @@ class MessageWidget(QFrame):
         self.footer.setText(vm.footer)
         self.identity.setVisible(bool(vm.identity))
         self.identity.setText(vm.badge)
-        self.identity.setProperty("state", "same" if vm.identical else "diff")
+        self.identity.setProperty("state", vm.badge_state)
         self.identity.style().unpolish(self.identity)
         self.identity.style().polish(self.identity)
         if vm.status == "generating" and not self.streaming:
@@ -216,6 +216,14 @@ class MessageWidget(QFrame):
             # Only when the text changed: a new sibling elsewhere only changes the navigator.
             self._render(vm.content)
             self._shown = (vm.content, vm.status, False)
+
+    def show_identity(self, text: str, state: str) -> None:
+        """A note on the badge until the reply changes (e.g. a regenerate that added no copy)."""
+        self.identity.setText(("✓ " if state == "same" else "") + text)
+        self.identity.setVisible(bool(text))
+        self.identity.setProperty("state", state)
+        self.identity.style().unpolish(self.identity)
+        self.identity.style().polish(self.identity)
 
     def _render(self, text: str, streaming: bool = False) -> None:
         if self.vm.role == "user":

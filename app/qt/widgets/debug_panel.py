@@ -6,6 +6,7 @@ the session's `ReplyOutcome`, as worded by `view_models.debug_vm`; this module o
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
@@ -69,6 +70,9 @@ class DebugPanel(QDockWidget):
         self.values: dict[str, QLabel] = {}
         self._pending_vm: Optional[MessageVM] = None
         self._dirty = False
+        # Runs that added no row (a regenerate identical to an existing variant): reply id ->
+        # (that run's report, its outcome); shown instead of the variant's stored report.
+        self.runs: dict[int, tuple[Any, Any]] = {}
 
         inner = QWidget()
         inner.setObjectName("debugInner")
@@ -160,7 +164,17 @@ class DebugPanel(QDockWidget):
             self._dirty = False
             self._fill(self._pending_vm)
 
+    def record_run(self, reply_id: int, report: Any, outcome: Any) -> None:
+        """A regenerate that turned out identical to the existing variant `reply_id`: keep its
+        report (no row holds it) and show it whenever that variant is shown."""
+        self.runs[reply_id] = (report, outcome)
+        if self._pending_vm is not None and self._pending_vm.id == reply_id:
+            self.show_reply(self._pending_vm)
+
     def _fill(self, vm: Optional[MessageVM]) -> None:
+        if vm is not None and vm.id in self.runs:
+            report, outcome = self.runs[vm.id]
+            vm = replace(vm, report=report, outcome=outcome)
         same = vm is not None and vm.id == self.reply_id
         self.reply_id = vm.id if vm is not None else None
         has_report = vm is not None and vm.report is not None
