@@ -227,10 +227,16 @@ class Engine:
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
         """Re-run `request` with no cache at all (the same canonical schedule) and compare with `result`."""
-        p = self.prepare(request)
-        cold = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                            p.message_starts, p.context.limit))
+        cold = self.cold_run(request, cancel)
         return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
+
+    def cold_run(self, request: GenerationRequest, cancel: Optional[CancelToken] = None) -> GenerationResult:
+        """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
+        p = self.prepare(request)
+        result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
+                              p.message_starts, p.context.limit))
+        result.report.context = p.context
+        return result
 
     def token_texts(self, tokens: list[int]) -> list[str]:
         """The text each token of a reply adds, for showing it token by token (display only)."""

@@ -9,6 +9,7 @@ thread-safe), so a reply is saved even if the window is closing.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -22,6 +23,7 @@ from app.core.store import (
 )
 from app.core.view_models import ConversationItem, MessageVM, message_vm
 from engine.types import (
+    CacheReport,
     Comparison,
     GenerationRequest,
     GenerationResult,
@@ -75,6 +77,16 @@ class ChatSettings:
         return fresh_seed() if self.random_seed else self.sampler.seed
 
 
+@dataclass(frozen=True)
+class ModelIdentity:
+    """The loaded model as a receipt names it (engine ModelInfo + the spec it was loaded by)."""
+
+    spec: str
+    key: str
+    name: str = ""
+    dequantized: Optional[bool] = None
+
+
 @dataclass
 class PendingReply:
     """A reply row created up front (status "generating") and the request that fills it."""
@@ -126,9 +138,23 @@ class ChatSession:
     def delete_conversation(self, conv_id: int) -> None:
         self.store.delete_conversation(conv_id)
 
-    def export(self, conv_id: int, as_json: bool) -> str:
-        """The whole tree as Verbatim JSON (re-importable), or the active path as Markdown."""
-        return self.store.export_json(conv_id) if as_json else self.store.export_markdown(conv_id)
+    def export(self, conv_id: int, as_json: bool, model: Optional[ModelIdentity] = None) -> str:
+        """The whole tree as Verbatim JSON (re-importable), or the active path as Markdown. With
+        the loaded model's identity, every reply with tokens carries its receipt ("receipt")."""
+        if not as_json:
+            return self.store.export_markdown(conv_id)
+        text = self.store.export_json(conv_id)
+        if model is None:
+            return text
+        doc = json.loads(text)
+        ids = [m.id for m in self.store.messages(conv_id)]  # the file's ids are 1..n in this order
+        for entry, mid in zip(doc["messages"], ids):
+            if entry.get("role") == "assistant" and entry.get("tokens"):
+                try:
+                    entry["receipt"] = self.receipt(mid, model).to_dict()
+                except (StoreError, ValueError):
+                    pass
+        return json.dumps(doc, indent=1, ensure_ascii=False)
 
     def import_conversation(self, data: bytes) -> int:
         return self.store.import_json(data).id
@@ -297,6 +323,41 @@ class ChatSession:
                 self.store.delete_message(pending.reply_id)
         except StoreError:
             pass
+
+    # -- receipts and compare ------------------------------------------------------------------
+    def receipt(self, reply_id: int, model: ModelIdentity, env: Optional[dict[str, str]] = None) -> Any:
+        """A stored reply's receipt (engine/receipts.py): `python -m engine verify` replays it.
+        The model's spec goes in only when the loaded model is the one that made the reply."""
+        from engine.receipts import ReceiptError, ReceiptModel, build
+
+        reply = self.store.get_message(reply_id)
+        if reply.role != "assistant" or reply.parent_id is None or not reply.tokens:
+            raise StoreError("this reply has no tokens: there is nothing to replay")
+        report = reply.report or CacheReport()
+        sampler = SamplerSettings.from_dict(reply.sampler or {})
+        if reply.seed is not None:
+            sampler = replace(sampler, seed=reply.seed)
+        mode = report.mode if report.mode in ("exact", "fast") else "exact"
+        request = GenerationRequest(self.store.messages_for_prompt(reply.conversation_id, reply.parent_id),
+                                    sampler, mode=mode)  # type: ignore[arg-type]
+        finish = reply.finish_reason or ("cancelled" if reply.status == "interrupted" else "stop")
+        result = GenerationResult(reply.content, list(reply.tokens), list(reply.logprobs or []), finish,  # type: ignore[arg-type]
+                                  sampler.seed, [], report)
+        key = reply.model_key or report.model_key
+        same = bool(key) and key == model.key
+        ident = ReceiptModel(model.spec if same else "", key or model.key, reply.model_name or model.name,
+                             model.dequantized if same else None)
+        try:
+            return build(request, result, ident, report.chunk_size, env)
+        except ReceiptError as e:
+            raise StoreError(str(e)) from e
+
+    def compare_candidates(self, reply_id: int) -> list[tuple[Message, str]]:
+        """The replies of the same prompt (the reply's variants) that have tokens, with labels."""
+        siblings = self.store.siblings(reply_id)
+        n = len(siblings)
+        return [(m, f"Reply {i + 1} / {n}") for i, m in enumerate(siblings)
+                if m.role == "assistant" and m.tokens and m.status != "generating"]
 
     # -- verify --------------------------------------------------------------------------------
     def verify_inputs(self, reply_id: int) -> tuple[GenerationRequest, list[int], list[float]]:

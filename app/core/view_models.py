@@ -40,6 +40,7 @@ class MessageVM:
     identical: Optional[bool] = None
     seed: Optional[int] = None
     model_name: Optional[str] = None
+    tokens: int = 0  # token ids stored with the reply (the inspector needs some)
     report: Optional[CacheReport] = field(default=None, compare=False, hash=False)
     outcome: ReplyOutcome = field(default_factory=ReplyOutcome, compare=False, hash=False)
 
@@ -79,6 +80,7 @@ def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
         identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
         model_name=m.model_name,
+        tokens=len(m.tokens or []),
         report=m.report,
         outcome=outcome,
     )
@@ -296,3 +298,43 @@ def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:
             parts.append(format_bytes(nbytes))
         rows["disk"] = (", ".join(parts) or json.dumps(disk), json.dumps(disk, indent=1, default=str))
     return rows
+
+
+# ------------------------------------------------------------------------------ compare view
+def compare_verdict(cmp: Comparison, modes: tuple[str, str] = ("exact", "exact")) -> str:
+    """The compare view's one-line verdict."""
+    n = cmp.lengths[0]
+    if cmp.identical:
+        return f"identical ({n} tokens, bit-equal logprobs)"
+    if cmp.first_diff is None:
+        note = f" ({FAST_NOTE})" if "fast" in modes else ""
+        return f"same tokens, logprobs differ by up to {cmp.max_logprob_diff:.3g}{note}"
+    k = cmp.first_diff
+    if k == min(cmp.lengths):
+        which = "the first" if cmp.lengths[0] < cmp.lengths[1] else "the second"
+        same = "bit-equal logprobs" if cmp.max_logprob_diff == 0 else f"logprobs differ by up to {cmp.max_logprob_diff:.3g}"
+        return f"diverge at token {k}: {which} ends there, the same tokens before it ({same})"
+    return f"diverge at token {k}"
+
+
+def prefix_text(cmp: Comparison) -> str:
+    """'shared prefix: 42 tokens, 198 characters; max |Δ logprob| before it 0'."""
+    chars = f", {cmp.shared_chars} characters" if cmp.shared_chars is not None else ""
+    return (f"shared prefix: {cmp.shared_tokens} tokens{chars} · lengths {cmp.lengths[0]} / {cmp.lengths[1]} tokens"
+            f" · max |Δ logprob| over the shared prefix {cmp.max_logprob_diff:.3g}")
+
+
+def side_text(side: Any) -> str:
+    """A compare side's settings and provenance: 'seed 7 · exact · T=0.9, top_p=0.95 · cache: memory 170 / 171'."""
+    cache = f"{side.source} {side.restored} / {side.prompt_tokens}" if side.source else f"none (cold, {side.prompt_tokens} prompt tokens)"
+    stopped = " · stopped" if side.status == "interrupted" else ""
+    return (f"seed {side.seed if side.seed is not None else '–'} · {side.mode} · {sampler_text(side.sampler)}"
+            f" · cache: {cache} · {len(side.tokens)} tokens{stopped}")
+
+
+def token_tooltip(token: int, text: str, logprob: float) -> str:
+    """Hover text of one token in the per-token view."""
+    import math
+
+    p = math.exp(logprob) if logprob > -700 else 0.0
+    return f"token {token} · {text!r} · logprob {logprob:.6g} (p = {p:.3g})"

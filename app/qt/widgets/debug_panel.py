@@ -61,6 +61,7 @@ def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel])
 class DebugPanel(QDockWidget):
     verifyRequested = Signal(int)  # reply id
     clearRequested = Signal()
+    compareRequested = Signal(int)  # reply id: open the compare view
 
     def __init__(self, parent: Optional[QWidget] = None) -> None:
         super().__init__("Debug", parent)
@@ -103,6 +104,11 @@ class DebugPanel(QDockWidget):
         self.verify_button.setToolTip("Generate this reply again with no cache at all and compare token by token")
         self.verify_button.clicked.connect(lambda: self.reply_id is not None and self.verifyRequested.emit(self.reply_id))
         ident.addRow(self.verify_button)
+        self.compare_button = QPushButton("Compare token by token…")
+        self.compare_button.setObjectName("debugCompareButton")
+        self.compare_button.setToolTip("Where this reply and another variant (or a cold run) part, and by how much")
+        self.compare_button.clicked.connect(lambda: self.reply_id is not None and self.compareRequested.emit(self.reply_id))
+        ident.addRow(self.compare_button)
         lay.addWidget(ident_box)
 
         time_box = QGroupBox("Timings")
@@ -179,6 +185,7 @@ class DebugPanel(QDockWidget):
         self.reply_id = vm.id if vm is not None else None
         has_report = vm is not None and vm.report is not None
         self.verify_button.setEnabled(vm is not None and has_report and vm.status != "generating")
+        self.compare_button.setEnabled(vm is not None and vm.tokens > 0 and vm.status != "generating")
         if not same:
             self.values["verify"].setText("–")
         if vm is None or vm.report is None:
