@@ -25,7 +25,12 @@ from engine.engine import Engine
 from engine.types import GenerationRequest
 
 if TYPE_CHECKING:
-    from app.qt.window import MainWindow
+    from app.qt.controller import ChatController, ChatWindow
+    from app.core.session import ChatSession
+
+    class InspectedWindow(ChatWindow):  # app/qt/window.py's MainWindow (no import: no cycle)
+        session: ChatSession
+        controller: ChatController
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +40,8 @@ class Inspector(QObject):
     tokensShown = Signal(int)  # reply id
     receiptWritten = Signal(str)  # path
 
-    def __init__(self, window: "MainWindow") -> None:
-        super().__init__(window)
+    def __init__(self, window: "InspectedWindow") -> None:
+        super().__init__(window)  # type: ignore[arg-type]
         self.w = window
         self.view: Optional[CompareView] = None
         self.last: Optional[CompareData] = None
