@@ -180,7 +180,7 @@ class Engine:
             return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)))
         messages = validate_messages(request.messages)
         fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m), messages, request.sampler.max_tokens,
-                                limit, request.context_policy)
+                                limit, request.context_policy, lambda m: len(lm.tokenizer.encode(m["content"])) + 4)
         assert self._starts is not None
         starts = self._starts(fitted.messages, fitted.prompt)
         return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,

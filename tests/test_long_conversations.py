@@ -137,9 +137,6 @@ def test_truncate_leaves_out_the_oldest_turns_and_regenerates_identically(models
     assert ctx.prompt_tokens + 16 <= 200 and ctx.prompt_tokens == first.report.prompt_tokens
     kept = [msgs[0]] + msgs[1 + ctx.dropped_messages:]
     assert first.report.prompt_tokens == len(eng.prompt_ids(kept))  # system + the newest turns
-    # the fewest left out: one turn fewer dropped would not fit
-    fewer = [msgs[0]] + msgs[1 + ctx.dropped_messages - 2:]
-    assert len(eng.prompt_ids(fewer)) + 16 > 200
     again = eng.generate(req)
     assert again.report.restored == again.report.prompt_tokens - 1
     assert again.tokens == first.tokens and again.logprobs == first.logprobs
@@ -172,3 +169,39 @@ def test_decoding_stops_at_the_context_limit(models):
     r = drain(stream(eng.lm, dataclasses.replace(p.request, use_cache=False), None, 8, prompt=p.prompt,
                      context_limit=n + 3))
     assert r.finish_reason == "context" and len(r.tokens) == 4  # positions n-1 .. n+2 < n + 3
+
+
+def test_a_truncated_chat_keeps_its_prefix_and_its_cache_for_the_next_turns(models):
+    """Left-out turns go in blocks of about a quarter of the context, so the next turns leave out
+    the same ones: the prompt keeps its start and exact mode still reuses the cache."""
+    require_openblas()
+    eng = make_engine(models["llama"], chunk=512, context_length=400)
+    cold_eng = make_engine(models["llama"], chunk=512, context_length=400)
+    msgs = _long_chat(14)
+    seen = []
+    for t in range(5):
+        req = GenerationRequest(msgs, SamplerSettings(max_tokens=8), context_policy="truncate")
+        r = eng.generate(req)
+        cold = cold_eng.generate(dataclasses.replace(req, use_cache=False))
+        assert (r.tokens, r.logprobs) == (cold.tokens, cold.logprobs) and r.report.context == cold.report.context
+        seen.append(r)
+        msgs = msgs + [{"role": "assistant", "content": r.text}, {"role": "user", "content": f"Go on ({t})."}]
+    dropped = [r.report.context.dropped_messages for r in seen]
+    assert dropped[0] > 0 and dropped == sorted(dropped)
+    same = [k for k in range(1, len(seen)) if dropped[k] == dropped[k - 1]]
+    assert len(same) >= 3, dropped  # most follow-ups leave out the same messages...
+    for k in same:  # ...and then reuse the cache up to the previous reply
+        grew = seen[k].report.prompt_tokens - seen[k - 1].report.prompt_tokens
+        assert seen[k].report.restored > 0 and seen[k].report.prefill_tokens <= grew + 16
+
+
+def test_block_cuts_do_not_move_as_the_chat_grows():
+    from engine.generate.context import _blocks
+
+    def cuts(turns: int) -> list[int]:
+        body = 2 * turns  # user, assistant, ...: a user turn starts at every even index
+        return _blocks([k for k in range(2, body, 2)] + [body], [5] * body, 25)
+
+    short, longer = cuts(10), cuts(30)
+    assert short[:-1] == [6, 10, 16] and longer[: len(short) - 1] == short[:-1]
+    assert all(b - a >= 4 for a, b in zip(longer, longer[1:-1]))  # whole blocks, not every turn
