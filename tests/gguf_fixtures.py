@@ -244,6 +244,7 @@ def tiny_llama_gguf(folder: Path, out: Path, ttype: int = T_F32, arch: str = "ll
 QK_K = 256
 T_Q2_K, T_Q3_K, T_Q5_K, T_Q6_K = 10, 11, 13, 14
 KQUANT_BLOCK_BYTES = {T_Q2_K: 84, T_Q3_K: 110, T_Q4_K: 144, T_Q5_K: 176, T_Q6_K: 210}
+GGML_BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34}  # by type name
 
 
 def _f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -390,8 +391,9 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens + pieces, scores, types + [NORMAL] * len(pieces)
 
 
-def synthetic_gguf(out: Path, arch: str, seed: int = 0) -> Path:
-    """A 2-layer random `arch` model (hidden 256) with K-quant matrices, written by gguf-py."""
+def synthetic_gguf(out: Path, arch: str, seed: int = 0, drop: frozenset[str] | set[str] = frozenset()) -> Path:
+    """A 2-layer random `arch` model (hidden 256) with K-quant matrices, written by gguf-py;
+    the tensors named in `drop` are left out."""
     import gguf
     from gguf.quants import quantize as gguf_quantize
 
@@ -457,10 +459,13 @@ def synthetic_gguf(out: Path, arch: str, seed: int = 0) -> Path:
             data = gguf_quantize(m, gguf.GGMLQuantizationType.Q8_0)
         else:
             data = np.frombuffer(kquantize(m, ttype)[0], np.uint8).reshape(shape[0], -1)
-        w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(ttype))
+        if name not in drop:
+            w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(ttype))
 
     def vector(name: str, n: int, mean: float, scale: float) -> None:
-        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+        v = (mean + rng.standard_normal(n) * scale).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, v)
 
     types = spec["types"]
     matrix("token_embd.weight", (vocab_size, HIDDEN), types["token_embd"], 1.0)

@@ -86,7 +86,9 @@ def _dequantize(blocks: np.ndarray, ggml_type: int) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    return _finite(dequantize(blocks, GGMLQuantizationType(ggml_type)))
+    with np.errstate(invalid="ignore", over="ignore"):  # garbage scales: reported just below
+        w = dequantize(blocks, GGMLQuantizationType(ggml_type))
+    return _finite(w)
 
 
 def _finite(w: np.ndarray) -> np.ndarray:
