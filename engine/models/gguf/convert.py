@@ -19,7 +19,13 @@ from typing import Any, Optional
 import numpy as np
 
 from engine.errors import GGUFError
-from engine.models.gguf.arch import build_config, expected_shape, get_arch, mlx_name, required_tensors
+from engine.models.gguf.arch import (
+    build_config,
+    expected_shape,
+    get_arch,
+    mlx_name,
+    required_tensors,
+)
 from engine.models.gguf.reader import GGUFFile, read_gguf
 from engine.models.gguf.tensors import convert_tensor, plan, supported
 from engine.models.gguf.tokenizer import build_tokenizer
