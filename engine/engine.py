@@ -1,7 +1,7 @@
 """The engine facade that the CLI and the GUI both use.
 
 One `Engine` per worker thread: MLX streams are thread-local, so the model, its caches and
-every array must be created on the thread that uses them (DESIGN.md). The GUI runs an Engine
+every array must be created on the thread that uses them (docs/architecture.md). The GUI runs an Engine
 on its worker thread; the CLI and tests use it directly.
 """
 
@@ -267,10 +267,9 @@ DEQUANTIZE_MAX_RAM_FRACTION = 0.25  # expanded f32 weights may take at most this
 def _should_dequantize(choice: Optional[bool], f32_bytes: int) -> bool:
     """Expand quantized weights to f32 at load? On the CPU backend, when they fit.
 
-    MLX's CPU quantized matmul uses no BLAS. f32 weights were faster on both BLASes here (demo
-    model, docs/benchmarks.md item 6: with OpenBLAS prefill ~22x and decode ~2.1x, with MLX's
-    reference BLAS ~1.1x and ~1.16x), at 8x the weight memory for 4-bit: so only while the f32
-    copy stays under a quarter of the machine's RAM. On Metal/CUDA the quantized kernels win.
+    MLX's CPU quantized matmul uses no BLAS, so f32 weights are faster there with either BLAS
+    (docs/benchmarks.md, item 6), at 8x the weight memory for 4-bit: so only while the f32 copy
+    stays under a quarter of the machine's RAM. On Metal/CUDA the quantized kernels win.
     """
     if choice is not None:
         return choice

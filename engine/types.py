@@ -234,6 +234,7 @@ class GenerationResult:
             "finish_reason": self.finish_reason,
             "seed": self.seed,
             "cache": cache,
+            "context": cache["context"],  # {limit, prompt_tokens, dropped_messages}
             "timings": {k: cache[k] for k in ("ttft_s", "prefill_tps", "decode_tps")},
         }
 

@@ -66,15 +66,27 @@ def test_send_regenerate_variant_edit_without_qt(chat) -> None:
     assert [vm.id for vm in session.view(conv)][0] == p1.user_id
 
 
-def test_verify_inputs_reproduce_the_reply_cold(chat) -> None:
+def test_verify_inputs_reproduce_the_reply_cold(chat, tiny_model: Path) -> None:
+    """A warm reply (a regenerate that provably restored prompt - 1) is verified against a cold run."""
     session, engine = chat
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "The capital of France is"))
-    request, tokens, logprobs = session.verify_inputs(reply.id)
+    pending = session.begin_regenerate(reply.id)
+    result = engine.generate(pending.request)
+    again = session.finish(pending, result)
+    assert 0 < result.report.restored == result.report.prompt_tokens - 1
+    request, tokens, logprobs = session.verify_inputs(again.id)
+    assert (tokens, logprobs) == (result.tokens, result.logprobs)  # what the store kept, bit for bit
+    from dataclasses import replace
+
     from engine.types import CacheReport, GenerationResult
 
     stored = GenerationResult("", tokens, logprobs, "stop", request.sampler.seed, [], CacheReport())
     assert engine.verify(request, stored).identical
+    other = Engine(use_disk=False, chunk=16)  # an independent cold run, in another engine
+    other.load(str(tiny_model))
+    cold = other.generate(replace(request, use_cache=False))
+    assert cold.report.restored == 0 and (cold.tokens, cold.logprobs) == (tokens, logprobs)
 
 
 def test_failed_generation_keeps_the_users_message(chat) -> None:

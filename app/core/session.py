@@ -49,6 +49,9 @@ class ChatSettings:
     )
     random_seed: bool = True  # False: every new reply uses sampler.seed
     mode: str = "exact"  # "exact" | "fast"
+    # A conversation longer than the model's context: leave out the oldest turns (marked in the
+    # chat), or refuse to send. Deterministic either way, so regenerate stays identical.
+    context_policy: str = "truncate"  # "truncate" | "refuse"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +59,7 @@ class ChatSettings:
             "sampler": self.sampler.to_dict(),
             "random_seed": self.random_seed,
             "mode": self.mode,
+            "context_policy": self.context_policy,
         }
 
     @classmethod
@@ -64,11 +68,13 @@ class ChatSettings:
         base = cls()
         sampler = SamplerSettings.from_dict(d["sampler"]) if isinstance(d.get("sampler"), dict) else base.sampler
         mode = d.get("mode") if d.get("mode") in ("exact", "fast") else base.mode
+        policy = d.get("context_policy") if d.get("context_policy") in ("truncate", "refuse") else base.context_policy
         return cls(
             system_prompt=str(d.get("system_prompt") or ""),
             sampler=sampler,
             random_seed=bool(d.get("random_seed", base.random_seed)),
             mode=mode,
+            context_policy=policy,
         )
 
     def seed_for_new_reply(self) -> int:
@@ -215,7 +221,8 @@ class ChatSession:
         seed = settings.sampler.seed if action == "regenerate" else settings.seed_for_new_reply()
         sampler = replace(settings.sampler, seed=seed)
         messages = self.store.messages_for_prompt(conv_id, user_id)
-        request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode)  # type: ignore[arg-type]
+        request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode,  # type: ignore[arg-type]
+                                    context_policy=settings.context_policy)  # type: ignore[arg-type]
         reply = self.store.add_message(
             conv_id, user_id, "assistant", "", status="generating",
             seed=seed, sampler=sampler.to_dict(), model_name=model_name,
@@ -275,7 +282,12 @@ class ChatSession:
             sampler = replace(sampler, max_tokens=len(reply.tokens))
         mode = reply.report.mode if reply.report is not None else "exact"
         messages = self.store.messages_for_prompt(reply.conversation_id, reply.parent_id)
-        request = GenerationRequest(messages=messages, sampler=sampler, mode=mode)
+        # Leave out what the reply's own prompt left out (a stopped reply is verified with fewer
+        # max tokens, which must not change what fits).
+        dropped = reply.report.context.dropped_messages if reply.report and reply.report.context else 0
+        lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        messages = messages[:lead] + messages[lead + dropped:]
+        request = GenerationRequest(messages=messages, sampler=sampler, mode=mode, context_policy="truncate")
         return request, list(reply.tokens), list(reply.logprobs or [])
 
 

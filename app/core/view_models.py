@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from app.core.store import Message, ReplyOutcome
 from engine.types import CacheReport, Comparison, GenerationResult
@@ -40,6 +40,7 @@ class MessageVM:
     identical: Optional[bool] = None
     seed: Optional[int] = None
     model_name: Optional[str] = None
+    tokens: int = 0  # reply tokens generated
     report: Optional[CacheReport] = field(default=None, compare=False, hash=False)
     outcome: ReplyOutcome = field(default_factory=ReplyOutcome, compare=False, hash=False)
 
@@ -71,6 +72,7 @@ def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
         identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
         model_name=m.model_name,
+        tokens=len(m.tokens or []),
         report=m.report,
         outcome=outcome,
     )
@@ -153,6 +155,7 @@ def verify_text(cmp: Comparison) -> str:
 # --------------------------------------------------------------------------------- debug panel
 REPORT_FIELDS = [
     ("prompt_tokens", "Prompt tokens"),
+    ("context", "Context"),
     ("matched", "Matched prefix"),
     ("restored_stored", "Restored / stored"),
     ("partial", "Partial restore"),
@@ -176,13 +179,68 @@ NO_REPORT = "This reply has no cache report yet"
 VERIFYING = "running a cold generation…"
 
 
-def chunks_text(chunks: list[list[int]]) -> str:
+def chunks_text(chunks: list[list[int]], message_starts: Sequence[int] = ()) -> str:
+    """The prefill forwards; a ✉ marks a chunk that ends where a message starts."""
     if not chunks:
         return "none (whole prompt restored)"
-    shown = [f"[{a}, {b})" for a, b in chunks]
+    starts = set(message_starts)
+    shown = [f"[{a}, {b}){'✉' if b in starts else ''}" for a, b in chunks]
     if len(shown) > 8:
         shown = shown[:4] + ["…"] + shown[-3:]
-    return f"{len(chunks)} forward{'s' if len(chunks) != 1 else ''}: " + " ".join(shown)
+    text = f"{len(chunks)} forward{'s' if len(chunks) != 1 else ''}: " + " ".join(shown)
+    if starts:
+        text += f"\n✉ message starts: {', '.join(str(m) for m in sorted(starts))}"
+    return text
+
+
+@dataclass(frozen=True)
+class ContextVM:
+    """How full the model's context is for a conversation, and what was left out of it."""
+
+    used: int  # tokens of the last prompt sent, plus its reply
+    limit: Optional[int]
+    dropped: int  # oldest messages not sent
+
+    @property
+    def fraction(self) -> float:
+        return min(self.used / self.limit, 1.0) if self.limit else 0.0
+
+    @property
+    def text(self) -> str:
+        return f"{self.used:,} / {self.limit:,} tokens" if self.limit else f"{self.used:,} tokens"
+
+    @property
+    def marker(self) -> str:
+        n = self.dropped
+        return f"{n} earlier message{'s are' if n != 1 else ' is'} not sent to the model (the context is full)"
+
+
+def context_vm(vms: Sequence[MessageVM]) -> Optional[ContextVM]:
+    """From the newest reply on the path that has a report (None: nothing sent yet)."""
+    for vm in reversed(vms):
+        if vm.report is not None and vm.report.context is not None:
+            ctx = vm.report.context
+            return ContextVM(ctx.prompt_tokens + vm.tokens, ctx.limit, ctx.dropped_messages)
+    return None
+
+
+def context_marker(vms: Sequence[MessageVM]) -> Optional[tuple[int, str]]:
+    """Where (index into vms) and what the "left out" marker says, for the newest reply."""
+    ctx = context_vm(vms)
+    if ctx is None or not ctx.dropped:
+        return None
+    lead = next((i for i, vm in enumerate(vms) if vm.role != "system"), len(vms))
+    return min(lead + ctx.dropped, len(vms)), ctx.marker
+
+
+def context_text(report: CacheReport) -> str:
+    ctx = report.context
+    if ctx is None:
+        return "–"
+    used = f"{ctx.prompt_tokens:,} of {ctx.limit:,} tokens" if ctx.limit else f"{ctx.prompt_tokens:,} tokens"
+    if ctx.dropped_messages:
+        used += f" · {ctx.dropped_messages} oldest message{'s' if ctx.dropped_messages != 1 else ''} left out"
+    return used
 
 
 def sampler_text(s: dict[str, Any]) -> str:
@@ -219,7 +277,8 @@ def debug_vm(vm: MessageVM) -> DebugVM:
         "mode": str(r.mode),
         "chunk_size": str(r.chunk_size),
         "prefill_tokens": str(r.prefill_tokens),
-        "chunks": chunks_text(r.chunks),
+        "chunks": chunks_text(r.chunks, r.message_starts),
+        "context": context_text(r),
         "snapshots": snaps or "none",
         "seed": str(r.seed),
         "sampler": sampler_text(r.sampler),

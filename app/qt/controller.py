@@ -143,13 +143,15 @@ class ChatController(QObject):
     prefilled = Signal(int, int)  # prompt tokens in the cache so far, prompt tokens in all
 
     def __init__(self, window: ChatWindow, session: ChatSession, cache_dir: Path, chunk: int = 512,
-                 use_disk: bool = True, batch_interval: float = 0.05, read_only: bool = False) -> None:  # fmt: skip
+                 use_disk: bool = True, batch_interval: float = 0.05, read_only: bool = False,
+                 context_length: Optional[int] = None) -> None:  # fmt: skip
         super().__init__()
         self.w = window
         self.session = session
         self.read_only = read_only
         self.batch_interval = batch_interval
-        self.executor = EngineExecutor(lambda: Engine(cache_dir=cache_dir, use_disk=use_disk, chunk=chunk))
+        self.executor = EngineExecutor(lambda: Engine(cache_dir=cache_dir, use_disk=use_disk, chunk=chunk,
+                                                      context_length=context_length))
         self.pending: Optional[PendingReply] = None  # the reply being generated
         self.stream_text = ""
         self.token_updates = 0  # text updates the view got (batching evidence)
@@ -328,7 +330,7 @@ class ChatController(QObject):
         self.model_info = info
         # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
         # reach, so the full collections the GC pacer runs between replies stay short. New
-        # objects are still collected normally. Collect first (once, ~50 ms, nothing is streaming)
+        # objects are still collected normally. Collect first (once, while nothing is streaming)
         # so the loader's garbage cycles are freed rather than frozen for the life of the process.
         gc.collect()
         gc.freeze()

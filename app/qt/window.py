@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
 from app.core.models import model_label
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
-from app.core.view_models import MessageVM, format_bytes
+from app.core.view_models import MessageVM, context_marker, context_vm, format_bytes
 from app.qt import dialogs, jobs
 from app.qt.controller import ChatController
 from app.qt.gc_pacer import GcPacer
@@ -53,6 +53,7 @@ from app.qt.server_toggle import ServerToggle
 from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
 from app.qt.widgets.composer import Composer
+from app.qt.widgets.context_meter import ContextMeter
 from app.qt.widgets.debug_panel import DebugPanel
 from app.qt.widgets.model_picker import ModelPicker
 from app.qt.widgets.sidebar import Sidebar
@@ -70,6 +71,7 @@ class MainWindow(QMainWindow):
         use_disk: bool = True,
         theme: Optional[str] = None,
         batch_interval: float = 0.05,
+        context_length: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.setObjectName("mainWindow")
@@ -83,7 +85,8 @@ class MainWindow(QMainWindow):
         self.read_only = self.lock is None
         self.session = ChatSession(store)
         self.controller = ChatController(
-            self, self.session, self.data_dir / "cache", chunk, use_disk, batch_interval, self.read_only
+            self, self.session, self.data_dir / "cache", chunk, use_disk, batch_interval, self.read_only,
+            context_length,
         )
         self.conv_id: Optional[int] = None
         self.last_error: Optional[str] = None
@@ -213,6 +216,8 @@ class MainWindow(QMainWindow):
         self.stop_button.clicked.connect(lambda: self.controller.stop())
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
+        self.context_meter = ContextMeter()
+        buttons.addWidget(self.context_meter)
         buttons.addStretch(1)
         row.addLayout(buttons)
         bl.addLayout(row)
@@ -386,7 +391,8 @@ class MainWindow(QMainWindow):
 
     def refresh_messages(self) -> list[MessageVM]:
         vms = self.session.view(self.conv_id) if self.conv_id is not None else []
-        self.chat_view.set_messages(vms)
+        self.chat_view.set_messages(vms, context_marker(vms))
+        self.context_meter.show_context(context_vm(vms))
         pending = self.controller.pending
         if pending is not None and pending.conversation_id == self.conv_id:
             self.chat_view.stream(pending.reply_id, self.controller.stream_text, 0)

@@ -341,6 +341,12 @@ class ChatView(QScrollArea):
             "Regenerate (Ctrl+R) gives the same reply, instantly, from the prompt cache.</p>"
         )
         self.col_layout.addWidget(self.empty)
+        self.marker = QLabel()  # "12 earlier messages are not sent to the model"
+        self.marker.setObjectName("contextMarker")
+        self.marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.marker.setWordWrap(True)
+        self.marker.setVisible(False)
+        self.col_layout.addWidget(self.marker)
         self.col_layout.addStretch(1)
         self.setWidget(outer)
         self.widgets: dict[int, MessageWidget] = {}
@@ -351,7 +357,9 @@ class ChatView(QScrollArea):
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
 
     # -- messages --------------------------------------------------------------------------------
-    def set_messages(self, vms: list[MessageVM]) -> None:
+    def set_messages(self, vms: list[MessageVM], marker: Optional[tuple[int, str]] = None) -> None:
+        """Show `vms` in order; `marker` = (index, text): a line before vms[index] saying what
+        was left out of the prompt."""
         keep = {vm.id for vm in vms}
         for mid in [m for m in self.widgets if m not in keep]:
             w = self.widgets.pop(mid)
@@ -361,7 +369,8 @@ class ChatView(QScrollArea):
             w.hide()
             w.setParent(None)
             w.deleteLater()
-        for i, vm in enumerate(vms):
+        items: list[QWidget] = []
+        for vm in vms:
             w = self.widgets.get(vm.id)
             if w is None:
                 w = MessageWidget(vm, self.palette_, self.assistant_name)
@@ -373,6 +382,12 @@ class ChatView(QScrollArea):
                 self.widgets[vm.id] = w
             else:
                 w.update_vm(vm)
+            items.append(w)
+        if marker is not None:
+            items.insert(marker[0], self.marker)
+            self.marker.setText(marker[1])
+        self.marker.setVisible(marker is not None)
+        for i, w in enumerate(items):
             if self.col_layout.indexOf(w) != i + 1:
                 self.col_layout.removeWidget(w)
                 self.col_layout.insertWidget(i + 1, w)  # index 0 is the empty-state label
