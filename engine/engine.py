@@ -20,7 +20,12 @@ from engine.cache.memory import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError, RequestError
 from engine.generate.context import fit_to_context
 from engine.generate.loop import LoadedModel, drain, stream
-from engine.generate.templating import MessageStarts, render_prompt, render_text
+from engine.generate.templating import (
+    MessageStarts,
+    render_prompt,
+    render_text,
+    token_pieces,
+)
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -227,10 +232,20 @@ class Engine:
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
         """Re-run `request` with no cache at all (the same canonical schedule) and compare with `result`."""
-        p = self.prepare(request)
-        cold = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                            p.message_starts, p.context.limit))
+        cold = self.cold_run(request, cancel)
         return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
+
+    def cold_run(self, request: GenerationRequest, cancel: Optional[CancelToken] = None) -> GenerationResult:
+        """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
+        p = self.prepare(request)
+        result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
+                              p.message_starts, p.context.limit))
+        result.report.context = p.context
+        return result
+
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """The text each token of a reply adds, for showing it token by token (display only)."""
+        return token_pieces(self._lm().tokenizer, tokens)
 
     # -- cache ---------------------------------------------------------------------------------
     def cache_stats(self) -> dict[str, Any]:

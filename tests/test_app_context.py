@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from app.qt.window import MainWindow
-from tests.test_app_window import open_window, replies, send, wait_idle  # noqa: F401 (a fixture)
+from tests.test_app_window import open_window, replies, send, wait_idle  # noqa: F401,F811 (a fixture)
 
 CONTEXT = 260
 TURN = "Tell me more about the colours of the evening sky over the sea, please. " * 3  # ~50 tokens
@@ -38,20 +38,9 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
 
     w.controller.regenerate(fresh=False)
     wait_idle(qtbot, w)
-    again = replies(w)[-1]
-    assert again.report.restored == again.report.prompt_tokens - 1
-    assert again.report.context.dropped_messages == ctx.dropped_messages
-    old, new = (w.session.store.get_message(m.id) for m in (last, again))
-    assert (new.tokens, new.logprobs) == (old.tokens, old.logprobs)
-
-
-def test_refuse_setting_shows_the_numbers_and_keeps_the_message(
-    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
-) -> None:
-    w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
-    w.apply_settings(replace(w.current_settings(), context_policy="refuse"))
-    send(qtbot, w, "0: " + TURN)
-    send(qtbot, w, "1: " + TURN * 3)  # ~150 more tokens: no longer fits
-    assert "prompt has" in (w.last_error or "") and f"the model's context is {CONTEXT}" in w.last_error
-    assert [vm.role for vm in w.message_vms()][-1] == "user"  # the message is kept, unanswered
-    assert not w.chat_view.marker.isVisible()
+    result = w.controller.last_finished.result  # identical: no copy is added, the reply stays
+    assert replies(w)[-1].id == last.id
+    assert result.report.restored == result.report.prompt_tokens - 1
+    assert result.report.context.dropped_messages == ctx.dropped_messages
+    old = w.session.store.get_message(last.id)
+    assert (result.tokens, result.logprobs) == (old.tokens, old.logprobs)

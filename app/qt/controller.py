@@ -34,7 +34,12 @@ from PySide6.QtCore import QObject, Signal
 from app.core.models import model_label
 from app.core.session import ChatSession, PendingReply
 from app.core.store import Message, StoreError
-from app.core.view_models import finished_text, progress_text, verify_text
+from app.core.view_models import (
+    finished_text,
+    identity_text,
+    progress_text,
+    verify_text,
+)
 from app.qt import jobs
 from app.qt.jobs import Relay
 from engine.engine import Engine, ModelInfo
@@ -269,8 +274,15 @@ class ChatController(QObject):
             return
         self._end_reply()
         self.last_finished = finished
+        outcome = finished.pending.outcome or finished.message.outcome
+        twin = finished.pending.duplicate_of
+        if twin is not None:  # identical to an existing variant: that one is shown, with this run's report
+            self.w.chat_view.selected_id = twin
+            self.w.debug_panel.record_run(twin, finished.result.report, outcome)
         self.w.refresh_messages()  # the sidebar was refreshed when the reply started
-        self.w.status(finished_text(finished.result, finished.message.outcome), 8000)
+        if twin is not None and (shown := self.w.chat_view.widget_for(twin)) is not None:
+            shown.show_identity(identity_text(outcome), "same")
+        self.w.status(finished_text(finished.result, outcome), 8000)
         if finished.result.report.warnings:  # the engine hands each disk problem over once: keep it in view
             self.w.banner_text("Prompt cache: " + "; ".join(finished.result.report.warnings)
                                + " Replies still work; the cache is kept in memory only.")  # fmt: skip

@@ -49,6 +49,7 @@ from app.core.view_models import MessageVM, context_marker, context_vm, format_b
 from app.qt import dialogs, jobs
 from app.qt.controller import ChatController
 from app.qt.gc_pacer import GcPacer
+from app.qt.inspector import Inspector
 from app.qt.server_toggle import ServerToggle
 from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
@@ -96,6 +97,7 @@ class MainWindow(QMainWindow):
         self.theme: Theme = theme_named(self.theme_option)
 
         self._build_ui()
+        self.inspector = Inspector(self)  # compare view, per-token view, receipts (app/qt/inspector.py)
         self._build_menus()
         self._apply_theme()
         QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _: self._apply_theme())
@@ -545,7 +547,8 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            Path(path).write_text(self.session.export(conv_id, as_json=path.endswith(".json")), encoding="utf-8")
+            text = self.session.export(conv_id, as_json=path.endswith(".json"), model=self.inspector.model_identity())
+            Path(path).write_text(text, encoding="utf-8")
         except (OSError, StoreError) as e:
             self.show_error("Export failed", str(e))
             return

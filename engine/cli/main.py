@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 from engine.cli.models import add_subcommands
 from engine.cli.serve import add_serve_parser
+from engine.cli.verify import add_verify_parser
 from engine.errors import RequestError, VerbatimError
 from engine.generate.loop import drain
 from engine.types import (
@@ -63,11 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON file with a conversation: [{role, content}, ...] (repeatable)")
     g.add_argument("--repeat", type=int, default=1, help="generate each conversation K times")
     g.add_argument("--json", action="store_true", help="one JSON object per generation on stdout")
+    g.add_argument("--receipt", type=Path, metavar="FILE",
+                   help="write a receipt (python -m engine verify FILE replays it); with several generations, "
+                        "FILE-2, FILE-3... for the second and later")
     c = sub.add_parser("chat", help="interactive terminal chat (/regenerate, /new, /debug, /quit)")
     _add_sampler_args(c)
     c.add_argument("--system", default="", help="system prompt")
     add_subcommands(sub)
     add_serve_parser(sub)
+    add_verify_parser(sub)
     return parser
 
 
@@ -161,12 +166,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise CLIError("--repeat must be at least 1")
     eng = _engine(args)
+    n = 0
     try:
         for messages in conversations:
             for _ in range(args.repeat):
                 req = GenerationRequest(messages, _sampler(args), mode=args.mode, use_cache=not args.no_cache,
                                         stop=tuple(args.stop), context_policy=_policy(args))
                 result = eng.generate(req)
+                n += 1
+                if args.receipt is not None:
+                    _write_receipt(args, eng, req, result, n)
                 if args.json:
                     print(json.dumps(result.to_dict()), flush=True)
                 else:
@@ -175,6 +184,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     finally:
         eng.close()
     return 0
+
+
+def _write_receipt(args: argparse.Namespace, eng: Any, req: GenerationRequest, result: GenerationResult,
+                   n: int) -> None:
+    from engine.receipts import ReceiptModel, build, write
+
+    path = args.receipt if n == 1 else args.receipt.with_name(f"{args.receipt.stem}-{n}{args.receipt.suffix}")
+    info = eng.info
+    spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model  # a folder, from anywhere
+    model = ReceiptModel(spec, info.key, info.name, info.dequantized)
+    try:
+        write(build(req, result, model, eng.chunk), path)
+    except OSError as e:
+        raise CLIError(f"cannot write the receipt {path}: {e}")
+    print(f"receipt written to {path}", file=sys.stderr)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -109,6 +109,9 @@ class MessageWidget(QFrame):
     editSubmitted = Signal(int, str)
     deleteRequested = Signal(int)
     copied = Signal(str)
+    compareRequested = Signal(int)  # the determinism inspector (app/qt/inspector.py)
+    tokensToggled = Signal(int, bool)
+    receiptRequested = Signal(int)
 
     def __init__(self, vm: MessageVM, palette: Palette, assistant_name: str = "Assistant") -> None:
         super().__init__()
@@ -172,11 +175,24 @@ class MessageWidget(QFrame):
         foot.addWidget(self.footer)
         foot.addStretch(1)
         foot.addWidget(self.identity)
+        # The inspector: per-token view (in place of the body), compare view, receipt.
+        self.tokens_button = _tool("Tokens", "Show this reply token by token, coloured by probability", "tokensButton")
+        self.tokens_button.setCheckable(True)
+        self.compare_button = _tool("Compare", "Compare with another variant or a cold run, token by token",
+                                    "compareButton")
+        self.receipt_button = _tool("Receipt", "Export a receipt: python -m engine verify FILE replays it",
+                                    "receiptButton")
+        for w in (self.tokens_button, self.compare_button, self.receipt_button):
+            foot.addWidget(w)
         lay.addLayout(foot)
+        self.token_view: Optional[QWidget] = None  # created on first use
 
         self.prev_button.clicked.connect(lambda: self.vm.prev_id and self.navigate.emit(self.vm.prev_id))
         self.next_button.clicked.connect(lambda: self.vm.next_id and self.navigate.emit(self.vm.next_id))
         self.copy_button.clicked.connect(self._copy)
+        self.tokens_button.toggled.connect(lambda on: self.tokensToggled.emit(self.vm.id, on))
+        self.compare_button.clicked.connect(lambda: self.compareRequested.emit(self.vm.id))
+        self.receipt_button.clicked.connect(lambda: self.receiptRequested.emit(self.vm.id))
         self.delete_button.clicked.connect(lambda: self.deleteRequested.emit(self.vm.id))
         self.edit_button.clicked.connect(self.start_edit)
         self.cancel_edit.clicked.connect(self.stop_edit)
@@ -205,9 +221,14 @@ class MessageWidget(QFrame):
         is_reply = vm.role == "assistant"
         self.footer.setVisible(is_reply and bool(vm.footer))
         self.footer.setText(vm.footer)
+        inspectable = is_reply and vm.tokens > 0 and vm.status != "generating"
+        for w in (self.tokens_button, self.compare_button, self.receipt_button):
+            w.setVisible(inspectable)
+        if not inspectable and self.tokens_button.isChecked():
+            self.tokens_button.setChecked(False)
         self.identity.setVisible(bool(vm.identity))
         self.identity.setText(vm.badge)
-        self.identity.setProperty("state", "same" if vm.identical else "diff")
+        self.identity.setProperty("state", vm.badge_state)
         self.identity.style().unpolish(self.identity)
         self.identity.style().polish(self.identity)
         if vm.status == "generating" and not self.streaming:
@@ -216,6 +237,33 @@ class MessageWidget(QFrame):
             # Only when the text changed: a new sibling elsewhere only changes the navigator.
             self._render(vm.content)
             self._shown = (vm.content, vm.status, False)
+
+    def show_tokens(self, tokens: list[int], pieces: Optional[list[str]], logprobs: list[float]) -> None:
+        """The per-token view in place of the rendered text (app/qt/widgets/token_view.py)."""
+        from app.qt.widgets.token_view import TokenView
+
+        if self.token_view is None:
+            self.token_view = TokenView()
+            self.token_view.setMinimumHeight(120)
+            self.layout().insertWidget(self.layout().indexOf(self.body) + 1, self.token_view)
+        self.token_view.set_tokens(tokens, pieces, logprobs)  # type: ignore[attr-defined]
+        height = int(self.token_view.document().size().height()) + 12  # type: ignore[attr-defined]
+        self.token_view.setFixedHeight(min(max(height, 60), 480))
+        self.body.setVisible(False)
+        self.token_view.setVisible(True)
+
+    def hide_tokens(self) -> None:
+        if self.token_view is not None:
+            self.token_view.setVisible(False)
+        self.body.setVisible(True)
+
+    def show_identity(self, text: str, state: str) -> None:
+        """A note on the badge until the reply changes (e.g. a regenerate that added no copy)."""
+        self.identity.setText(("✓ " if state == "same" else "") + text)
+        self.identity.setVisible(bool(text))
+        self.identity.setProperty("state", state)
+        self.identity.style().unpolish(self.identity)
+        self.identity.style().polish(self.identity)
 
     def _render(self, text: str, streaming: bool = False) -> None:
         if self.vm.role == "user":
@@ -309,6 +357,9 @@ class ChatView(QScrollArea):
     editSubmitted = Signal(int, str)
     deleteRequested = Signal(int)
     copied = Signal(str)
+    compareRequested = Signal(int)
+    tokensToggled = Signal(int, bool)
+    receiptRequested = Signal(int)
 
     MAX_WIDTH = 860
 
@@ -379,6 +430,9 @@ class ChatView(QScrollArea):
                 w.editSubmitted.connect(self.editSubmitted)
                 w.deleteRequested.connect(self.deleteRequested)
                 w.copied.connect(self.copied)
+                w.compareRequested.connect(self.compareRequested)
+                w.tokensToggled.connect(self.tokensToggled)
+                w.receiptRequested.connect(self.receiptRequested)
                 self.widgets[vm.id] = w
             else:
                 w.update_vm(vm)
