@@ -13,7 +13,7 @@ def build_main_window(model: str, data_dir: Path, **options: Any) -> "MainWindow
     """The shown main window, wired to a real engine worker.
 
     Conversations, settings and the prompt cache (`data_dir/cache`) all live under `data_dir`, so
-    tests and scripts are isolated from the user's data. Options: chunk (prefill chunk size),
+    tests and scripts are isolated from the user's data. Options: chunk (prefill chunk size), context_length (a smaller context than the model's),
     use_disk (persistent prompt cache), theme ("light" | "dark" | "system"), batch_interval.
     Creates the QApplication if there is none yet.
     """

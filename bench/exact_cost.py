@@ -77,18 +77,24 @@ def main() -> None:
                          " / ".join(str(r["prefill"]) for r in runs[mode]), tok, f"{tok / base_tok:.2f}",
                          f"{secs:.2f} s", f"**{secs / base_s:.2f}**", "yes" if same else "no"])
         ex = sum(r["ttft"] for r in runs["exact"]) / sum(r["ttft"] for r in runs["fast"])
+        ex_tok = sum(r["prefill"] for r in runs["exact"]) / sum(r["prefill"] for r in runs["fast"])
+        worst = max((e["prefill"] - (e["prompt"] - p["prompt"]) for p, e in zip(runs["exact"], runs["exact"][1:])),
+                    default=0)
         res.notes.append(f"{C.MODEL_LABELS.get(model, model)}: exact mode costs {ex:.2f}x fast mode's prefill "
-                         f"time over the conversation ({d['user_tokens']}-token user turns, replies up to "
-                         f"{d['reply_tokens']} tokens, chunk C = {d['chunk']}).")
+                         f"time and {ex_tok:.2f}x its prefill tokens over the conversation ({d['user_tokens']}-token "
+                         f"user turns, replies up to {d['reply_tokens']} tokens, chunk C = {d['chunk']}); on turns "
+                         f"after the first, exact mode prefilled at most {worst} tokens more than the previous "
+                         f"reply, the new message and the template's headers.")
     res.tables.append(C.md_table(
         ["model", "mode", "final prompt tokens", "prefill tokens per turn", "total prefill tokens",
          "tokens / no cache", "total prefill time (sum of TTFT)", "time / no cache", "replies = no-cache replies"],
         rows))
     res.notes.append(
-        "Exact mode reuses a cached prefix only up to a multiple of C computed in full aligned chunks, "
-        "and re-prefills the previous reply (decoded tokens are never bit-equal to prefilled ones), so "
-        "its replies are bit-identical to a run with no cache; fast mode reuses the previous turn's end "
-        "snapshot (prompt + reply) and prefills only the new user turn.")
+        "Exact mode cuts every prefill at multiples of C and at message boundaries, and restores the "
+        "state at the start of the previous reply (a cut that turn shared with this one); it re-prefills "
+        "the previous reply (decoded tokens are never bit-equal to prefilled ones), the new message and "
+        "the headers, so its replies are bit-identical to a run with no cache. Fast mode reuses the "
+        "previous turn's end snapshot (prompt + reply) and prefills only the new user turn.")
     C.finish(res, args, t0)
 
 

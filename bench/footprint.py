@@ -2,7 +2,8 @@
 kept off the critical path (time to first token of the next generation, disk tier on vs off).
 
 Part A, per cache family (the test suite's tiny f32 models: llama, gemma3 sliding window,
-lfm2 conv + attention, llama with 8-bit KV quantization) and the demo model: one cold generation
+lfm2 conv + attention, llama with 8-bit KV quantization), the demo model and the real Gemma 3
+270M (`gemma3-270m`, when its packages are installed; `--models` picks some): one cold generation
 of a ~1024-token prompt, then close() (flushes the disk tier). Memory bytes are the snapshots'
 array bytes (used part of each buffer only); disk bytes are the safetensors files as written,
 with the writer thread's time per file.
@@ -85,18 +86,29 @@ def critical_path(reps: int, prompt_len: int) -> dict:
     return {"runs": runs, "write_log": log, "prompt": prompt_len}
 
 
+def _extra(p) -> None:
+    p.add_argument("--models", nargs="+",
+                   help=f"part A's models (default: the families, demo and {C.GEMMA} when installed)")
+    p.add_argument("--skip-critical-path", action="store_true", help="part A only")
+
+
 def main() -> None:
-    args = C.bench_args(__doc__.splitlines()[0])
+    args = C.bench_args(__doc__.splitlines()[0], _extra)
     C.ensure_openblas()
     t0 = time.perf_counter()
     res = C.Result(4, "footprint", "Prompt cache footprint per family; disk writes off the critical path",
                    C.command_line("footprint.py", args.quick))
     rows = []
-    for model in [f"family-{f}" for f in FAMILIES] + ["demo"]:
+    models = args.models or [f"family-{f}" for f in FAMILIES] + ["demo"] + ([C.GEMMA] if C.gemma_installed() else [])
+    if args.models is None and C.GEMMA not in models:
+        res.notes.append(f"{C.GEMMA} skipped: its packages are not installed (scripts/venv.sh installs them).")
+    labels = {"demo": "demo (SmolLM2-135M, f32 KV)",
+              C.GEMMA: "gemma3-270m (Gemma 3 270M, 15 sliding-window layers of 512 + 3 global)"}
+    for model in models:
         C.log(f"{model}: footprint at {PROMPT} tokens")
         d = footprint(model, PROMPT)
         res.data[model] = d
-        label = "demo (SmolLM2-135M, f32 KV)" if model == "demo" else model[len("family-"):]
+        label = labels.get(model, model.removeprefix("family-"))
         for s in d["snaps"]:
             per_mem = s["mem_bytes"] / s["tokens"] * 1000 if s["mem_bytes"] else None
             per_disk = s["disk_bytes"] / s["tokens"] * 1000 if s["disk_bytes"] else None
@@ -116,6 +128,9 @@ def main() -> None:
         f"(memory) or deleted (disk) once the longer one is stored. Disk = the safetensors file (arrays + "
         f"a JSON header with the token ids).")
 
+    if args.skip_critical_path:
+        C.finish(res, args, t0)
+        return
     reps = 2 if args.quick else 5
     C.log(f"tiny: disk tier on vs off, {reps} repetitions")
     d = critical_path(reps, 512 if args.quick else PROMPT)

@@ -95,7 +95,10 @@ def main() -> None:
                    C.command_line("regen_ttft.py", args.quick))
     table_rows = []
     problems = []
-    for model in args.models:
+    models = list(args.models or ["demo", "tiny"] + ([C.GEMMA] if C.gemma_installed() else []))
+    if args.models is None and C.GEMMA not in models:
+        res.notes.append(f"{C.GEMMA} skipped: its packages are not installed (scripts/venv.sh installs them).")
+    for model in models:
         data = measure_model(model, lengths, args.quick)
         res.data[model] = {str(k): v for k, v in data.items()}
         for n, runs in data.items():
@@ -144,7 +147,7 @@ def main() -> None:
 
 
 def _extra(p) -> None:
-    p.add_argument("--models", nargs="+", default=["demo", "tiny"])
+    p.add_argument("--models", nargs="+", help=f"default: demo tiny {C.GEMMA} (the last when installed)")
     p.add_argument("--child", action="store_true", help=argparse_suppress())
     p.add_argument("--model")
     p.add_argument("--cache-dir")

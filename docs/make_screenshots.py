@@ -98,8 +98,9 @@ def main() -> int:
     first = w.message_vms()[-1]
     w.controller.regenerate(fresh=False)
     wait_until(lambda: not w.controller.generating)
-    again = w.message_vms()[-1]
-    if again.identical is not True or again.content != first.content:
+    again = w.message_vms()[-1]  # identical: no copy added, the same reply stays selected
+    outcome = w.controller.last_finished.pending.outcome
+    if outcome.comparison is None or not outcome.comparison.identical or again.id != first.id:
         print("regenerate was not identical: refusing to take screenshots of that", file=sys.stderr)
         return 1
     w.chat_view.select(again.id)

@@ -1,7 +1,7 @@
 """The engine facade that the CLI and the GUI both use.
 
 One `Engine` per worker thread: MLX streams are thread-local, so the model, its caches and
-every array must be created on the thread that uses them (DESIGN.md). The GUI runs an Engine
+every array must be created on the thread that uses them (docs/architecture.md). The GUI runs an Engine
 on its worker thread; the CLI and tests use it directly.
 """
 
@@ -20,7 +20,12 @@ from engine.cache.memory import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError, RequestError
 from engine.generate.context import fit_to_context
 from engine.generate.loop import LoadedModel, drain, stream
-from engine.generate.templating import MessageStarts, render_prompt, render_text
+from engine.generate.templating import (
+    MessageStarts,
+    render_prompt,
+    render_text,
+    token_pieces,
+)
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -175,7 +180,7 @@ class Engine:
             return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)))
         messages = validate_messages(request.messages)
         fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m), messages, request.sampler.max_tokens,
-                                limit, request.context_policy)
+                                limit, request.context_policy, lambda m: len(lm.tokenizer.encode(m["content"])) + 4)
         assert self._starts is not None
         starts = self._starts(fitted.messages, fitted.prompt)
         return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,
@@ -227,10 +232,20 @@ class Engine:
 
     def verify(self, request: GenerationRequest, result: GenerationResult, cancel: Optional[CancelToken] = None) -> Comparison:
         """Re-run `request` with no cache at all (the same canonical schedule) and compare with `result`."""
-        p = self.prepare(request)
-        cold = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                            p.message_starts, p.context.limit))
+        cold = self.cold_run(request, cancel)
         return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
+
+    def cold_run(self, request: GenerationRequest, cancel: Optional[CancelToken] = None) -> GenerationResult:
+        """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
+        p = self.prepare(request)
+        result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
+                              p.message_starts, p.context.limit))
+        result.report.context = p.context
+        return result
+
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """The text each token of a reply adds, for showing it token by token (display only)."""
+        return token_pieces(self._lm().tokenizer, tokens)
 
     # -- cache ---------------------------------------------------------------------------------
     def cache_stats(self) -> dict[str, Any]:
@@ -267,10 +282,9 @@ DEQUANTIZE_MAX_RAM_FRACTION = 0.25  # expanded f32 weights may take at most this
 def _should_dequantize(choice: Optional[bool], f32_bytes: int) -> bool:
     """Expand quantized weights to f32 at load? On the CPU backend, when they fit.
 
-    MLX's CPU quantized matmul uses no BLAS. f32 weights were faster on both BLASes here (demo
-    model, docs/benchmarks.md item 6: with OpenBLAS prefill ~22x and decode ~2.1x, with MLX's
-    reference BLAS ~1.1x and ~1.16x), at 8x the weight memory for 4-bit: so only while the f32
-    copy stays under a quarter of the machine's RAM. On Metal/CUDA the quantized kernels win.
+    MLX's CPU quantized matmul uses no BLAS, so f32 weights are faster there with either BLAS
+    (docs/benchmarks.md, item 6), at 8x the weight memory for 4-bit: so only while the f32 copy
+    stays under a quarter of the machine's RAM. On Metal/CUDA the quantized kernels win.
     """
     if choice is not None:
         return choice

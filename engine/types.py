@@ -234,34 +234,54 @@ class GenerationResult:
             "finish_reason": self.finish_reason,
             "seed": self.seed,
             "cache": cache,
+            "context": cache["context"],  # {limit, prompt_tokens, dropped_messages}
             "timings": {k: cache[k] for k in ("ttft_s", "prefill_tps", "decode_tps")},
         }
 
 
 @dataclass
 class Comparison:
-    """Whether two generations are the same, and where they first differ."""
+    """Whether two generations (a, b) are the same, where they first differ and by how much.
+
+    `first_diff` is the first token index where they differ (a token, or one of them ending
+    earlier); `shared_tokens` the length of their common token prefix; `shared_chars` that of
+    their common text prefix (when the texts were given). `max_logprob_diff` is the largest
+    |delta logprob| over the shared prefix. `upto`: compared over the first `upto` tokens only
+    (one side was stopped there), so "identical" means identical up to where it stopped.
+    """
 
     identical: bool
     first_diff: Optional[int] = None  # index of the first differing token
     max_logprob_diff: float = 0.0
     detail: str = ""
+    shared_tokens: int = 0
+    shared_chars: Optional[int] = None
+    lengths: tuple[int, int] = (0, 0)  # tokens of a and b
+    upto: Optional[int] = None
 
     @classmethod
-    def of(cls, a_tokens: list[int], a_lps: list[float], b_tokens: list[int], b_lps: list[float]) -> "Comparison":
-        first = next((i for i, (x, y) in enumerate(zip(a_tokens, b_tokens)) if x != y), None)
-        if first is None and len(a_tokens) != len(b_tokens):
-            first = min(len(a_tokens), len(b_tokens))
-        n = first if first is not None else len(a_tokens)
-        diff = max((abs(x - y) for x, y in zip(a_lps[:n], b_lps[:n])), default=0.0)
+    def of(cls, a_tokens: list[int], a_lps: list[float], b_tokens: list[int], b_lps: list[float],
+           a_text: Optional[str] = None, b_text: Optional[str] = None, shared_length: bool = False) -> "Comparison":
+        """Compare a with b. `shared_length`: only over the shorter one's length (the other was
+        stopped early: identical up to where it stopped)."""
+        upto = min(len(a_tokens), len(b_tokens)) if shared_length else None
+        ta, tb = (a_tokens[:upto], b_tokens[:upto]) if upto is not None else (a_tokens, b_tokens)
+        shared = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        first = shared if shared < max(len(ta), len(tb)) else None
+        diff = max((abs(x - y) for x, y in zip(a_lps[:shared], b_lps[:shared])), default=0.0)
         identical = first is None and diff == 0.0
+        chars = None
+        if a_text is not None and b_text is not None:
+            chars = next((i for i, (x, y) in enumerate(zip(a_text, b_text)) if x != y), min(len(a_text), len(b_text)))
         if identical:
-            detail = f"identical ({len(a_tokens)} tokens, bit-equal logprobs)"
+            detail = f"identical ({len(ta)} tokens, bit-equal logprobs)"
+            if upto is not None and len(a_tokens) != len(b_tokens):
+                detail = f"identical up to where the first one stopped ({upto} tokens, bit-equal logprobs)"
         elif first is None:
             detail = f"same tokens, logprobs differ by up to {diff:.3g}"
         else:
             detail = f"first differing token at index {first}"
-        return cls(identical, first, diff, detail)
+        return cls(identical, first, diff, detail, shared, chars, (len(a_tokens), len(b_tokens)), upto)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,25 +2,46 @@
 
 Usage: python tests/disk_fault_child.py SPEC.json
 SPEC: {"cache_dir": str, "chunk": int, "out": str,
-       "runs": [{"model": str, "messages": [...], "max_tokens": int}, ...]}
+       "runs": [{"model": str, "messages": [...], "max_tokens": int}, ...],
+       "hook": {"trace": str, "sleep": {point: seconds}}   (optional)}
 Each run builds its own Engine on the same cache dir (like an app restart would), generates,
 and closes it (which flushes pending writes). Results are written to `out` as JSON after every
 run, so a parent that kills this process mid-way still sees what finished.
-The writer can be paused at a named point through VERBATIM_DISK_CACHE_HOOK (engine/cache/disk/).
+With "hook", the disk writer appends every point it reaches (engine/cache/disk/hooks.py) to the
+"trace" file and sleeps at the named ones, so that the parent can kill it exactly there.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.blas import blas_library  # noqa: E402
+from engine.cache.disk.hooks import WriterHooks  # noqa: E402
+from engine.cache.disk.tier import DiskCache  # noqa: E402
+from engine.cache.memory import PromptCache  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.types import GenerationRequest, SamplerSettings  # noqa: E402
+
+
+class TraceHooks(WriterHooks):
+    partial_file = True  # flush the temp file before "temp_partial": the kill must find it partial
+
+    def __init__(self, spec: dict) -> None:
+        self.trace = spec.get("trace")
+        self.sleep = spec.get("sleep") or {}
+
+    def point(self, name: str) -> None:
+        if self.trace:
+            with open(self.trace, "a") as f:
+                f.write(name + "\n")
+        if self.sleep.get(name):
+            time.sleep(float(self.sleep[name]))  # the parent kills this process meanwhile
 
 
 def main() -> None:
@@ -28,7 +49,11 @@ def main() -> None:
     out = Path(spec["out"])
     results = []
     for run in spec["runs"]:
-        eng = Engine(cache_dir=Path(spec["cache_dir"]), chunk=int(spec.get("chunk", 8)))
+        if spec.get("hook"):
+            eng = Engine(use_disk=False, chunk=int(spec.get("chunk", 8)))
+            eng.cache = PromptCache(disk=DiskCache(Path(spec["cache_dir"]), hooks=TraceHooks(spec["hook"])))
+        else:
+            eng = Engine(cache_dir=Path(spec["cache_dir"]), chunk=int(spec.get("chunk", 8)))
         eng.load(run["model"])
         req = GenerationRequest(run["messages"], SamplerSettings(max_tokens=int(run.get("max_tokens", 16))))
         r = eng.generate(req)

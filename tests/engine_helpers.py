@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -49,7 +51,7 @@ def cold_request(req: GenerationRequest) -> GenerationRequest:
 
 
 def require_openblas() -> None:
-    """Determinism controls only bite with an optimized BLAS (DESIGN.md): fail in CI, skip locally."""
+    """Determinism controls only bite with an optimized BLAS (docs/testing.md): fail in CI, skip locally."""
     if optimized_blas():
         return
     msg = ("OpenBLAS is not preloaded: the forward-width effect these tests control for does not show "
@@ -57,3 +59,64 @@ def require_openblas() -> None:
     if os.environ.get("CI") or os.environ.get("VERBATIM_REQUIRE_OPENBLAS"):
         pytest.fail(msg)
     pytest.skip(msg)
+
+
+class ForwardLog:
+    """Stands in for a model: forwards to it and records, for every call, its width and the
+    cache offsets it found (read from the cache objects themselves, not from any report)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[int, list]] = []
+
+    def __call__(self, x, cache=None):
+        self.calls.append((int(x.shape[1]), [getattr(c, "offset", None) for c in cache or []]))
+        return self.inner(x, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """[start, end) in the prompt of every forward, from the KV offsets it found."""
+        out = []
+        for width, offsets in self.calls:
+            start = max((o for o in offsets if isinstance(o, int)), default=None)
+            assert start is not None, "no layer with an offset"
+            out.append((start, start + width))
+        return out
+
+
+@contextlib.contextmanager
+def forwards(eng: Engine) -> Iterator[ForwardLog]:
+    """Record every forward the engine's model makes inside the block."""
+    model = eng.lm.model
+    log = ForwardLog(model)
+    eng.lm.model = log
+    try:
+        yield log
+    finally:
+        eng.lm.model = model
+
+
+def kv_snapshot(tokens: list[int], key: str = "k" * 32, seed: int = 0):
+    """A real two-layer KV snapshot of `tokens` (random states), for cache tests without a model."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from engine.cache.planner import SnapshotMeta
+    from engine.cache.snapshot import (
+        Snapshot,
+        cache_nbytes,
+        clone_cache,
+        new_snapshot_id,
+    )
+
+    mx.random.seed(seed)
+    cache = [KVCache() for _ in range(2)]
+    for c in cache:
+        c.update_and_fetch(mx.random.normal((1, 2, len(tokens), 64)), mx.random.normal((1, 2, len(tokens), 64)))
+    cache = clone_cache(cache)
+    meta = SnapshotMeta(new_snapshot_id(), key, tuple(tokens), "end", (), ("KVCache", "KVCache"), True,
+                        cache_nbytes(cache))
+    return Snapshot(meta, cache)

@@ -55,9 +55,9 @@ def nll(logits: np.ndarray, ids: list[int]) -> float:
 
 
 def gemma3_logits(src: Path, ids: list[int], local_base: float = 10000.0, pattern: int = 6,
-                  shift_norms: float = 0.0) -> np.ndarray:
-    """Logits (len(ids), vocab) in float64. `shift_norms` is added to every norm weight (a
-    control: -1 applies the shift the importer must *not* apply to this forward)."""
+                  weights: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """Logits (len(ids), vocab) in float64. `weights`: tensors (by GGUF name, as stored) to use
+    instead of the file's."""
     g = read_gguf(src)
     md = g.metadata
     a = "gemma3."
@@ -67,9 +67,10 @@ def gemma3_logits(src: Path, ids: list[int], local_base: float = 10000.0, patter
     T = len(ids)
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         def W(name: str) -> np.ndarray:
+            if weights is not None and name in weights:
+                return weights[name].astype(np.float64)
             t = g.tensors[name]
-            w = _dequantize(np.frombuffer(mm, np.uint8, t.nbytes, t.offset), t.ggml_type, t.shape)
-            return w + shift_norms if name.endswith("norm.weight") else w
+            return _dequantize(np.frombuffer(mm, np.uint8, t.nbytes, t.offset), t.ggml_type, t.shape)
 
         def rms(v: np.ndarray, w: np.ndarray) -> np.ndarray:
             return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * w
@@ -88,7 +89,7 @@ def gemma3_logits(src: Path, ids: list[int], local_base: float = 10000.0, patter
             sliding = (layer + 1) % pattern != 0
             cos, sin = rope_tables[sliding]
 
-            def rope(v: np.ndarray) -> np.ndarray:
+            def rope(v: np.ndarray, cos: np.ndarray = cos, sin: np.ndarray = sin) -> np.ndarray:
                 return v * cos + np.concatenate([-v[..., hd // 2:], v[..., :hd // 2]], -1) * sin
 
             h = rms(x, W(b + "attn_norm.weight"))

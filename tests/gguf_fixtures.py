@@ -2,7 +2,8 @@
 
 Written from the GGUF spec (github.com/ggml-org/ggml/blob/master/docs/gguf.md), independent of
 engine/models/gguf/, so the reader is tested against a second implementation. Includes numpy
-quantizers for Q8_0 / Q4_0 / Q4_1 (the block layouts llama.cpp writes).
+quantizers for Q8_0 / Q4_0 / Q4_1 and the K-quants Q2_K..Q6_K (the block layouts llama.cpp writes),
+and tiny random models of each supported architecture written with gguf-py's GGUFWriter.
 """
 
 from __future__ import annotations
@@ -231,3 +232,267 @@ def tiny_llama_gguf(folder: Path, out: Path, ttype: int = T_F32, arch: str = "ll
         t = ttype if w.ndim == 2 else T_F32
         tensors.append((gguf_name(name), w.shape, t, quantize(w, t)))
     return write_gguf(out, md, tensors)
+
+
+# --- K-quant blocks (llama.cpp's layouts, QK_K = 256 values per super-block) ---
+#
+# gguf-py can dequantize the K-quants but not write them, so these build the blocks from the
+# layouts in ggml-quants.h: a simple (not llama.cpp's search-based) choice of scales, then the
+# exact bit packing. `kquantize` also returns the values the blocks are *meant* to hold,
+# computed from the chosen fields, so a test can check gguf-py dequantizes them to exactly that.
+
+QK_K = 256
+T_Q2_K, T_Q3_K, T_Q5_K, T_Q6_K = 10, 11, 13, 14
+KQUANT_BLOCK_BYTES = {T_Q2_K: 84, T_Q3_K: 110, T_Q4_K: 144, T_Q5_K: 176, T_Q6_K: 210}
+GGML_BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34}  # by type name
+
+
+def _f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float16 bytes as uint8 [n, 2], the float32 value they hold)."""
+    h = np.ascontiguousarray(x, dtype=np.float16).reshape(-1, 1)
+    return h.view(np.uint8).reshape(-1, 2), h.astype(np.float32)
+
+
+def _codes(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    safe = np.where(scale == 0, 1.0, scale)
+    return np.clip(np.rint((x + offset) / safe), lo, hi).astype(np.int32)
+
+
+def _pack_bits(q: np.ndarray, bits: int, group: int) -> np.ndarray:
+    """Codes [n, k*group*(8//bits)] -> bytes: within each run of 8//bits groups of `group`
+    values, group s sits at bit 2s (bits=2), 4s (bits=4) or s (bits=1) of the same bytes."""
+    n = q.shape[0]
+    per = 8 // bits
+    q = q.astype(np.uint8).reshape(n, -1, per, group)
+    out = np.zeros((n, q.shape[1], group), np.uint8)
+    for s in range(per):
+        out |= (q[:, :, s] & ((1 << bits) - 1)) << (bits * s)
+    return out.reshape(n, -1)
+
+
+def _pack_scale_min_k4(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """8 six-bit scales and mins per block -> the 12 bytes Q4_K/Q5_K store them in."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    out = np.zeros((sc.shape[0], 12), np.uint8)
+    out[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
+    out[:, 4:8] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    return out
+
+
+def _affine_k(x: np.ndarray, sub: int, levels: int, sbits: int) -> tuple[np.ndarray, ...]:
+    """Scale + min sub-blocks (Q2_K, Q4_K, Q5_K): (d bytes, dmin bytes, sc, mn, q, intended)."""
+    n = x.shape[0]
+    xs = x.reshape(n, -1, sub)
+    lo = np.minimum(xs.min(-1), 0.0)
+    scale, mins = (xs.max(-1) - lo) / levels, -lo
+    smax = (1 << sbits) - 1
+    d_b, d = _f16(scale.max(-1) / smax)
+    m_b, dmin = _f16(mins.max(-1) / smax)
+    sc = np.clip(np.rint(scale / np.where(d == 0, 1, d)), 0, smax).astype(np.int32)
+    mn = np.clip(np.rint(mins / np.where(dmin == 0, 1, dmin)), 0, smax).astype(np.int32)
+    eff_d = (d * sc.astype(np.float32))[..., None]
+    eff_m = (dmin * mn.astype(np.float32))[..., None]
+    q = _codes(xs, eff_d, eff_m, 0, levels)
+    return d_b, m_b, sc, mn, q.reshape(n, -1), (eff_d * q.astype(np.float32) - eff_m).reshape(n, -1)
+
+
+def _symmetric_k(x: np.ndarray, sub: int, qmin: int, qmax: int, sbits: int) -> tuple[np.ndarray, ...]:
+    """Signed scale sub-blocks (Q3_K, Q6_K): (d bytes, scales, q, intended)."""
+    n = x.shape[0]
+    xs = x.reshape(n, -1, sub)
+    # as llama.cpp: the largest magnitude maps to the most negative code (the scale takes its sign)
+    big = np.take_along_axis(xs, np.abs(xs).argmax(-1)[..., None], -1)[..., 0]
+    s = big / qmin
+    smax = (1 << (sbits - 1)) - 1
+    d_b, d = _f16(np.abs(s).max(-1) / smax)
+    sc = np.clip(np.rint(s / np.where(d == 0, 1, d)), -smax - 1, smax).astype(np.int32)
+    eff = (d * sc.astype(np.float32))[..., None]
+    q = _codes(xs, eff, np.float32(0), qmin, qmax)
+    return d_b, sc, q.reshape(n, -1), (eff * q.astype(np.float32)).reshape(n, -1)
+
+
+def kquantize(w: np.ndarray, ttype: int) -> tuple[bytes, np.ndarray]:
+    """(K-quant blocks of `w`, the float32 values they stand for); w's rows are multiples of 256."""
+    x = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, QK_K)
+    n = x.shape[0]
+    if ttype in (T_Q4_K, T_Q5_K):
+        levels = 15 if ttype == T_Q4_K else 31
+        d_b, m_b, sc, mn, q, want = _affine_k(x, 32, levels, 6)
+        parts = [d_b, m_b, _pack_scale_min_k4(sc, mn)]
+        if ttype == T_Q5_K:
+            parts.append(_pack_bits(q >> 4, 1, 32))  # bit s of byte l: the 5th bit of sub-block s
+        parts.append(_pack_bits(q & 0x0F, 4, 32))
+    elif ttype == T_Q2_K:
+        d_b, m_b, sc, mn, q, want = _affine_k(x, 16, 3, 4)
+        parts = [(sc | (mn << 4)).astype(np.uint8), _pack_bits(q, 2, 32), d_b, m_b]
+    elif ttype == T_Q3_K:
+        d_b, sc, q, want = _symmetric_k(x, 16, -4, 3, 6)
+        u = (sc + 32).astype(np.uint8)  # six bits: low four in bytes 0-7, high two in bytes 8-11
+        scales = np.concatenate([(u[:, :8] & 0x0F) | ((u[:, 8:] & 0x0F) << 4), _pack_bits(u >> 4, 2, 4)], axis=1)
+        hmask = _pack_bits((q >= 0).astype(np.uint8), 1, 32)  # a set bit means "no -4 offset"
+        parts = [hmask, _pack_bits(q & 3, 2, 32), scales, d_b]
+    elif ttype == T_Q6_K:
+        d_b, sc, q, want = _symmetric_k(x, 16, -32, 31, 8)
+        u = (q + 32).astype(np.uint8)
+        ql = _pack_bits(u & 0x0F, 4, 64)  # 128 values per half: low nibbles 0-63, high 64-127
+        qh = _pack_bits(u >> 4, 2, 32)
+        parts = [ql, qh, sc.astype(np.int8).view(np.uint8), d_b]
+    else:
+        raise ValueError(ttype)
+    blocks = np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
+    assert blocks.shape[1] == KQUANT_BLOCK_BYTES[ttype], (ttype, blocks.shape)
+    return blocks.tobytes(), want.reshape(w.shape)
+
+
+# --- tiny random models of each architecture, written with gguf-py's GGUFWriter ---
+
+# per architecture: (ggml type per matrix kind, tokenizer kind, tied embeddings, extra dims)
+_MATRIX = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+SYNTHETIC: dict[str, dict[str, Any]] = {
+    # a Q4_K_M-like llama: 4-bit K attention, Q5_K gate/up, Q6_K down and output, untied
+    "llama": {"types": {"attn": T_Q4_K, "ffn_gate": T_Q5_K, "ffn_up": T_Q5_K, "ffn_down": T_Q6_K,
+                        "token_embd": T_Q4_K, "output": T_Q6_K},
+              "heads": (4, 2, 64), "tied": False, "tokenizer": "gpt2"},
+    # a Q2_K / Q3_K file (the low-bit K-quants), Q8_0 embedding from gguf-py's own quantizer
+    "qwen2": {"types": {"attn": T_Q3_K, "ffn_gate": T_Q2_K, "ffn_up": T_Q2_K, "ffn_down": T_Q4_K,
+                        "token_embd": T_Q8_0},
+              "heads": (4, 2, 64), "tied": True, "tokenizer": "gpt2"},
+    "qwen3": {"types": {"attn": T_Q5_K, "ffn_gate": T_Q4_K, "ffn_up": T_Q4_K, "ffn_down": T_Q6_K,
+                        "token_embd": T_Q5_K},
+              "heads": (4, 2, 64), "tied": True, "tokenizer": "gpt2"},
+    "gemma3": {"types": {"attn": T_Q4_K, "attn_v": T_Q6_K, "ffn_gate": T_Q4_K, "ffn_up": T_Q4_K,
+                         "ffn_down": T_Q6_K, "token_embd": T_Q6_K},
+               "heads": (4, 1, 64), "tied": True, "tokenizer": "spm"},
+}
+HIDDEN, FFN, LAYERS = 256, 512, 2
+GEMMA_WINDOW = 8  # sliding window of the synthetic Gemma 3 (layer 0 sliding, layer 1 global)
+
+_SPM_WORDS = ("the", "water", "cycle", "describes", "how", "moves", "between", "land", "oceans", "and", "air",
+              "sun", "heats", "in", "lakes", "rivers", "some", "of", "it", "evaporates", "capital", "France",
+              "is", "Paris", "why", "sky", "blue", "hello", "world")
+
+
+def spm_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A small SentencePiece vocabulary like Gemma's: control tokens, 256 byte pieces, then
+    characters and every prefix of a few words (each splits into two known pieces)."""
+    NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # llama.cpp's token types
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [CONTROL, CONTROL, CONTROL, UNKNOWN, CONTROL, CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [BYTE] * 256
+    pieces: list[str] = ["▁"] + sorted(set("".join(_SPM_WORDS)))
+    for w in _SPM_WORDS:
+        w = "▁" + w
+        pieces += [w[:k] for k in range(2, len(w) + 1)]
+    pieces = list(dict.fromkeys(p for p in pieces if p not in tokens))
+    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(pieces))]
+    return tokens + pieces, scores, types + [NORMAL] * len(pieces)
+
+
+def synthetic_gguf(out: Path, arch: str, seed: int = 0, drop: frozenset[str] | set[str] = frozenset()) -> Path:
+    """A 2-layer random `arch` model (hidden 256) with K-quant matrices, written by gguf-py;
+    the tensors named in `drop` are left out."""
+    import gguf
+    from gguf.quants import quantize as gguf_quantize
+
+    spec = SYNTHETIC[arch]
+    heads, kv_heads, hd = spec["heads"]
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name(f"synthetic {arch}")
+    w.add_context_length(2048)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_block_count(LAYERS)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6 if arch == "gemma3" else 1e-5)
+    w.add_rope_freq_base(10000.0 if arch == "llama" else 1e6)
+    if arch == "gemma3":
+        w.add_sliding_window(GEMMA_WINDOW)
+        w.add_sliding_window_pattern(2)
+        w.add_rope_freq_base_swa(10000.0)
+    if spec["tokenizer"] == "gpt2":
+        from tests.tiny_models import build_tokenizer
+
+        folder = out.parent / f"{out.stem}-tokenizer"
+        folder.mkdir(exist_ok=True)
+        build_tokenizer(folder)
+        tok = json.loads((folder / "tokenizer.json").read_text())
+        vocab = tok["model"]["vocab"]
+        tokens = sorted(vocab, key=vocab.get)
+        special = {a["content"] for a in tok["added_tokens"] if a.get("special")}
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_types([3 if t in special else 1 for t in tokens])
+        w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+        w.add_eos_token_id(vocab["<|im_end|>"])
+        w.add_pad_token_id(vocab["<|endoftext|>"])
+        w.add_add_bos_token(False)
+        if arch == "llama":  # the others use the importer's built-in ChatML
+            from tests.tiny_models import CHATML_TEMPLATE
+
+            w.add_chat_template(CHATML_TEMPLATE)
+    else:
+        tokens, scores, types = spm_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_unk_token_id(3)
+        w.add_pad_token_id(0)
+        w.add_add_bos_token(True)
+    vocab_size = len(tokens)
+
+    def matrix(name: str, shape: tuple[int, int], ttype: int, scale: float) -> None:
+        m = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            m = permute_qk(m, heads if "attn_q" in name else kv_heads)  # as llama.cpp's converter
+        if ttype == T_Q8_0:
+            data = gguf_quantize(m, gguf.GGMLQuantizationType.Q8_0)
+        else:
+            data = np.frombuffer(kquantize(m, ttype)[0], np.uint8).reshape(shape[0], -1)
+        if name not in drop:
+            w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(ttype))
+
+    def vector(name: str, n: int, mean: float, scale: float) -> None:
+        v = (mean + rng.standard_normal(n) * scale).astype(np.float32)
+        if name not in drop:
+            w.add_tensor(name, v)
+
+    types = spec["types"]
+    matrix("token_embd.weight", (vocab_size, HIDDEN), types["token_embd"], 1.0)
+    for i in range(LAYERS):
+        b = f"blk.{i}."
+        out_dims = {"attn_q": heads * hd, "attn_k": kv_heads * hd, "attn_v": kv_heads * hd,
+                    "attn_output": HIDDEN, "ffn_gate": FFN, "ffn_up": FFN, "ffn_down": HIDDEN}
+        for kind in _MATRIX:
+            fan_in = {"attn_output": heads * hd, "ffn_down": FFN}.get(kind, HIDDEN)
+            ttype = types.get(kind, types["attn"] if kind.startswith("attn") else None)
+            matrix(b + kind + ".weight", (out_dims[kind], fan_in), ttype, fan_in ** -0.5)
+        norms = ["attn_norm", "ffn_norm"]
+        if arch in ("qwen3", "gemma3"):
+            norms += ["attn_q_norm", "attn_k_norm"]
+        if arch == "gemma3":
+            norms += ["post_attention_norm", "post_ffw_norm"]
+        for norm in norms:
+            # llama.cpp stores Gemma's norm weights as 1 + w; the others hold the weight itself
+            vector(b + norm + ".weight", hd if "_q_" in norm or "_k_" in norm else HIDDEN, 1.0, 0.1)
+        if arch == "qwen2":
+            for kind in ("attn_q", "attn_k", "attn_v"):
+                vector(b + kind + ".bias", out_dims[kind], 0.0, 0.5)
+    vector("output_norm.weight", HIDDEN, 1.0, 0.1)
+    if not spec["tied"]:
+        matrix("output.weight", (vocab_size, HIDDEN), types["output"], HIDDEN ** -0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

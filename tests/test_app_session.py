@@ -45,18 +45,24 @@ def test_send_regenerate_variant_edit_without_qt(chat) -> None:
     assert first.status == "complete" and first.tokens and first.model_name == "tiny"
     assert session.store.get_conversation(conv).title == "Why is the sky blue?"
 
-    again = run(session, engine, session.begin_regenerate(first.id))
-    assert again.seed == first.seed and again.tokens == first.tokens and again.logprobs == first.logprobs
-    rep, outcome = again.report, again.outcome
+    # Regenerate reproduces the reply: no copy is added, the existing variant stays (and is active).
+    p2 = session.begin_regenerate(first.id)
+    result = engine.generate(p2.request)
+    again = session.finish(p2, result)
+    assert again.id == first.id and p2.duplicate_of == first.id
+    assert result.tokens == first.tokens and result.logprobs == first.logprobs
+    outcome = p2.outcome
     assert outcome.comparison.identical is True and outcome.action == "regenerate" and outcome.previous_id == first.id
-    assert rep.restored == rep.prompt_tokens - 1
-    assert again.cache_report["identical"] is True  # stored flat in the report column, as before
+    assert result.report.restored == result.report.prompt_tokens - 1
+    assert [vm.id for vm in session.view(conv)][-1] == first.id and session.view(conv)[-1].navigator == "1 / 1"
 
-    variant = run(session, engine, session.begin_regenerate(again.id, fresh=True))
+    variant = run(session, engine, session.begin_regenerate(first.id, fresh=True))
     assert variant.seed != first.seed and variant.outcome.action == "variant"
+    assert variant.outcome.comparison is None  # a new seed is not compared ("new seed")
     view = session.view(conv)
     assert [vm.role for vm in view] == ["user", "assistant"]
-    assert view[-1].navigator == "3 / 3" and view[-1].prev_id == again.id
+    assert view[-1].navigator == "2 / 2" and view[-1].prev_id == first.id
+    assert view[-1].identity == "new seed" and view[-1].badge_state == "info"
 
     edited = session.begin_edit(p1.user_id, "What is Rome?")
     reply = run(session, engine, edited)
@@ -66,15 +72,27 @@ def test_send_regenerate_variant_edit_without_qt(chat) -> None:
     assert [vm.id for vm in session.view(conv)][0] == p1.user_id
 
 
-def test_verify_inputs_reproduce_the_reply_cold(chat) -> None:
+def test_verify_inputs_reproduce_the_reply_cold(chat, tiny_model: Path) -> None:
+    """A warm reply (a regenerate that provably restored prompt - 1) is verified against a cold run."""
     session, engine = chat
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "The capital of France is"))
-    request, tokens, logprobs = session.verify_inputs(reply.id)
+    pending = session.begin_regenerate(reply.id)
+    result = engine.generate(pending.request)
+    again = session.finish(pending, result)
+    assert 0 < result.report.restored == result.report.prompt_tokens - 1
+    request, tokens, logprobs = session.verify_inputs(again.id)
+    assert (tokens, logprobs) == (result.tokens, result.logprobs)  # what the store kept, bit for bit
+    from dataclasses import replace
+
     from engine.types import CacheReport, GenerationResult
 
     stored = GenerationResult("", tokens, logprobs, "stop", request.sampler.seed, [], CacheReport())
     assert engine.verify(request, stored).identical
+    other = Engine(use_disk=False, chunk=16)  # an independent cold run, in another engine
+    other.load(str(tiny_model))
+    cold = other.generate(replace(request, use_cache=False))
+    assert cold.report.restored == 0 and (cold.tokens, cold.logprobs) == (tokens, logprobs)
 
 
 def test_failed_generation_keeps_the_users_message(chat) -> None:

@@ -213,13 +213,13 @@ def test_regenerate_is_identical_and_restores_all_but_last_token(
     qtbot.keyClick(w, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)  # Ctrl/Cmd+R
     assert w.controller.generating
     wait_idle(qtbot, w)
+    # Identical: no copy is added; the existing reply stays selected and says so.
     second = replies(w)[-1]
-    assert second.id != first.id and second.seed == first.seed
-    assert second.content == first.content
-    assert second.identical is True and second.identity == "identical to previous"
-    assert second.navigator == "2 / 2"
+    assert second.id == first.id and second.navigator == "1 / 1"
+    assert w.controller.last_finished.result.tokens == w.session.store.get_message(first.id).tokens
+    assert "identical to an existing variant" in w.statusBar().currentMessage()
     widget = w.chat_view.widget_for(second.id)
-    assert "identical to previous" in widget.identity.text() and widget.identity.isVisible()
+    assert "identical to an existing variant" in widget.identity.text() and widget.identity.isVisible()
     # The debug panel (Ctrl+D) shows the whole-prompt hit: restored == prompt_tokens - 1.
     qtbot.keyClick(w, Qt.Key.Key_D, Qt.KeyboardModifier.ControlModifier)
     assert w.debug_panel.isVisible()
@@ -316,8 +316,9 @@ def test_debug_panel_verify_and_clear_cache(qtbot: Any, open_window: Callable[..
     # After a clear, regenerate is a cold prefill but still reproduces the reply exactly.
     click(qtbot, w, "regenerateButton")
     wait_idle(qtbot, w)
-    assert replies(w)[-1].identical is True
-    assert w.debug_panel.value("restored_stored").startswith("0 / ")
+    assert w.controller.last_finished.pending.outcome.comparison.identical is True
+    assert w.controller.last_finished.pending.duplicate_of == replies(w)[-1].id
+    assert w.debug_panel.value("restored_stored").startswith("0 / ")  # this run's report
 
 
 def test_restart_keeps_everything_and_regenerates_identically(
@@ -335,10 +336,11 @@ def test_restart_keeps_everything_and_regenerates_identically(
     assert [vm.id for vm in w2.message_vms()][-1] == first.id
     click(qtbot, w2, "regenerateButton")
     wait_idle(qtbot, w2)
-    second = replies(w2)[-1]
-    assert second.content == first.content and second.identical is True
-    report = w2.session.store.get_message(second.id).cache_report
-    assert report["source"] == "disk" and report["restored"] == report["prompt_tokens"] - 1
+    finished = w2.controller.last_finished
+    assert finished.result.text == first.content and finished.pending.outcome.comparison.identical is True
+    assert finished.pending.duplicate_of == first.id and replies(w2)[-1].id == first.id
+    report = finished.result.report
+    assert report.source == "disk" and report.restored == report.prompt_tokens - 1
 
 
 def test_disk_cache_problem_is_shown_once_in_the_window(

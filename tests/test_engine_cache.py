@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
 from engine.cache.memory import PromptCache
-from engine.cache.planner import chunks, schedule_cuts
+from engine.cache.planner import schedule_cuts
 from engine.cache.snapshot import layer_offset
 from engine.generate.sampling import Sampler
 from engine.types import CancelToken, PrefillProgress, SamplerSettings, TokenEvent
@@ -15,6 +17,8 @@ from tests.engine_helpers import (
     ALL_FAMILIES,
     QUESTIONS,
     cold_request,
+    forwards,
+    kv_snapshot,
     make_engine,
     model_dir,
     request,
@@ -34,68 +38,104 @@ def kv_offsets(report):
     return [o for o in report.layer_offsets if o is not None]
 
 
+def schedule(chunk, start, n, message_starts=()):
+    """The forwards a run makes from `start` (a restore point, or 0): the prompt cut at every
+    multiple of `chunk` and every message start, then the last prompt token alone. Written out
+    here from the rule, not taken from the engine."""
+    cuts = sorted({c for c in range(chunk, n - 1, chunk)} | {m for m in message_starts if 0 < m < n - 1} | {n - 1})
+    out, pos = [], start
+    for c in cuts:
+        if c > pos:
+            out.append((pos, c))
+            pos = c
+    return out + [(n - 1, n)]
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
 @pytest.mark.parametrize("family", ALL_FAMILIES)
-def test_whole_prompt_hit_restores_len_minus_one_and_is_identical(models, family):
+def test_whole_prompt_hit_restores_len_minus_one_and_is_identical(models, family, mode):
+    """G4 + G1 + G3: the regenerate's first forward is the last prompt token alone on a cache
+    holding exactly prompt[:-1] (seen at the model), and its reply equals a separate cold run."""
     eng = make_engine(models[family])
     msgs = [{"role": "user", "content": LONG_Q}]
-    first = eng.generate(request(msgs, max_tokens=24))
-    again = eng.generate(request(msgs, max_tokens=24))
-    n = again.report.prompt_tokens
-    assert again.report.restored == n - 1
-    assert again.report.source == "memory"
-    assert kv_offsets(again.report) and all(o == n - 1 for o in kv_offsets(again.report))
-    assert again.report.prefill_tokens == 1  # only the last prompt token is forwarded (G4)
-    assert again.report.chunks == [[n - 1, n]]
-    assert again.tokens == first.tokens
-    assert again.logprobs == first.logprobs  # bit-equal, not approximately
-    assert again.report.identical is True
-    # And it is the cold answer too (exact mode: G3).
-    cold = make_engine(models[family]).generate(cold_request(request(msgs, max_tokens=24)))
-    assert cold.tokens == first.tokens and cold.logprobs == first.logprobs
+    n = len(eng.prompt_ids(msgs))
+    eng.generate(request(msgs, mode=mode, max_tokens=24))  # cold: stores the snapshots
+    with forwards(eng) as log:
+        again = eng.generate(request(msgs, mode=mode, max_tokens=24))
+    assert again.report.restored == n - 1 and again.report.source == "memory"
+    width, offsets = log.calls[0]
+    assert width == 1 and offsets and all(o == n - 1 for o in offsets if o is not None), log.calls[0]
+    assert any(o is not None for o in offsets)
+    assert all(w == 1 for w, _ in log.calls)  # no prefill at all (G4)
+    assert kv_offsets(again.report) == [o for o in offsets if o is not None]
+    cold = make_engine(models[family]).generate(cold_request(request(msgs, mode=mode, max_tokens=24)))
+    assert again.tokens == cold.tokens
+    assert again.logprobs == cold.logprobs  # bit-equal, not approximately
 
 
 def test_whole_prompt_bug_reproduced_on_purpose(models):
     """Restoring the whole prompt and forwarding its last token again: the classic bug.
 
-    The guard in the engine must never do this; this test shows what goes wrong if it did, so
-    the guard's test above cannot silently become meaningless.
+    Computed by hand here, both ways; the engine's own replies (cold and regenerated) must be
+    the correct one, so the guard above cannot silently become meaningless.
     """
     eng = make_engine(models["llama"])
     lm = eng.lm
-    prompt = eng.prompt_ids([{"role": "user", "content": LONG_Q}])
+    msgs = [{"role": "user", "content": LONG_Q}]
+    prompt = eng.prompt_ids(msgs)
     n = len(prompt)
+    steps = 12
 
-    def decode(cache, steps=12):
+    def decode(cache):
         """Forward the last prompt token, then decode greedily; offsets after that forward too."""
         sampler = Sampler(SamplerSettings())
-        y, lps, offsets = mx.array([prompt[-1]]), [], None
+        y, toks, lps, offsets = mx.array([prompt[-1]]), [], [], None
         for _ in range(steps):
             tok, lp = sampler(lm.model(y.reshape(1, 1), cache=cache)[:, -1, :])
             offsets = offsets or [c.offset for c in cache]
+            toks.append(tok.item())
             lps.append(lp.item())
             y = tok
-        return lps, offsets
+        return toks, lps, offsets
+
+    first = eng.generate(request(msgs, max_tokens=steps))  # cold
+    starts = first.report.message_starts
 
     def prefilled(upto):
+        cuts = sorted(set(range(eng.chunk, upto, eng.chunk)) | {m for m in starts if 0 < m < upto} | {upto})
         cache = lm.new_cache()
-        for s, e in chunks(0, schedule_cuts(upto + 1, eng.chunk)):
+        for s, e in zip([0, *cuts], cuts):  # the engine's schedule, written out
             lm.model(mx.array([prompt[s:e]]), cache=cache)
-        mx.eval([c.state for c in cache])
+            mx.eval([c.state for c in cache])
         return cache
 
-    cold, offsets = decode(prefilled(n - 1))  # the right way: cache holds prompt[:-1]
+    right, right_lps, offsets = decode(prefilled(n - 1))  # the right way: cache holds prompt[:-1]
     assert offsets == [n] * len(offsets)
-    buggy, offsets = decode(prefilled(n))  # a cache holding the whole prompt, last token again
+    _, buggy_lps, offsets = decode(prefilled(n))  # a cache holding the whole prompt, last token again
     assert offsets == [n + 1] * len(offsets)  # the last prompt token now sits in the cache twice
-    assert max(abs(a - b) for a, b in zip(buggy, cold)) > 1e-4
+    assert max(abs(a - b) for a, b in zip(buggy_lps, right_lps)) > 1e-4
+    # The engine takes the right path, cold and on a regenerate (whole-prompt hit).
+    again = eng.generate(request(msgs, max_tokens=steps))
+    assert again.report.restored == n - 1
+    for r in (first, again):
+        k = len(r.tokens)
+        assert k > 0 and (r.tokens, r.logprobs) == (right[:k], right_lps[:k])
+        assert r.logprobs != buggy_lps[:k]
 
 
-def _conversation(eng, mode, turns=3, q=QUESTIONS[0]):
+def _conversation(eng, mode, turns=3, q=QUESTIONS[0], logs=None):
+    """`turns` turns of one conversation: [(request, result)]; with `logs` (a list), each turn's
+    forwards are recorded (a ForwardLog per turn)."""
     msgs = [{"role": "user", "content": q}]
     results = []
     for t in range(turns):
         req = request(msgs, mode=mode, max_tokens=12)
-        r = eng.generate(req)
+        if logs is None:
+            r = eng.generate(req)
+        else:
+            with forwards(eng) as log:
+                r = eng.generate(req)
+            logs.append(log)
         results.append((req, r))
         msgs = msgs + [{"role": "assistant", "content": r.text}, {"role": "user", "content": f"And then? ({t})"}]
     return results
@@ -105,13 +145,22 @@ def _conversation(eng, mode, turns=3, q=QUESTIONS[0]):
 def test_exact_mode_multi_turn_equals_cold_with_cache_used(models, family):
     require_openblas()
     eng = make_engine(models[family])
-    results = _conversation(eng, "exact")
+    logs = []
+    results = _conversation(eng, "exact", logs=logs)
+    cold_eng = make_engine(models[family])
     for req, r in results[1:]:
         assert r.report.restored > 0, "the cache must actually be used"
         assert r.report.restored % eng.chunk == 0 or r.report.restored == r.report.prompt_tokens - 1
-        cold = make_engine(models[family]).generate(cold_request(req))
+        cold = cold_eng.generate(cold_request(req))
         assert r.tokens == cold.tokens
         assert r.logprobs == cold.logprobs
+    # At the model: each turn's prefill (the forwards before its first decode step) is exactly
+    # the aligned schedule from its restore point.
+    for log, (_, r) in zip(logs, results):
+        n, start = len(r.prompt_ids), r.report.restored
+        expected = schedule(eng.chunk, start, n, r.report.message_starts)
+        assert log.calls[0][1] and all(o in (None, start) for o in log.calls[0][1])  # restored state
+        assert log.spans[: len(expected)] == expected
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)
@@ -142,21 +191,26 @@ def test_uncuttable_cache_declined_never_partially_restored(models, family, reas
     eng = make_engine(models[family], chunk=512)
     eng.generate(request([{"role": "user", "content": LONG_Q}], max_tokens=12))
     req = request([{"role": "user", "content": LONG_Q + " Please answer in detail."}], max_tokens=12)
-    second = eng.generate(req)
+    with forwards(eng) as log:
+        second = eng.generate(req)
     rep = second.report
     assert rep.matched > 0
     assert any(reason in d and "cannot cut" in d for d in rep.declines), rep.declines
     assert rep.restored == 0 and rep.stored is None and rep.source is None
-    assert all(o in (None, 0) for o in rep.layer_offsets)  # nothing partial was installed
-    cold = make_engine(models[family], chunk=512).generate(cold_request(req))
-    assert second.tokens == cold.tokens and second.logprobs == cold.logprobs
+    # Nothing partial was installed: seen at the model, the first forward starts from an empty
+    # cache and the prefill covers the whole prompt.
+    n = len(second.prompt_ids)
+    assert all(o in (None, 0) for o in log.calls[0][1]), log.calls[0]
+    expected = schedule(512, 0, n, rep.message_starts)
+    assert log.spans[: len(expected)] == expected
 
 
 @pytest.mark.parametrize("family", ["gemma3", "lfm2"])
 @pytest.mark.parametrize("chunk", [8, 512])
 def test_uncuttable_cache_uses_boundary_checkpoint(models, family, chunk):
     eng = make_engine(models[family], chunk=chunk)
-    (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q)
+    logs = []
+    (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q, logs=logs)
     rep = second.report
     n1 = first.report.prompt_tokens
     # the checkpoint sits at the last cut before n - 1: the start of turn 1's generation prompt
@@ -164,6 +218,7 @@ def test_uncuttable_cache_uses_boundary_checkpoint(models, family, chunk):
     boundary = max(c for c in schedule_cuts(n1, chunk, first.report.message_starts) if c < n1 - 1)
     assert boundary >= first.report.message_starts[-1]
     assert rep.restored == boundary and rep.stored == boundary and not rep.partial
+    assert logs[1].spans[0][0] == boundary  # turn 2's first forward found the checkpoint's state
     assert any(s["kind"] == "boundary" and s["length"] == boundary for s in first.report.snapshots_stored)
     assert any("cannot cut" in d for d in rep.declines)  # the longer snapshots could not be cut
     cold = make_engine(models[family], chunk=chunk).generate(cold_request(req))
@@ -177,6 +232,43 @@ def test_fast_mode_reuses_decoded_tokens(models):
     # the end snapshot: prompt + reply minus its last token (never forwarded: max_tokens reached)
     assert second.report.stored == first.report.prompt_tokens + len(first.tokens) - 1
     assert second.report.restored <= second.report.stored
+
+
+@pytest.mark.parametrize("family", ["llama", "lfm2"])
+def test_prefill_after_an_unaligned_restore_is_cut_at_absolute_multiples(models, family):
+    """Fast mode restores mid-reply (an unaligned point): its prefill forwards, counted at the
+    model, still end on multiples of C, so every later aligned boundary matches a cold run's."""
+    eng = make_engine(models[family], chunk=8)
+    logs = []
+    (_, first), (_, second) = _conversation(eng, "fast", turns=2, logs=logs)
+    start, n = second.report.restored, len(second.prompt_ids)
+    assert start > len(first.prompt_ids) - 1 and start % 8, "the test needs an unaligned restore"
+    expected = schedule(8, start, n, second.report.message_starts)
+    assert logs[1].spans[: len(expected)] == expected
+    expected = schedule(8, 0, len(first.prompt_ids), first.report.message_starts)
+    assert logs[0].spans[: len(expected)] == expected
+
+
+@pytest.mark.parametrize("family", ["llama", "kvquant"])  # caches that can be cut back into a reply
+def test_exact_regenerate_after_fast_mode_equals_cold(models, family):
+    """Exact mode after a fast-mode generation of the same turn: the fast run restored mid-reply
+    (decoded tokens, an unaligned point), so nothing it computed or stored is exact past turn 1's
+    prompt; exact mode may restore it only up to there (a bound taken from turn 1's length)."""
+    require_openblas()
+    eng = make_engine(models[family], chunk=8)
+    (_, first), (fast_req, fast) = _conversation(eng, "fast", turns=2)
+    assert fast.report.restored > len(first.prompt_ids) - 1  # the fast run reused decoded tokens
+    bound = len(first.prompt_ids) - 1  # turn 1's prefill: the end of every exact history so far
+    fast_snaps = [m for m in eng.cache.metas() if m.tokens[: len(fast.prompt_ids) - 1] == tuple(fast.prompt_ids[:-1])]
+    assert fast_snaps and all(m.canonical <= bound for m in fast_snaps)
+    exact_req = request(fast_req.messages, mode="exact", max_tokens=12)
+    with forwards(eng) as log:
+        exact = eng.generate(exact_req)
+    start = log.spans[0][0]
+    assert 0 < start <= bound, (start, bound)
+    assert exact.report.restored == start
+    cold = make_engine(models[family], chunk=8).generate(cold_request(exact_req))
+    assert (exact.tokens, exact.logprobs) == (cold.tokens, cold.logprobs)
 
 
 def test_cancel_mid_prefill_leaves_no_lying_snapshot(models):
@@ -220,32 +312,36 @@ def test_restore_never_aliases_the_stored_snapshot(models):
     assert [[c.keys.tolist() for c in snap.cache] for snap in held] == before
 
 
-def test_memory_budget_evicts_lru(models):
-    eng = make_engine(models["llama"])
-    eng.generate(request([{"role": "user", "content": QUESTIONS[0]}]))
-    one = eng.cache.stats()["memory_bytes"]
-    eng.cache = PromptCache(budget_bytes=int(one * 1.5))
-    for q in QUESTIONS[:5]:
-        eng.generate(request([{"role": "user", "content": q}]))
-        assert eng.cache.stats()["memory_bytes"] <= int(one * 1.5)
-    prompts = [m.tokens for m in eng.cache.metas()]
-    last_prompt = eng.prompt_ids([{"role": "user", "content": QUESTIONS[4]}])
-    assert any(tuple(last_prompt[:-1]) == t[: len(last_prompt) - 1] for t in prompts)  # newest kept
+def test_memory_budget_evicts_least_recently_used():
+    """Room for three snapshots: touching the oldest (a restore) makes the second-oldest go first."""
+    snaps = {name: kv_snapshot([i + 1] * 40, seed=i) for i, name in enumerate("ABCD")}
+    size = snaps["A"].meta.nbytes
+    cache = PromptCache(budget_bytes=int(3.5 * size))
+    for name in "ABC":
+        cache.put(snaps[name])
+    plan, restored = cache.fetch("k" * 32, [1] * 40 + [7], "fast", 8)  # restores A
+    assert plan.meta.id == snaps["A"].meta.id and restored is not None
+    cache.put(snaps["D"])
+    kept = {m.id for m in cache.metas()}
+    assert kept == {snaps[n].meta.id for n in "ACD"}, "B, the least recently used, goes first"
+    assert cache.stats()["memory_bytes"] == 3 * size <= cache.budget_bytes
+    cache.put(snaps["B"])  # now C is the least recently used
+    assert {m.id for m in cache.metas()} == {snaps[n].meta.id for n in "ADB"}
 
 
 def test_report_describes_layers_and_aligned_chunks(models):
     eng = make_engine(models["gemma3"], chunk=8)
-    r = eng.generate(request([{"role": "user", "content": LONG_Q}]))
+    with forwards(eng) as log:
+        r = eng.generate(request([{"role": "user", "content": LONG_Q}]))
     rep = r.report
     assert [l.cache_class for l in rep.layers] == ["RotatingKVCache", "KVCache", "RotatingKVCache", "KVCache"]
-    n = rep.prompt_tokens
-    assert rep.chunks[-1] == [n - 1, n]
-    # the chunks tile [0, n) and are cut at every multiple of 8 and every message start, nowhere else
-    assert [s for s, _ in rep.chunks[1:]] == [e for _, e in rep.chunks[:-1]] and rep.chunks[0][0] == 0
+    n = len(r.prompt_ids)
+    assert rep.prompt_tokens == n and rep.prefill_tokens == n and rep.restored == 0
+    # the chunks are cut at every multiple of 8 and every message start, nowhere else, and they
+    # are what the model did: the forwards seen at the model
     assert rep.message_starts and all(0 < m < n - 1 for m in rep.message_starts)
-    expected = sorted(set(range(8, n - 1, 8)) | set(rep.message_starts) | {n - 1})
-    assert [e for _, e in rep.chunks[:-1]] == expected
-    assert rep.prefill_tokens == n and rep.restored == 0
+    expected = schedule(8, 0, n, rep.message_starts)
+    assert [tuple(c) for c in rep.chunks] == log.spans[: len(rep.chunks)] == expected
     assert rep.ttft_s > 0 and rep.decode_tps > 0
 
 
@@ -338,3 +434,26 @@ def test_first_token_is_handed_out_before_the_next_forward_is_queued(models):
     assert all(n <= i + 2 for i, n in seen)  # then at most one forward ahead
     assert r.finish_reason == "length" and len(calls) == len(r.tokens)  # none after the last token
     assert sorted({i for i, _ in seen}) == list(range(len(r.tokens)))  # an event for every token
+
+
+def test_verify_and_clear_cache_compare_warm_with_cold(models):
+    """What the debug panel's Verify and Clear cache rest on, with a warm side that provably
+    restored: verify() re-runs cold and finds a warm regenerate identical (and a one-bit
+    difference not); after clear_cache() a regenerate is cold and still equals the warm reply."""
+    eng = make_engine(models["llama"])
+    msgs = [{"role": "user", "content": QUESTIONS[1]}]
+    eng.generate(request(msgs))
+    req = request(msgs)
+    warm = eng.generate(req)
+    assert warm.report.restored == len(warm.prompt_ids) - 1 > 0
+    cmp = eng.verify(req, warm)
+    assert cmp.identical
+    bent = dataclasses.replace(warm, logprobs=[warm.logprobs[0] + 2**-20, *warm.logprobs[1:]])
+    cmp = eng.verify(req, bent)
+    assert not cmp.identical and cmp.first_diff is None and cmp.max_logprob_diff > 0  # same tokens, other bits
+    eng.clear_cache()
+    assert eng.cache.metas() == []
+    with forwards(eng) as log:
+        cold = eng.generate(req)
+    assert cold.report.restored == 0 and all(o in (None, 0) for o in log.calls[0][1])
+    assert (cold.tokens, cold.logprobs) == (warm.tokens, warm.logprobs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,43 @@ def test_demo_model_answers_paris(tmp_path):
                    "--cache-dir", str(tmp_path / "cache"))
     obj = json.loads(proc.stdout)
     assert "Paris" in obj["text"] and obj["finish_reason"] == "stop"
+
+
+def _long_conversation(turns: int, words: int) -> list[dict[str, str]]:
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * words)
+    msgs = [{"role": "system", "content": "Answer briefly."}]
+    for t in range(turns):
+        msgs += [{"role": "user", "content": f"Part {t}: {text}"}, {"role": "assistant", "content": f"Noted {t}."}]
+    return msgs + [{"role": "user", "content": "Which animal jumps?"}]
+
+
+def test_demo_conversation_past_its_context_is_refused_before_any_prefill(tmp_path):
+    conv = write(tmp_path, "long.json", _long_conversation(10, 90))  # ~9,500 tokens; the demo has 8,192
+    cache = tmp_path / "cache"
+    proc = run_cli("generate", "--model", "demo", "--messages", str(conv), "--cache-dir", str(cache), "--json",
+                   check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: prompt has (\d+) tokens, max tokens 256, the model's context is 8192", last), last
+    assert int(re.search(r"has (\d+)", last).group(1)) > 8192
+    assert not list((cache / "snapshots").glob("*.safetensors"))  # nothing was prefilled, nothing stored
+
+
+def test_truncate_leaves_out_the_oldest_and_regenerates_identically(tmp_path):
+    conv = write(tmp_path, "long.json", _long_conversation(6, 12))
+    proc = run_cli("generate", "--model", "demo", "--messages", str(conv), "--truncate", "--context-length", "400",
+                   "--max-tokens", "8", "--repeat", "2", "--cache-dir", str(tmp_path / "cache"), "--json")
+    first, second = [json.loads(line) for line in proc.stdout.splitlines()]
+    ctx = first["context"]
+    assert ctx["limit"] == 400 and ctx["dropped_messages"] > 0 and ctx["prompt_tokens"] + 8 <= 400
+    assert first["cache"]["prompt_tokens"] == ctx["prompt_tokens"] == second["context"]["prompt_tokens"]
+    assert second["cache"]["restored"] == second["cache"]["prompt_tokens"] - 1  # in memory, within the run
+    assert second["tokens"] == first["tokens"] and second["logprobs"] == first["logprobs"]
+
+
+def test_conversation_file_with_a_bom_is_read(llama, tmp_path):
+    conv = tmp_path / "bom.json"
+    conv.write_bytes(b"\xef\xbb\xbf" + json.dumps(CHAT).encode())
+    proc = run_cli("generate", "--model", str(llama), "--messages", str(conv), "--max-tokens", "4", "--no-cache",
+                   "--json")
+    assert len(json.loads(proc.stdout)["tokens"]) <= 4

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from engine.engine import Engine
 from tests.engine_helpers import cold_request, request
@@ -82,11 +83,16 @@ def test_import_config_tokenizer_and_template(gemma: tuple[Path, Path]) -> None:
 
 def test_logits_match_float64_reference_and_read_english(gemma: tuple[Path, Path]) -> None:
     from mlx_lm import load
+    from mlx_lm.utils import dequantize_model
 
     from tests.gemma_reference import TEXT, gemma3_logits, nll
 
     src, folder = gemma
     model, tok = load(str(folder))
+    # the same weights in f32, as the engine runs them on the CPU backend: MLX's CPU 4-bit matmul
+    # took ~40 s of this test's ~60 for these 164 tokens, the f32 one (OpenBLAS) takes ~1 s
+    model = dequantize_model(model)
+    assert {p.dtype for _, p in tree_flatten(model.parameters())} == {mx.float32}
     ids = tok.encode(TEXT)
     got = np.array(model(mx.array([ids]))[0].astype(mx.float32)).astype(np.float64)
     ref = gemma3_logits(src, ids)

@@ -436,3 +436,136 @@ def test_smollm_answers_paris(smollm: tuple[Path, Path]) -> None:
         out.append(t)
         logits = model(mx.array([[t]]), cache=cache)[:, -1]
     assert "Paris" in tok.decode(out)
+
+
+# --- hostile K-quant files ---
+
+# where the f16 super-block scale `d` sits in one block of each type
+_D_AT = {"Q2_K": 80, "Q3_K": 108, "Q4_K": 0, "Q5_K": 0, "Q6_K": 208, "Q8_0": 0}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])  # Q4_K/Q5_K/Q6_K, and Q2_K/Q3_K/Q4_K/Q8_0
+def kquant_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return gf.synthetic_gguf(tmp_path_factory.mktemp("kq") / f"{request.param}.gguf", request.param)
+
+
+def _patched(src: Path, dst: Path, at: int, value: bytes) -> Path:
+    b = bytearray(src.read_bytes())
+    b[at:at + len(value)] = value
+    dst.write_bytes(bytes(b))
+    return dst
+
+
+def _info_pos(data: bytes, name: str) -> int:
+    """Byte position of a tensor's info entry right after its name (n_dims, dims, type, offset)."""
+    return data.index(gf.gstr(name)) + len(gf.gstr(name))
+
+
+def test_kquant_truncated_blocks(kquant_gguf: Path, tmp_path: Path) -> None:
+    g = read_gguf(kquant_gguf)
+    data = kquant_gguf.read_bytes()
+    quantized = [t for t in g.tensors.values() if t.type_name in _D_AT]
+    assert {t.type_name for t in quantized} >= ({"Q4_K", "Q5_K", "Q6_K"} if g.architecture == "llama"
+                                                else {"Q2_K", "Q3_K", "Q4_K", "Q8_0"})
+    first_of = {}
+    for t in quantized:
+        first_of.setdefault(t.type_name, t)
+    for t in first_of.values():
+        block = gf.GGML_BLOCK_BYTES[t.type_name]
+        for cut in (t.offset + 1, t.offset + block // 2, t.offset + block, t.offset + t.nbytes - 1):
+            p = tmp_path / f"cut-{t.name}-{cut}.gguf"
+            p.write_bytes(data[:cut])
+            _expect(p, "runs past the end", repr(t.name), full=True)
+
+
+def test_kquant_wrong_sizes(kquant_gguf: Path, tmp_path: Path) -> None:
+    g = read_gguf(kquant_gguf)
+    data = kquant_gguf.read_bytes()
+    t = next(t for t in g.tensors.values() if t.name == "blk.0.attn_q.weight")
+    pos = _info_pos(data, t.name)  # n_dims (u32), ne0 = row length (u64), ne1 = rows (u64), type, offset
+    assert struct.unpack_from("<IQQI", data, pos) == (2, t.shape[1], t.shape[0], t.ggml_type)
+    # a row that is not a whole number of 256-value super-blocks
+    msg = _expect(_patched(kquant_gguf, tmp_path / "row.gguf", pos + 4, struct.pack("<Q", 128)),
+                  "not a multiple of the", "block size 256")
+    assert t.type_name in msg
+    # more rows than the file holds
+    _expect(_patched(kquant_gguf, tmp_path / "rows.gguf", pos + 12, struct.pack("<Q", 1 << 40)), "runs past the end")
+    # fewer rows: the table is consistent, the model is not
+    _expect(_patched(kquant_gguf, tmp_path / "half.gguf", pos + 12, struct.pack("<Q", t.shape[0] // 2)),
+            f"tensor {t.name!r} has shape [{t.shape[0] // 2}, {t.shape[1]}], expected [{t.shape[0]}, {t.shape[1]}]",
+            full=True)
+    # another K type with bigger blocks: its bytes would run into the next tensor's
+    bigger = gf.T_Q6_K if t.ggml_type != gf.T_Q6_K else gf.T_Q8_0
+    _expect(_patched(kquant_gguf, tmp_path / "type.gguf", pos + 20, struct.pack("<I", bigger)), "overlap")
+    # a tensor the architecture needs is missing (renamed out of the table)
+    renamed = data.replace(gf.gstr("blk.1.ffn_down.weight"), gf.gstr("blk.1.ffn_dowX.weight"))
+    (tmp_path / "missing.gguf").write_bytes(renamed)
+    _expect(tmp_path / "missing.gguf", "unsupported tensor 'blk.1.ffn_dowX.weight'", full=True)
+    without = gf.synthetic_gguf(tmp_path / "nobias.gguf", g.architecture, drop={"blk.1.attn_v.bias", "blk.1.ffn_up.weight"})
+    _expect(without, "missing tensor 'blk.1.", full=True)
+
+
+@pytest.mark.parametrize("value", [b"\x00\x7c", b"\x00\xfc", b"\x00\x7e"])  # f16 +inf, -inf, NaN
+def test_kquant_non_finite_scale(kquant_gguf: Path, tmp_path: Path, value: bytes) -> None:
+    g = read_gguf(kquant_gguf)
+    seen = set()
+    for t in g.tensors.values():
+        if t.type_name not in _D_AT or t.type_name in seen:
+            continue
+        seen.add(t.type_name)
+        block = gf.GGML_BLOCK_BYTES[t.type_name]
+        at = t.offset + block * (t.nbytes // block // 2) + _D_AT[t.type_name]  # a block mid-tensor
+        p = _patched(kquant_gguf, tmp_path / f"{t.type_name}.gguf", at, value)
+        _expect(p, f"tensor {t.name!r} ({t.type_name}): non-finite values", full=True)
+
+
+def test_kquant_garbage_blocks_never_crash(kquant_gguf: Path, tmp_path: Path) -> None:
+    """Random bytes as every tensor's data: a clean import or one GGUFError line, nothing else."""
+    g = read_gguf(kquant_gguf)
+    head = kquant_gguf.read_bytes()[:g.data_offset]
+    outcomes = []
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        body = rng.integers(0, 256, g.size - g.data_offset, np.uint8)
+        if seed % 2:  # scales from a sane range, only the codes random: these must import
+            for t in g.tensors.values():
+                if t.type_name in _D_AT:
+                    block = gf.GGML_BLOCK_BYTES[t.type_name]
+                    d = body[t.offset - g.data_offset:][:t.nbytes].reshape(-1, block)
+                    d[:, _D_AT[t.type_name]:_D_AT[t.type_name] + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+                    if t.type_name in ("Q2_K", "Q4_K", "Q5_K"):  # dmin follows d
+                        at = _D_AT[t.type_name] + 2
+                        d[:, at:at + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+                elif t.type_name == "F32":
+                    b = body[t.offset - g.data_offset:][:t.nbytes]
+                    b[:] = np.frombuffer(rng.standard_normal(t.nbytes // 4).astype(np.float32).tobytes(), np.uint8)
+        p = tmp_path / f"garbage{seed}.gguf"
+        p.write_bytes(head + body.tobytes())
+        out = tmp_path / f"out{seed}"
+        try:
+            convert(p, out)
+            w = mx.load(str(out / "model.safetensors"))
+            assert all(mx.isfinite(v).all().item() for v in w.values() if mx.issubdtype(v.dtype, mx.floating))
+            outcomes.append("ok")
+        except GGUFError as e:
+            assert "\n" not in str(e) and not out.exists()
+            outcomes.append("error")
+    assert outcomes[1] == outcomes[3] == "ok"
+
+
+def test_kquant_header_corruption_never_crashes(kquant_gguf: Path, tmp_path: Path) -> None:
+    """Byte flips in the header of a K-quant file, converted in full: a GGUFError or a model."""
+    g = read_gguf(kquant_gguf)
+    data = kquant_gguf.read_bytes()
+    rng = random.Random(7)
+    for i in range(30):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            j = rng.randrange(g.data_offset)
+            b[j] = rng.choice([0, 0xFF, rng.randrange(256)])
+        p = tmp_path / "fuzz.gguf"
+        p.write_bytes(bytes(b))
+        try:
+            convert(p, tmp_path / f"out{i}")
+        except GGUFError as e:
+            assert "\n" not in str(e)

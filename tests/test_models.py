@@ -198,7 +198,7 @@ def test_model_key(models: dict[str, Path], env: Path) -> None:
     assert model_key(copy) == key  # touched, not changed
     assert model_key(llama, {"kv_bits": 8}) != key
     assert model_key(llama, {"kv_bits": 8}) != model_key(llama, {"kv_bits": 4})
-    assert model_key(llama, {"chunk_size": 16}) != model_key(llama, {"chunk_size": 8})
+    assert model_key(llama, {"chunk": 16}) != model_key(llama, {"chunk": 8})  # the option Engine passes
     assert model_key(models["q4"]) != key and model_key(models["q4"]) != model_key(models["q8"])
     # same size, different bytes (a rewrite moves mtime): the memo must not hide the change
     data = bytearray((copy / "model.safetensors").read_bytes())

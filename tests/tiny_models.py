@@ -6,7 +6,7 @@ trained on a fixed corpus, and a ChatML chat template. Every folder is a normal 
 model folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json).
 
 Hidden size 256 and f32 on purpose: smaller or bf16 models hide the forward-width effect
-that the exact-mode tests must be able to see (see DESIGN.md).
+that the exact-mode tests must be able to see (docs/testing.md).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ thread-safe), so a reply is saved even if the window is closing.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -22,6 +23,7 @@ from app.core.store import (
 )
 from app.core.view_models import ConversationItem, MessageVM, message_vm
 from engine.types import (
+    CacheReport,
     Comparison,
     GenerationRequest,
     GenerationResult,
@@ -49,6 +51,9 @@ class ChatSettings:
     )
     random_seed: bool = True  # False: every new reply uses sampler.seed
     mode: str = "exact"  # "exact" | "fast"
+    # A conversation longer than the model's context: leave out the oldest turns (marked in the
+    # chat), or refuse to send. Deterministic either way, so regenerate stays identical.
+    context_policy: str = "truncate"  # "truncate" | "refuse"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +61,7 @@ class ChatSettings:
             "sampler": self.sampler.to_dict(),
             "random_seed": self.random_seed,
             "mode": self.mode,
+            "context_policy": self.context_policy,
         }
 
     @classmethod
@@ -64,15 +70,27 @@ class ChatSettings:
         base = cls()
         sampler = SamplerSettings.from_dict(d["sampler"]) if isinstance(d.get("sampler"), dict) else base.sampler
         mode = d.get("mode") if d.get("mode") in ("exact", "fast") else base.mode
+        policy = d.get("context_policy") if d.get("context_policy") in ("truncate", "refuse") else base.context_policy
         return cls(
             system_prompt=str(d.get("system_prompt") or ""),
             sampler=sampler,
             random_seed=bool(d.get("random_seed", base.random_seed)),
             mode=mode,
+            context_policy=policy,
         )
 
     def seed_for_new_reply(self) -> int:
         return fresh_seed() if self.random_seed else self.sampler.seed
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """The loaded model as a receipt names it (engine ModelInfo + the spec it was loaded by)."""
+
+    spec: str
+    key: str
+    name: str = ""
+    dequantized: Optional[bool] = None
 
 
 @dataclass
@@ -86,6 +104,10 @@ class PendingReply:
     action: str  # "send" | "regenerate" | "variant" | "edit" | "retry"
     previous_id: Optional[int] = None  # the variant this reply was made to replace
     model_name: Optional[str] = None
+    # Set by `finish`: how the reply compares, and the existing variant it turned out identical
+    # to (then the new row was dropped and that variant made active instead).
+    outcome: Optional[ReplyOutcome] = None
+    duplicate_of: Optional[int] = None
 
 
 class ChatSession:
@@ -122,9 +144,23 @@ class ChatSession:
     def delete_conversation(self, conv_id: int) -> None:
         self.store.delete_conversation(conv_id)
 
-    def export(self, conv_id: int, as_json: bool) -> str:
-        """The whole tree as Verbatim JSON (re-importable), or the active path as Markdown."""
-        return self.store.export_json(conv_id) if as_json else self.store.export_markdown(conv_id)
+    def export(self, conv_id: int, as_json: bool, model: Optional[ModelIdentity] = None) -> str:
+        """The whole tree as Verbatim JSON (re-importable), or the active path as Markdown. With
+        the loaded model's identity, every reply with tokens carries its receipt ("receipt")."""
+        if not as_json:
+            return self.store.export_markdown(conv_id)
+        text = self.store.export_json(conv_id)
+        if model is None:
+            return text
+        doc = json.loads(text)
+        ids = [m.id for m in self.store.messages(conv_id)]  # the file's ids are 1..n in this order
+        for entry, mid in zip(doc["messages"], ids):
+            if entry.get("role") == "assistant" and entry.get("tokens"):
+                try:
+                    entry["receipt"] = self.receipt(mid, model).to_dict()
+                except (StoreError, ValueError):
+                    pass
+        return json.dumps(doc, indent=1, ensure_ascii=False)
 
     def import_conversation(self, data: bytes) -> int:
         return self.store.import_json(data).id
@@ -215,7 +251,8 @@ class ChatSession:
         seed = settings.sampler.seed if action == "regenerate" else settings.seed_for_new_reply()
         sampler = replace(settings.sampler, seed=seed)
         messages = self.store.messages_for_prompt(conv_id, user_id)
-        request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode)  # type: ignore[arg-type]
+        request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode,  # type: ignore[arg-type]
+                                    context_policy=settings.context_policy)  # type: ignore[arg-type]
         reply = self.store.add_message(
             conv_id, user_id, "assistant", "", status="generating",
             seed=seed, sampler=sampler.to_dict(), model_name=model_name,
@@ -229,24 +266,59 @@ class ChatSession:
 
     def finish(self, pending: PendingReply, result: GenerationResult) -> Message:
         """Store the reply with its tokens, logprobs and report, and its identity with the variant
-        it replaces (compared on stored tokens and logprobs, so it holds across restarts)."""
-        outcome = ReplyOutcome(pending.action, pending.previous_id, self.compare_with_previous(pending.previous_id, result))
+        it replaces (compared on stored tokens and logprobs, so it holds across restarts).
+
+        Regenerate compares with its source reply (over the source's length when that one was
+        stopped); a new variant (new seed) is compared with nothing. A regenerate or new variant
+        identical to an existing variant (same tokens, bit-equal logprobs) adds no copy: its row is
+        dropped, that variant is made active and returned, and `pending.duplicate_of` names it."""
+        comparison = None if pending.action == "variant" else self.compare_with_previous(pending.previous_id, result)
+        outcome = ReplyOutcome(pending.action, pending.previous_id, comparison)
+        pending.outcome = outcome
+        twin = self.identical_variant(pending, result)
+        if twin is not None:
+            pending.duplicate_of = twin.id
+            pending.outcome = replace(outcome, duplicate_of=twin.id)
+            self.store.delete_message(pending.reply_id)
+            self.store.set_active(twin.id)
+            return twin
         fields = assistant_fields_from_result(result, outcome)
         status = "interrupted" if result.finish_reason == "cancelled" else "complete"
         if pending.model_name:
             fields["model_name"] = pending.model_name
         return self.store.update_message(pending.reply_id, content=result.text, status=status, **fields)
 
+    def identical_variant(self, pending: PendingReply, result: GenerationResult) -> Optional[Message]:
+        """A complete sibling of a regenerate / new variant with the same tokens and bit-equal logprobs."""
+        if pending.action not in ("regenerate", "variant") or result.finish_reason == "cancelled":
+            return None
+        try:
+            siblings = self.store.siblings(pending.reply_id)
+        except StoreError:
+            return None
+        for m in siblings:
+            if (m.id != pending.reply_id and m.status == "complete" and m.tokens == list(result.tokens)
+                    and m.logprobs == list(result.logprobs)):
+                return m
+        return None
+
     def compare_with_previous(self, previous_id: Optional[int], result: GenerationResult) -> Optional[Comparison]:
+        """The new reply against the one it regenerates: in full, or over the shared length when
+        the previous one was stopped (identical up to where it stopped)."""
         if previous_id is None or result.finish_reason == "cancelled":
             return None
         try:
             prev = self.store.get_message(previous_id)
         except StoreError:  # deleted meanwhile
             return None
-        if prev.status != "complete" or prev.tokens is None:
+        if prev.tokens is None or prev.status == "generating":
             return None
-        return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs)
+        if prev.status != "complete":  # stopped: compare what it generated
+            if not prev.tokens:
+                return None
+            return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content,
+                                 result.text, shared_length=True)
+        return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content, result.text)
 
     def fail(self, pending: PendingReply, keep_text: str = "") -> None:
         """A generation that raised: drop an empty placeholder (the user's message stays), keep
@@ -258,6 +330,41 @@ class ChatSession:
                 self.store.delete_message(pending.reply_id)
         except StoreError:
             pass
+
+    # -- receipts and compare ------------------------------------------------------------------
+    def receipt(self, reply_id: int, model: ModelIdentity, env: Optional[dict[str, str]] = None) -> Any:
+        """A stored reply's receipt (engine/receipts.py): `python -m engine verify` replays it.
+        The model's spec goes in only when the loaded model is the one that made the reply."""
+        from engine.receipts import ReceiptError, ReceiptModel, build
+
+        reply = self.store.get_message(reply_id)
+        if reply.role != "assistant" or reply.parent_id is None or not reply.tokens:
+            raise StoreError("this reply has no tokens: there is nothing to replay")
+        report = reply.report or CacheReport()
+        sampler = SamplerSettings.from_dict(reply.sampler or {})
+        if reply.seed is not None:
+            sampler = replace(sampler, seed=reply.seed)
+        mode = report.mode if report.mode in ("exact", "fast") else "exact"
+        request = GenerationRequest(self.store.messages_for_prompt(reply.conversation_id, reply.parent_id),
+                                    sampler, mode=mode)  # type: ignore[arg-type]
+        finish = reply.finish_reason or ("cancelled" if reply.status == "interrupted" else "stop")
+        result = GenerationResult(reply.content, list(reply.tokens), list(reply.logprobs or []), finish,  # type: ignore[arg-type]
+                                  sampler.seed, [], report)
+        key = reply.model_key or report.model_key
+        same = bool(key) and key == model.key
+        ident = ReceiptModel(model.spec if same else "", key or model.key, reply.model_name or model.name,
+                             model.dequantized if same else None)
+        try:
+            return build(request, result, ident, report.chunk_size, env)
+        except ReceiptError as e:
+            raise StoreError(str(e)) from e
+
+    def compare_candidates(self, reply_id: int) -> list[tuple[Message, str]]:
+        """The replies of the same prompt (the reply's variants) that have tokens, with labels."""
+        siblings = self.store.siblings(reply_id)
+        n = len(siblings)
+        return [(m, f"Reply {i + 1} / {n}") for i, m in enumerate(siblings)
+                if m.role == "assistant" and m.tokens and m.status != "generating"]
 
     # -- verify --------------------------------------------------------------------------------
     def verify_inputs(self, reply_id: int) -> tuple[GenerationRequest, list[int], list[float]]:
@@ -275,7 +382,12 @@ class ChatSession:
             sampler = replace(sampler, max_tokens=len(reply.tokens))
         mode = reply.report.mode if reply.report is not None else "exact"
         messages = self.store.messages_for_prompt(reply.conversation_id, reply.parent_id)
-        request = GenerationRequest(messages=messages, sampler=sampler, mode=mode)
+        # Leave out what the reply's own prompt left out (a stopped reply is verified with fewer
+        # max tokens, which must not change what fits).
+        dropped = reply.report.context.dropped_messages if reply.report and reply.report.context else 0
+        lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        messages = messages[:lead] + messages[lead + dropped:]
+        request = GenerationRequest(messages=messages, sampler=sampler, mode=mode, context_policy="truncate")
         return request, list(reply.tokens), list(reply.logprobs or [])
 
 

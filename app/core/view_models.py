@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from app.core.store import Message, ReplyOutcome
 from engine.types import CacheReport, Comparison, GenerationResult
@@ -40,6 +40,7 @@ class MessageVM:
     identical: Optional[bool] = None
     seed: Optional[int] = None
     model_name: Optional[str] = None
+    tokens: int = 0  # token ids stored with the reply (the context meter and the inspector)
     report: Optional[CacheReport] = field(default=None, compare=False, hash=False)
     outcome: ReplyOutcome = field(default_factory=ReplyOutcome, compare=False, hash=False)
 
@@ -50,7 +51,15 @@ class MessageVM:
     @property
     def badge(self) -> str:
         """The identity line as shown under the reply: '✓ identical to previous'."""
-        return ("✓ " if self.identical else "≠ ") + self.identity if self.identity else ""
+        if not self.identity:
+            return ""
+        return {"same": "✓ ", "diff": "≠ ", "near": "≈ "}.get(self.badge_state, "") + self.identity
+
+    @property
+    def badge_state(self) -> str:
+        """'same' (identical), 'diff' (other tokens), 'near' (same tokens, other logprobs: fast
+        mode may do that), 'info' (nothing compared: a new seed)."""
+        return badge_state(self.outcome)
 
 
 def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
@@ -67,10 +76,11 @@ def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
         prev_id=sibling_ids[i - 1] if i > 0 else None,
         next_id=sibling_ids[i + 1] if i + 1 < len(sibling_ids) else None,
         footer=footer_text(m) if assistant else "",
-        identity=identity_text(outcome) if assistant else "",
+        identity=identity_text(outcome, mode=m.report.mode if m.report else "exact") if assistant else "",
         identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
         model_name=m.model_name,
+        tokens=len(m.tokens or []),
         report=m.report,
         outcome=outcome,
     )
@@ -114,16 +124,38 @@ def footer_text(m: Message) -> str:
     return " · ".join(parts)
 
 
-def identity_text(outcome: ReplyOutcome, long: bool = False) -> str:
-    """How a reply compares with the variant it replaced: the line under the reply, or (long)
-    the debug panel's wording."""
+FAST_NOTE = "fast mode reuses decoded states; exact mode would not"
+
+
+def badge_state(outcome: ReplyOutcome) -> str:
     c = outcome.comparison
     if c is None:
+        return "info"
+    if c.identical:
+        return "same"
+    return "near" if c.first_diff is None else "diff"
+
+
+def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact") -> str:
+    """How a reply compares with the variant it replaced: the line under the reply, or (long)
+    the debug panel's wording. A new variant (new seed) is compared with nothing; a regenerate of
+    a stopped reply over the stopped one's length; fast mode's logprob drift is explained."""
+    c = outcome.comparison
+    if outcome.duplicate_of is not None:
+        return ("identical to an existing variant: selected it instead of adding a copy" if long
+                else "identical to an existing variant (not added again)")
+    if c is None:
+        if outcome.action == "variant":
+            return "new seed (a new variant is not compared with the others)" if long else "new seed"
         return "no previous variant with the same prompt and settings" if long else ""
     if c.identical:
+        if c.upto is not None:
+            return f"identical up to where the first one stopped ({c.upto} tokens)" if long else \
+                "identical up to where the first one stopped"
         return "identical to previous (same tokens, bit-equal logprobs)" if long else "identical to previous"
     if c.first_diff is None:
-        return f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
+        text = f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
+        return text + (f" ({FAST_NOTE})" if long else " (fast mode)") if mode == "fast" else text
     return f"differs from previous at token {c.first_diff}"
 
 
@@ -140,8 +172,13 @@ def finished_text(result: GenerationResult, outcome: ReplyOutcome) -> str:
     c = outcome.comparison
     if result.finish_reason == "cancelled":
         return "Stopped · " + msg
+    if outcome.duplicate_of is not None:
+        return msg + " · identical to an existing variant: selected it, no copy added"
+    if outcome.action == "variant":
+        return msg + " · new seed"
     if c is not None:
-        msg += " · identical to previous" if c.identical else " · differs from previous"
+        same_tokens = c.identical or c.first_diff is None
+        msg += " · " + (identity_text(outcome, mode=rep.mode) if same_tokens else "differs from previous")
     return msg
 
 
@@ -153,6 +190,7 @@ def verify_text(cmp: Comparison) -> str:
 # --------------------------------------------------------------------------------- debug panel
 REPORT_FIELDS = [
     ("prompt_tokens", "Prompt tokens"),
+    ("context", "Context"),
     ("matched", "Matched prefix"),
     ("restored_stored", "Restored / stored"),
     ("partial", "Partial restore"),
@@ -176,13 +214,68 @@ NO_REPORT = "This reply has no cache report yet"
 VERIFYING = "running a cold generation…"
 
 
-def chunks_text(chunks: list[list[int]]) -> str:
+def chunks_text(chunks: list[list[int]], message_starts: Sequence[int] = ()) -> str:
+    """The prefill forwards; a ✉ marks a chunk that ends where a message starts."""
     if not chunks:
         return "none (whole prompt restored)"
-    shown = [f"[{a}, {b})" for a, b in chunks]
+    starts = set(message_starts)
+    shown = [f"[{a}, {b}){'✉' if b in starts else ''}" for a, b in chunks]
     if len(shown) > 8:
         shown = shown[:4] + ["…"] + shown[-3:]
-    return f"{len(chunks)} forward{'s' if len(chunks) != 1 else ''}: " + " ".join(shown)
+    text = f"{len(chunks)} forward{'s' if len(chunks) != 1 else ''}: " + " ".join(shown)
+    if starts:
+        text += f"\n✉ message starts: {', '.join(str(m) for m in sorted(starts))}"
+    return text
+
+
+@dataclass(frozen=True)
+class ContextVM:
+    """How full the model's context is for a conversation, and what was left out of it."""
+
+    used: int  # tokens of the last prompt sent, plus its reply
+    limit: Optional[int]
+    dropped: int  # oldest messages not sent
+
+    @property
+    def fraction(self) -> float:
+        return min(self.used / self.limit, 1.0) if self.limit else 0.0
+
+    @property
+    def text(self) -> str:
+        return f"{self.used:,} / {self.limit:,} tokens" if self.limit else f"{self.used:,} tokens"
+
+    @property
+    def marker(self) -> str:
+        n = self.dropped
+        return f"{n} earlier message{'s are' if n != 1 else ' is'} not sent to the model (the context is full)"
+
+
+def context_vm(vms: Sequence[MessageVM]) -> Optional[ContextVM]:
+    """From the newest reply on the path that has a report (None: nothing sent yet)."""
+    for vm in reversed(vms):
+        if vm.report is not None and vm.report.context is not None:
+            ctx = vm.report.context
+            return ContextVM(ctx.prompt_tokens + vm.tokens, ctx.limit, ctx.dropped_messages)
+    return None
+
+
+def context_marker(vms: Sequence[MessageVM]) -> Optional[tuple[int, str]]:
+    """Where (index into vms) and what the "left out" marker says, for the newest reply."""
+    ctx = context_vm(vms)
+    if ctx is None or not ctx.dropped:
+        return None
+    lead = next((i for i, vm in enumerate(vms) if vm.role != "system"), len(vms))
+    return min(lead + ctx.dropped, len(vms)), ctx.marker
+
+
+def context_text(report: CacheReport) -> str:
+    ctx = report.context
+    if ctx is None:
+        return "–"
+    used = f"{ctx.prompt_tokens:,} of {ctx.limit:,} tokens" if ctx.limit else f"{ctx.prompt_tokens:,} tokens"
+    if ctx.dropped_messages:
+        used += f" · {ctx.dropped_messages} oldest message{'s' if ctx.dropped_messages != 1 else ''} left out"
+    return used
 
 
 def sampler_text(s: dict[str, Any]) -> str:
@@ -208,6 +301,8 @@ def debug_vm(vm: MessageVM) -> DebugVM:
     r = vm.report
     assert r is not None
     how = ACTIONS.get(vm.outcome.action, "")
+    if vm.outcome.duplicate_of is not None:
+        how = f"{how or 'regenerated'} again: identical, no copy added (this run's report)"
     title = f"<b>Reply {vm.navigator}</b>" + (f" · {how}" if how else "") + f" · message #{vm.id}"
     snaps = ", ".join(f"{s.get('kind')} @{s.get('length')} (canonical {s.get('canonical')})" for s in r.snapshots_stored)
     rows = {
@@ -219,7 +314,8 @@ def debug_vm(vm: MessageVM) -> DebugVM:
         "mode": str(r.mode),
         "chunk_size": str(r.chunk_size),
         "prefill_tokens": str(r.prefill_tokens),
-        "chunks": chunks_text(r.chunks),
+        "chunks": chunks_text(r.chunks, r.message_starts),
+        "context": context_text(r),
         "snapshots": snaps or "none",
         "seed": str(r.seed),
         "sampler": sampler_text(r.sampler),
@@ -227,7 +323,7 @@ def debug_vm(vm: MessageVM) -> DebugVM:
         "ttft": format_seconds(r.ttft_s),
         "prefill_tps": f"{r.prefill_tps or 0:.1f} tok/s",
         "decode_tps": f"{r.decode_tps or 0:.1f} tok/s",
-        "identity": identity_text(vm.outcome, long=True),
+        "identity": identity_text(vm.outcome, long=True, mode=r.mode),
     }
     layers = [
         [str(x.index), x.cache_class, "–" if x.offset is None else str(x.offset), str(x.size),
@@ -259,3 +355,43 @@ def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:
             parts.append(format_bytes(nbytes))
         rows["disk"] = (", ".join(parts) or json.dumps(disk), json.dumps(disk, indent=1, default=str))
     return rows
+
+
+# ------------------------------------------------------------------------------ compare view
+def compare_verdict(cmp: Comparison, modes: tuple[str, str] = ("exact", "exact")) -> str:
+    """The compare view's one-line verdict."""
+    n = cmp.lengths[0]
+    if cmp.identical:
+        return f"identical ({n} tokens, bit-equal logprobs)"
+    if cmp.first_diff is None:
+        note = f" ({FAST_NOTE})" if "fast" in modes else ""
+        return f"same tokens, logprobs differ by up to {cmp.max_logprob_diff:.3g}{note}"
+    k = cmp.first_diff
+    if k == min(cmp.lengths):
+        which = "the first" if cmp.lengths[0] < cmp.lengths[1] else "the second"
+        same = "bit-equal logprobs" if cmp.max_logprob_diff == 0 else f"logprobs differ by up to {cmp.max_logprob_diff:.3g}"
+        return f"diverge at token {k}: {which} ends there, the same tokens before it ({same})"
+    return f"diverge at token {k}"
+
+
+def prefix_text(cmp: Comparison) -> str:
+    """'shared prefix: 42 tokens, 198 characters; max |Δ logprob| before it 0'."""
+    chars = f", {cmp.shared_chars} characters" if cmp.shared_chars is not None else ""
+    return (f"shared prefix: {cmp.shared_tokens} tokens{chars} · lengths {cmp.lengths[0]} / {cmp.lengths[1]} tokens"
+            f" · max |Δ logprob| over the shared prefix {cmp.max_logprob_diff:.3g}")
+
+
+def side_text(side: Any) -> str:
+    """A compare side's settings and provenance: 'seed 7 · exact · T=0.9, top_p=0.95 · cache: memory 170 / 171'."""
+    cache = f"{side.source} {side.restored} / {side.prompt_tokens}" if side.source else f"none (cold, {side.prompt_tokens} prompt tokens)"
+    stopped = " · stopped" if side.status == "interrupted" else ""
+    return (f"seed {side.seed if side.seed is not None else '–'} · {side.mode} · {sampler_text(side.sampler)}"
+            f" · cache: {cache} · {len(side.tokens)} tokens{stopped}")
+
+
+def token_tooltip(token: int, text: str, logprob: float) -> str:
+    """Hover text of one token in the per-token view."""
+    import math
+
+    p = math.exp(logprob) if logprob > -700 else 0.0
+    return f"token {token} · {text!r} · logprob {logprob:.6g} (p = {p:.3g})"

@@ -34,7 +34,12 @@ from PySide6.QtCore import QObject, Signal
 from app.core.models import model_label
 from app.core.session import ChatSession, PendingReply
 from app.core.store import Message, StoreError
-from app.core.view_models import finished_text, progress_text, verify_text
+from app.core.view_models import (
+    finished_text,
+    identity_text,
+    progress_text,
+    verify_text,
+)
 from app.qt import jobs
 from app.qt.jobs import Relay
 from engine.engine import Engine, ModelInfo
@@ -143,13 +148,15 @@ class ChatController(QObject):
     prefilled = Signal(int, int)  # prompt tokens in the cache so far, prompt tokens in all
 
     def __init__(self, window: ChatWindow, session: ChatSession, cache_dir: Path, chunk: int = 512,
-                 use_disk: bool = True, batch_interval: float = 0.05, read_only: bool = False) -> None:  # fmt: skip
+                 use_disk: bool = True, batch_interval: float = 0.05, read_only: bool = False,
+                 context_length: Optional[int] = None) -> None:  # fmt: skip
         super().__init__()
         self.w = window
         self.session = session
         self.read_only = read_only
         self.batch_interval = batch_interval
-        self.executor = EngineExecutor(lambda: Engine(cache_dir=cache_dir, use_disk=use_disk, chunk=chunk))
+        self.executor = EngineExecutor(lambda: Engine(cache_dir=cache_dir, use_disk=use_disk, chunk=chunk,
+                                                      context_length=context_length))
         self.pending: Optional[PendingReply] = None  # the reply being generated
         self.stream_text = ""
         self.token_updates = 0  # text updates the view got (batching evidence)
@@ -267,8 +274,15 @@ class ChatController(QObject):
             return
         self._end_reply()
         self.last_finished = finished
+        outcome = finished.pending.outcome or finished.message.outcome
+        twin = finished.pending.duplicate_of
+        if twin is not None:  # identical to an existing variant: that one is shown, with this run's report
+            self.w.chat_view.selected_id = twin
+            self.w.debug_panel.record_run(twin, finished.result.report, outcome)
         self.w.refresh_messages()  # the sidebar was refreshed when the reply started
-        self.w.status(finished_text(finished.result, finished.message.outcome), 8000)
+        if twin is not None and (shown := self.w.chat_view.widget_for(twin)) is not None:
+            shown.show_identity(identity_text(outcome), "same")
+        self.w.status(finished_text(finished.result, outcome), 8000)
         if finished.result.report.warnings:  # the engine hands each disk problem over once: keep it in view
             self.w.banner_text("Prompt cache: " + "; ".join(finished.result.report.warnings)
                                + " Replies still work; the cache is kept in memory only.")  # fmt: skip
@@ -328,7 +342,7 @@ class ChatController(QObject):
         self.model_info = info
         # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
         # reach, so the full collections the GC pacer runs between replies stay short. New
-        # objects are still collected normally. Collect first (once, ~50 ms, nothing is streaming)
+        # objects are still collected normally. Collect first (once, while nothing is streaming)
         # so the loader's garbage cycles are freed rather than frozen for the life of the process.
         gc.collect()
         gc.freeze()

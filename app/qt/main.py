@@ -62,6 +62,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=None, help="conversations, settings and prompt cache "
                    f"(default: {default_data_dir()})")
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk size (part of the cache key)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="use at most this many tokens of context (default: the model's own)")
     p.add_argument("--no-disk-cache", action="store_true", help="keep the prompt cache in memory only")
     p.add_argument("--theme", choices=["system", "light", "dark"], default=None)
     return p.parse_args(argv)
@@ -82,7 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     loop = jobs.gui_loop()
     try:
-        window = MainWindow(model, data_dir, chunk=args.chunk, use_disk=not args.no_disk_cache, theme=args.theme)
+        window = MainWindow(model, data_dir, chunk=args.chunk, use_disk=not args.no_disk_cache, theme=args.theme,
+                            context_length=args.context_length)
     except StoreError as e:  # e.g. a damaged or newer conversation database: say so, change nothing
         QMessageBox.critical(None, APP_NAME, str(e))
         return 1

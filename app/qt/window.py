@@ -46,14 +46,16 @@ from PySide6.QtWidgets import (
 from app.core.models import model_label
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
-from app.core.view_models import MessageVM, format_bytes
+from app.core.view_models import MessageVM, context_marker, context_vm, format_bytes
 from app.qt import dialogs, jobs
 from app.qt.controller import ChatController
 from app.qt.gc_pacer import GcPacer
+from app.qt.inspector import Inspector
 from app.qt.server_toggle import ServerToggle
 from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
 from app.qt.widgets.composer import Composer
+from app.qt.widgets.context_meter import ContextMeter
 from app.qt.widgets.debug_panel import DebugPanel
 from app.qt.widgets.elided_label import ElidedLabel
 from app.qt.widgets.model_picker import ModelPicker
@@ -72,6 +74,7 @@ class MainWindow(QMainWindow):
         use_disk: bool = True,
         theme: Optional[str] = None,
         batch_interval: float = 0.05,
+        context_length: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.setObjectName("mainWindow")
@@ -85,7 +88,8 @@ class MainWindow(QMainWindow):
         self.read_only = self.lock is None
         self.session = ChatSession(store)
         self.controller = ChatController(
-            self, self.session, self.data_dir / "cache", chunk, use_disk, batch_interval, self.read_only
+            self, self.session, self.data_dir / "cache", chunk, use_disk, batch_interval, self.read_only,
+            context_length,
         )
         self.conv_id: Optional[int] = None
         self.last_error: Optional[str] = None
@@ -95,6 +99,7 @@ class MainWindow(QMainWindow):
         self.theme: Theme = theme_named(self.theme_option)
 
         self._build_ui()
+        self.inspector = Inspector(self)  # compare view, per-token view, receipts (app/qt/inspector.py)
         self._build_menus()
         self._apply_theme()
         QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _: self._apply_theme())
@@ -216,6 +221,8 @@ class MainWindow(QMainWindow):
         self.stop_button.clicked.connect(lambda: self.controller.stop())
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
+        self.context_meter = ContextMeter()
+        buttons.addWidget(self.context_meter)
         buttons.addStretch(1)
         row.addLayout(buttons)
         bl.addLayout(row)
@@ -407,7 +414,8 @@ class MainWindow(QMainWindow):
 
     def refresh_messages(self) -> list[MessageVM]:
         vms = self.session.view(self.conv_id) if self.conv_id is not None else []
-        self.chat_view.set_messages(vms)
+        self.chat_view.set_messages(vms, context_marker(vms))
+        self.context_meter.show_context(context_vm(vms))
         pending = self.controller.pending
         if pending is not None and pending.conversation_id == self.conv_id:
             self.chat_view.stream(pending.reply_id, self.controller.stream_text, 0)
@@ -561,7 +569,8 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            Path(path).write_text(self.session.export(conv_id, as_json=path.endswith(".json")), encoding="utf-8")
+            text = self.session.export(conv_id, as_json=path.endswith(".json"), model=self.inspector.model_identity())
+            Path(path).write_text(text, encoding="utf-8")
         except (OSError, StoreError) as e:
             self.show_error("Export failed", str(e))
             return

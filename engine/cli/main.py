@@ -14,10 +14,12 @@ from typing import Any, Optional, Sequence
 
 from engine.cli.models import add_subcommands
 from engine.cli.serve import add_serve_parser
-from engine.errors import GGUFError, ModelError, RequestError
+from engine.cli.verify import add_verify_parser
+from engine.errors import RequestError, VerbatimError
 from engine.generate.loop import drain
 from engine.types import (
     DEFAULT_CHUNK,
+    ContextPolicy,
     Event,
     GenerationRequest,
     GenerationResult,
@@ -27,8 +29,8 @@ from engine.types import (
 )
 
 
-class CLIError(Exception):
-    pass
+class CLIError(VerbatimError):
+    """Bad command-line input (a missing or unreadable file, a bad option)."""
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +45,11 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--mode", choices=("exact", "fast"), default="exact")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prefill chunk size C")
+    p.add_argument("--truncate", action="store_true",
+                   help="when the conversation does not fit the model's context, leave out the oldest turns "
+                        "(default: refuse with an error, before any prompt processing)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="use at most this many tokens of context (default: the model's own)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cache-dir", type=Path, help="prompt cache directory (default: the user cache dir)")
     g.add_argument("--no-cache", action="store_true", help="neither look up nor store")
@@ -57,11 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON file with a conversation: [{role, content}, ...] (repeatable)")
     g.add_argument("--repeat", type=int, default=1, help="generate each conversation K times")
     g.add_argument("--json", action="store_true", help="one JSON object per generation on stdout")
+    g.add_argument("--receipt", type=Path, metavar="FILE",
+                   help="write a receipt (python -m engine verify FILE replays it); with several generations, "
+                        "FILE-2, FILE-3... for the second and later")
     c = sub.add_parser("chat", help="interactive terminal chat (/regenerate, /new, /debug, /quit)")
     _add_sampler_args(c)
     c.add_argument("--system", default="", help="system prompt")
     add_subcommands(sub)
     add_serve_parser(sub)
+    add_verify_parser(sub)
     return parser
 
 
@@ -72,17 +83,24 @@ def _sampler(args: argparse.Namespace) -> SamplerSettings:
     )
 
 
+def _policy(args: argparse.Namespace) -> ContextPolicy:
+    return "truncate" if args.truncate else "refuse"
+
+
 def _engine(args: argparse.Namespace) -> Any:
     from engine.engine import Engine
 
-    eng = Engine(cache_dir=args.cache_dir, use_disk=not args.no_cache, chunk=args.chunk)
+    if args.context_length is not None and args.context_length < 2:
+        raise CLIError("--context-length must be at least 2")
+    eng = Engine(cache_dir=args.cache_dir, use_disk=not args.no_cache, chunk=args.chunk,
+                 context_length=args.context_length)
     eng.load(args.model, progress=lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr))
     return eng
 
 
 def read_messages(path: Path) -> list[dict[str, str]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is fine
     except FileNotFoundError:
         raise CLIError(f"messages file not found: {path}")
     except (OSError, UnicodeDecodeError) as e:
@@ -106,6 +124,8 @@ def print_summary(result: GenerationResult) -> None:
 def summary_line(result: GenerationResult) -> str:
     r = result.report
     same = "" if r.identical is None else ("  identical to previous" if r.identical else f"  DIFFERS at token {r.first_diff}")
+    if r.context is not None and r.context.dropped_messages:
+        same += f"  ({r.context.dropped_messages} oldest messages left out to fit the context of {r.context.limit})"
     return (
         f"[{len(result.tokens)} tokens, {result.finish_reason}; cache {r.source or 'none'}: restored {r.restored}"
         f" / {r.stored if r.stored is not None else '-'} of {r.prompt_tokens} prompt tokens, prefilled {r.prefill_tokens};"
@@ -146,12 +166,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise CLIError("--repeat must be at least 1")
     eng = _engine(args)
+    n = 0
     try:
         for messages in conversations:
             for _ in range(args.repeat):
-                req = GenerationRequest(messages, _sampler(args), mode=args.mode,
-                                        use_cache=not args.no_cache, stop=tuple(args.stop))
+                req = GenerationRequest(messages, _sampler(args), mode=args.mode, use_cache=not args.no_cache,
+                                        stop=tuple(args.stop), context_policy=_policy(args))
                 result = eng.generate(req)
+                n += 1
+                if args.receipt is not None:
+                    _write_receipt(args, eng, req, result, n)
                 if args.json:
                     print(json.dumps(result.to_dict()), flush=True)
                 else:
@@ -160,6 +184,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     finally:
         eng.close()
     return 0
+
+
+def _write_receipt(args: argparse.Namespace, eng: Any, req: GenerationRequest, result: GenerationResult,
+                   n: int) -> None:
+    from engine.receipts import ReceiptModel, build, write
+
+    path = args.receipt if n == 1 else args.receipt.with_name(f"{args.receipt.stem}-{n}{args.receipt.suffix}")
+    info = eng.info
+    spec = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model  # a folder, from anywhere
+    model = ReceiptModel(spec, info.key, info.name, info.dequantized)
+    try:
+        write(build(req, result, model, eng.chunk), path)
+    except OSError as e:
+        raise CLIError(f"cannot write the receipt {path}: {e}")
+    print(f"receipt written to {path}", file=sys.stderr)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -212,7 +251,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 req = last[0]
             else:
                 history.append({"role": "user", "content": line})
-                req = GenerationRequest(system + history, _sampler(args), mode=args.mode, use_cache=not args.no_cache)
+                req = GenerationRequest(system + history, _sampler(args), mode=args.mode, use_cache=not args.no_cache,
+                                        context_policy=_policy(args))
             result = run(req)
             history.append({"role": "assistant", "content": result.text})
             last = (req, result)
@@ -225,12 +265,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from engine.errors import EngineError
-
     handlers = {"generate": cmd_generate, "chat": cmd_chat}
     handler = handlers.get(args.command) or getattr(args, "func", None)
     try:
         return int(handler(args) or 0)
-    except (CLIError, EngineError, RequestError, ModelError, GGUFError) as e:
+    except VerbatimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

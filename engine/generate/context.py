@@ -2,8 +2,14 @@
 
 Past its context length a RoPE model produces garbage without any error, so a request never
 runs past it. The "truncate" policy drops whole turns from the oldest on (the leading system
-messages and the last message always stay), choosing the fewest that make prompt + max_tokens
-fit; the choice depends only on the conversation, so a regenerate is instant and identical.
+messages and the last message always stay); the choice depends only on the conversation, so a
+regenerate is instant and identical.
+
+It drops in blocks of about a quarter of the context: the places it may cut are where the
+dropped turns first pass 1/4, 2/4, ... of the limit, counted from the oldest message, so they
+do not move as the chat grows. The next turns then leave out the same messages (the prompt
+keeps its prefix, and the prompt cache its use) until the chat has grown by about a quarter of
+the context, instead of changing the start of the prompt on every turn.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ def fit_to_context(
     max_tokens: int,
     limit: Optional[int],
     policy: ContextPolicy,
+    count: Optional[Callable[[Message], int]] = None,
 ) -> Fitted:
+    """`count` estimates a message's tokens, to place the block cuts (none: cut at every turn)."""
     messages = list(messages)
     prompt = render(messages)
     if limit is None or len(prompt) + max_tokens <= limit:
@@ -43,6 +51,8 @@ def fit_to_context(
     # Cut points: drop body[:k] where the rest starts with a user turn (templates want the
     # user/assistant alternation), or everything. Fewer tokens the more is dropped.
     ks = [k for k in range(1, len(body)) if body[k]["role"] == "user"] + [len(body)]
+    if count is not None:
+        ks = _blocks(ks, [count(m) for m in body], max(limit // 4, 1))
     tried: dict[int, list[int]] = {}
 
     def tokens(k: int) -> list[int]:
@@ -58,3 +68,19 @@ def fit_to_context(
                                  " (even with only the system prompt and the last message)")
     k = ks[bisect.bisect_left(ks, True, key=fits)]  # the fewest dropped that fit
     return Fitted(messages[:lead] + body[k:] + messages[-1:], tokens(k), k)
+
+
+def _blocks(ks: list[int], sizes: list[int], step: int) -> list[int]:
+    """The cut points at which the dropped messages first reach another multiple of `step`
+    tokens (and dropping everything droppable, always)."""
+    out: list[int] = []
+    mark = step
+    dropped = 0
+    done = 0
+    for k in ks[:-1]:
+        dropped += sum(sizes[done:k])
+        done = k
+        if dropped >= mark:
+            out.append(k)
+            mark = (dropped // step + 1) * step
+    return out + ks[-1:]

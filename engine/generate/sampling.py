@@ -1,7 +1,7 @@
 """Seeded token sampling with an explicit per-generation random key.
 
 Never the global PRNG: MLX's global random state is per-thread and was seen to freeze inside
-`mx.compile` on worker threads (DESIGN.md). A generation owns `mx.random.key(seed)` and splits
+`mx.compile` on worker threads (MLX 0.32.0). A generation owns `mx.random.key(seed)` and splits
 it once per step, so the same seed gives the same draws in any process or thread.
 """
 

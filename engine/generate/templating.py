@@ -112,3 +112,28 @@ class TextStream:
             return ""
         delta, self.text = full[len(self.text) :], full
         return delta
+
+
+def token_pieces(tokenizer: Any, tokens: Sequence[int], window: int = 8) -> list[str]:
+    """The text each token adds, for showing a reply token by token (one string per token).
+
+    Each piece is decoded in a small window of preceding tokens (so a SentencePiece space or a
+    character split across byte tokens comes out as the reply shows it) and costs O(window), so
+    4k tokens take milliseconds. A token that completes no character yet gets "" and the token
+    that completes it carries the whole character. Display only: the pieces join to the reply's
+    text for ordinary tokenizers, but nothing relies on that.
+    """
+    out: list[str] = []
+    ids = [int(t) for t in tokens]
+    for i in range(len(ids)):
+        start = max(0, i - window)
+        before = tokenizer.decode(ids[start:i]) if i > start else ""
+        full = tokenizer.decode(ids[start : i + 1])
+        if full.endswith("\ufffd"):
+            out.append("")  # an incomplete character: the token that completes it shows it
+            continue
+        # Strip the partial characters the window's start (or the previous token) left behind.
+        while before.endswith("\ufffd"):
+            before = before[:-1]
+        out.append(full[len(before):] if full.startswith(before) else tokenizer.decode([ids[i]]))
+    return out

@@ -81,30 +81,43 @@ class Message:
 class ReplyOutcome:
     """What the chat session adds to the engine's report: why a reply was made and how it compares
     with the variant it was made to replace. Stored flat in the same JSON column as the report
-    (keys action, previous_id, identical, first_diff, max_logprob_diff), as it always was."""
+    (keys action, previous_id, identical, first_diff, max_logprob_diff, as it always was; upto
+    when a stopped reply was compared over its length)."""
 
     action: str = ""  # "send" | "regenerate" | "variant" | "edit" | "retry" ("" for old rows)
     previous_id: Optional[int] = None
     comparison: Optional[Comparison] = None  # None: nothing to compare with
+    # A regenerate identical to an existing variant is not added: the variant it equals (never
+    # stored, the new row is dropped; the debug panel shows the run).
+    duplicate_of: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         c = self.comparison
-        return {
+        d: dict[str, Any] = {
             "action": self.action,
             "previous_id": self.previous_id,
             "identical": None if c is None else c.identical,
             "first_diff": None if c is None else c.first_diff,
             "max_logprob_diff": None if c is None else c.max_logprob_diff,
         }
+        if c is not None and c.upto is not None:
+            d["upto"] = c.upto
+        if self.duplicate_of is not None:
+            d["duplicate_of"] = self.duplicate_of
+        return d
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "ReplyOutcome":
         d = d or {}
         comparison = None
         if d.get("identical") is not None:
-            comparison = Comparison(bool(d["identical"]), d.get("first_diff"), float(d.get("max_logprob_diff") or 0.0))
+            upto = d.get("upto")
+            comparison = Comparison(bool(d["identical"]), d.get("first_diff"), float(d.get("max_logprob_diff") or 0.0),
+                                    upto=upto if isinstance(upto, int) else None)
         previous = d.get("previous_id")
-        return cls(str(d.get("action") or ""), previous if isinstance(previous, int) else None, comparison)
+        dup = d.get("duplicate_of")
+        return cls(str(d.get("action") or ""), previous if isinstance(previous, int) else None, comparison,
+                   dup if isinstance(dup, int) else None)
 
 
 @dataclass(frozen=True)

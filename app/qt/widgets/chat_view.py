@@ -110,6 +110,9 @@ class MessageWidget(QFrame):
     editSubmitted = Signal(int, str)
     deleteRequested = Signal(int)
     copied = Signal(str)
+    compareRequested = Signal(int)  # the determinism inspector (app/qt/inspector.py)
+    tokensToggled = Signal(int, bool)
+    receiptRequested = Signal(int)
 
     def __init__(self, vm: MessageVM, palette: Palette, assistant_name: str = "Assistant") -> None:
         super().__init__()
@@ -176,11 +179,24 @@ class MessageWidget(QFrame):
         self.identity.setObjectName("identityBadge")
         foot.addWidget(self.footer, 1)
         foot.addWidget(self.identity, 0, Qt.AlignmentFlag.AlignBottom)
+        # The inspector: per-token view (in place of the body), compare view, receipt.
+        self.tokens_button = _tool("Tokens", "Show this reply token by token, coloured by probability", "tokensButton")
+        self.tokens_button.setCheckable(True)
+        self.compare_button = _tool("Compare", "Compare with another variant or a cold run, token by token",
+                                    "compareButton")
+        self.receipt_button = _tool("Receipt", "Export a receipt: python -m engine verify FILE replays it",
+                                    "receiptButton")
+        for w in (self.tokens_button, self.compare_button, self.receipt_button):
+            foot.addWidget(w, 0, Qt.AlignmentFlag.AlignBottom)
         lay.addLayout(foot)
+        self.token_view: Optional[QWidget] = None  # created on first use
 
         self.prev_button.clicked.connect(lambda: self.vm.prev_id and self.navigate.emit(self.vm.prev_id))
         self.next_button.clicked.connect(lambda: self.vm.next_id and self.navigate.emit(self.vm.next_id))
         self.copy_button.clicked.connect(self._copy)
+        self.tokens_button.toggled.connect(lambda on: self.tokensToggled.emit(self.vm.id, on))
+        self.compare_button.clicked.connect(lambda: self.compareRequested.emit(self.vm.id))
+        self.receipt_button.clicked.connect(lambda: self.receiptRequested.emit(self.vm.id))
         self.delete_button.clicked.connect(lambda: self.deleteRequested.emit(self.vm.id))
         self.edit_button.clicked.connect(self.start_edit)
         self.cancel_edit.clicked.connect(self.stop_edit)
@@ -209,9 +225,14 @@ class MessageWidget(QFrame):
         is_reply = vm.role == "assistant"
         self.footer.setVisible(is_reply and bool(vm.footer))
         self.footer.setText(vm.footer)
+        inspectable = is_reply and vm.tokens > 0 and vm.status != "generating"
+        for w in (self.tokens_button, self.compare_button, self.receipt_button):
+            w.setVisible(inspectable)
+        if not inspectable and self.tokens_button.isChecked():
+            self.tokens_button.setChecked(False)
         self.identity.setVisible(bool(vm.identity))
         self.identity.setText(vm.badge)
-        self.identity.setProperty("state", "same" if vm.identical else "diff")
+        self.identity.setProperty("state", vm.badge_state)
         self.identity.style().unpolish(self.identity)
         self.identity.style().polish(self.identity)
         if vm.status == "generating" and not self.streaming:
@@ -220,6 +241,33 @@ class MessageWidget(QFrame):
             # Only when the text changed: a new sibling elsewhere only changes the navigator.
             self._render(vm.content)
             self._shown = (vm.content, vm.status, False)
+
+    def show_tokens(self, tokens: list[int], pieces: Optional[list[str]], logprobs: list[float]) -> None:
+        """The per-token view in place of the rendered text (app/qt/widgets/token_view.py)."""
+        from app.qt.widgets.token_view import TokenView
+
+        if self.token_view is None:
+            self.token_view = TokenView()
+            self.token_view.setMinimumHeight(120)
+            self.layout().insertWidget(self.layout().indexOf(self.body) + 1, self.token_view)
+        self.token_view.set_tokens(tokens, pieces, logprobs)  # type: ignore[attr-defined]
+        height = int(self.token_view.document().size().height()) + 12  # type: ignore[attr-defined]
+        self.token_view.setFixedHeight(min(max(height, 60), 480))
+        self.body.setVisible(False)
+        self.token_view.setVisible(True)
+
+    def hide_tokens(self) -> None:
+        if self.token_view is not None:
+            self.token_view.setVisible(False)
+        self.body.setVisible(True)
+
+    def show_identity(self, text: str, state: str) -> None:
+        """A note on the badge until the reply changes (e.g. a regenerate that added no copy)."""
+        self.identity.setText(("✓ " if state == "same" else "") + text)
+        self.identity.setVisible(bool(text))
+        self.identity.setProperty("state", state)
+        self.identity.style().unpolish(self.identity)
+        self.identity.style().polish(self.identity)
 
     def _render(self, text: str, streaming: bool = False) -> None:
         if self.vm.role == "user":
@@ -313,6 +361,9 @@ class ChatView(QScrollArea):
     editSubmitted = Signal(int, str)
     deleteRequested = Signal(int)
     copied = Signal(str)
+    compareRequested = Signal(int)
+    tokensToggled = Signal(int, bool)
+    receiptRequested = Signal(int)
 
     MAX_WIDTH = 860
 
@@ -347,6 +398,12 @@ class ChatView(QScrollArea):
             "Regenerate (Ctrl+R) gives the same reply, instantly, from the prompt cache.</p>"
         )
         self.col_layout.addWidget(self.empty)
+        self.marker = QLabel()  # "12 earlier messages are not sent to the model"
+        self.marker.setObjectName("contextMarker")
+        self.marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.marker.setWordWrap(True)
+        self.marker.setVisible(False)
+        self.col_layout.addWidget(self.marker)
         self.col_layout.addStretch(1)
         self.setWidget(outer)
         self.widgets: dict[int, MessageWidget] = {}
@@ -357,7 +414,9 @@ class ChatView(QScrollArea):
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
 
     # -- messages --------------------------------------------------------------------------------
-    def set_messages(self, vms: list[MessageVM]) -> None:
+    def set_messages(self, vms: list[MessageVM], marker: Optional[tuple[int, str]] = None) -> None:
+        """Show `vms` in order; `marker` = (index, text): a line before vms[index] saying what
+        was left out of the prompt."""
         keep = {vm.id for vm in vms}
         for mid in [m for m in self.widgets if m not in keep]:
             w = self.widgets.pop(mid)
@@ -367,7 +426,8 @@ class ChatView(QScrollArea):
             w.hide()
             w.setParent(None)
             w.deleteLater()
-        for i, vm in enumerate(vms):
+        items: list[QWidget] = []
+        for vm in vms:
             w = self.widgets.get(vm.id)
             if w is None:
                 w = MessageWidget(vm, self.palette_, self.assistant_name)
@@ -376,9 +436,18 @@ class ChatView(QScrollArea):
                 w.editSubmitted.connect(self.editSubmitted)
                 w.deleteRequested.connect(self.deleteRequested)
                 w.copied.connect(self.copied)
+                w.compareRequested.connect(self.compareRequested)
+                w.tokensToggled.connect(self.tokensToggled)
+                w.receiptRequested.connect(self.receiptRequested)
                 self.widgets[vm.id] = w
             else:
                 w.update_vm(vm)
+            items.append(w)
+        if marker is not None:
+            items.insert(marker[0], self.marker)
+            self.marker.setText(marker[1])
+        self.marker.setVisible(marker is not None)
+        for i, w in enumerate(items):
             if self.col_layout.indexOf(w) != i + 1:
                 self.col_layout.removeWidget(w)
                 self.col_layout.insertWidget(i + 1, w)  # index 0 is the empty-state label

@@ -6,6 +6,7 @@ the session's `ReplyOutcome`, as worded by `view_models.debug_vm`; this module o
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
@@ -60,6 +61,7 @@ def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel])
 class DebugPanel(QDockWidget):
     verifyRequested = Signal(int)  # reply id
     clearRequested = Signal()
+    compareRequested = Signal(int)  # reply id: open the compare view
 
     def __init__(self, parent: Optional[QWidget] = None) -> None:
         super().__init__("Debug", parent)
@@ -69,6 +71,9 @@ class DebugPanel(QDockWidget):
         self.values: dict[str, QLabel] = {}
         self._pending_vm: Optional[MessageVM] = None
         self._dirty = False
+        # Runs that added no row (a regenerate identical to an existing variant): reply id ->
+        # (that run's report, its outcome); shown instead of the variant's stored report.
+        self.runs: dict[int, tuple[Any, Any]] = {}
 
         inner = QWidget()
         inner.setObjectName("debugInner")
@@ -99,6 +104,11 @@ class DebugPanel(QDockWidget):
         self.verify_button.setToolTip("Generate this reply again with no cache at all and compare token by token")
         self.verify_button.clicked.connect(lambda: self.reply_id is not None and self.verifyRequested.emit(self.reply_id))
         ident.addRow(self.verify_button)
+        self.compare_button = QPushButton("Compare token by token…")
+        self.compare_button.setObjectName("debugCompareButton")
+        self.compare_button.setToolTip("Where this reply and another variant (or a cold run) part, and by how much")
+        self.compare_button.clicked.connect(lambda: self.reply_id is not None and self.compareRequested.emit(self.reply_id))
+        ident.addRow(self.compare_button)
         lay.addWidget(ident_box)
 
         time_box = QGroupBox("Timings")
@@ -160,11 +170,22 @@ class DebugPanel(QDockWidget):
             self._dirty = False
             self._fill(self._pending_vm)
 
+    def record_run(self, reply_id: int, report: Any, outcome: Any) -> None:
+        """A regenerate that turned out identical to the existing variant `reply_id`: keep its
+        report (no row holds it) and show it whenever that variant is shown."""
+        self.runs[reply_id] = (report, outcome)
+        if self._pending_vm is not None and self._pending_vm.id == reply_id:
+            self.show_reply(self._pending_vm)
+
     def _fill(self, vm: Optional[MessageVM]) -> None:
+        if vm is not None and vm.id in self.runs:
+            report, outcome = self.runs[vm.id]
+            vm = replace(vm, report=report, outcome=outcome)
         same = vm is not None and vm.id == self.reply_id
         self.reply_id = vm.id if vm is not None else None
         has_report = vm is not None and vm.report is not None
         self.verify_button.setEnabled(vm is not None and has_report and vm.status != "generating")
+        self.compare_button.setEnabled(vm is not None and vm.tokens > 0 and vm.status != "generating")
         if not same:
             self.values["verify"].setText("–")
         if vm is None or vm.report is None:

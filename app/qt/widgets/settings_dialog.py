@@ -82,6 +82,12 @@ class SettingsDialog(QDialog):
         self.mode.currentIndexChanged.connect(lambda _: self.mode_help.setText(MODE_HELP[self.mode.currentData()]))
         form.addRow("Mode", self.mode)
         form.addRow("", self.mode_help)
+        self.context_policy = QComboBox()
+        self.context_policy.setObjectName("contextPolicy")
+        self.context_policy.addItem("Leave out the oldest messages", "truncate")
+        self.context_policy.addItem("Refuse to send", "refuse")
+        self.context_policy.setToolTip("What to do when the conversation no longer fits the model's context")
+        form.addRow("Too long", self.context_policy)
         lay.addLayout(form)
         self.as_default = QCheckBox("Use these settings for new conversations")
         self.as_default.setChecked(True)
@@ -113,6 +119,7 @@ class SettingsDialog(QDialog):
         self.seed.setEnabled(not s.random_seed)
         self.mode.setCurrentIndex(max(self.mode.findData(s.mode), 0))
         self.mode_help.setText(MODE_HELP[self.mode.currentData()])
+        self.context_policy.setCurrentIndex(max(self.context_policy.findData(s.context_policy), 0))
 
     def value(self) -> ChatSettings:
         sampler = replace(
@@ -130,4 +137,5 @@ class SettingsDialog(QDialog):
             sampler=sampler,
             random_seed=self.random_seed.isChecked(),
             mode=self.mode.currentData(),
+            context_policy=self.context_policy.currentData(),
         )

@@ -19,7 +19,8 @@ Invariants, and why they hold:
 - ``load()`` reads the file once, checks its sha256 and its header against the index entry, and
   only then builds cache objects: a flipped, truncated, swapped or missing file raises
   ``SnapshotError`` and its entry is removed. Nothing partial is ever restored.
-- Only ids matching ``_ID_RE`` ever become paths, so no index content can reach outside the root.
+- Only ids accepted by ``format.is_snapshot_id`` ever become paths, so no index content can
+  reach outside the root.
 - Each entry records the compute environment (MLX and mlx-lm versions, device, BLAS libraries):
   a state computed by other kernels is not bit-equal to a cold run here (G3), and unlike the
   memory tier the disk outlives an app update or a BLAS change. Entries from another environment
@@ -29,19 +30,19 @@ Invariants, and why they hold:
   off the engine thread needs no MLX stream (checked: ``mx.save_safetensors`` works there).
 - I/O errors (disk full, read-only dir) never reach the generation: they are counted, the first
   one becomes a user-facing warning, and the memory tier keeps working.
+
+This module is the `DiskCache` class: its public API, the folder lock, and the writer thread
+(queue, holds, saves, eviction, index writes, error reporting), which share one lock and its
+condition and so stay together. The file format is in format.py, the index bookkeeping in
+index.py, file primitives in files.py, and the writer's observation points in hooks.py.
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
-import hashlib
-import io
-import json
 import os
-import re
 import shutil
-import sys
 import threading
 import time
 import weakref
@@ -51,18 +52,24 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
-from engine.blas import blas_library
+from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
+from engine.cache.disk.format import (
+    CACHE_CLASSES,
+    Entry,
+    compute_env,
+    decode_snapshot,
+    encode_snapshot,
+)
+from engine.cache.disk.hooks import NO_HOOKS, WriterHooks
+from engine.cache.disk.index import Index, read_index, stray_files
 from engine.cache.planner import SnapshotMeta, dominates
-from engine.cache.snapshot import Snapshot, layer_offset
+from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
 from engine.paths import prompt_cache_dir
 from engine.threads import lower_thread_priority
 
 WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI (0)
-FORMAT = "verbatim-prompt-cache"
-FORMAT_VERSION = 2  # 2: exact_cuts replaces canonical / prefill_end / prefill_exact
 INDEX_NAME = "index.json"
 SNAP_DIR = "snapshots"
 LOCK_NAME = ".lock"
@@ -72,308 +79,6 @@ DEFAULT_FREE_FRACTION = 0.25
 MAX_PENDING_BYTES = 1 << 30  # snapshots queued for writing; beyond this the oldest are dropped
 INDEX_RETRY_S = 5.0  # after a failed index write (disk full), wait this long before retrying
 
-# Sanity limits for anything read back from disk (index or file header): hostile or corrupt
-# metadata is rejected instead of allocating or looping on absurd values.
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-MAX_TOKENS = 1 << 22
-MAX_TOKEN_ID = 1 << 31
-MAX_LAYERS = 4096
-MAX_FILE_BYTES = 1 << 40
-MAX_INDEX_BYTES = 512 << 20
-MAX_HEADER_BYTES = 256 << 20
-KINDS = ("pre-last", "end", "boundary", "partial")
-MAX_ENV_LEN = 1024
-
-# Cache classes whose whole state is `.state` (arrays and scalars) and can be rebuilt with
-# `from_state`. Anything else is not written (counted as skipped) and never instantiated on load.
-CACHE_CLASSES: dict[str, type] = {
-    c.__name__: c for c in (KVCache, QuantizedKVCache, RotatingKVCache, ArraysCache)
-}
-
-
-_ENV: Optional[str] = None
-
-
-def compute_env() -> str:
-    """What, besides the model key, decides the bits of a forward: versions, device, BLAS."""
-    global _ENV
-    if _ENV is None:
-        import platform
-
-        import mlx_lm
-
-        _ENV = (f"mlx {mx.__version__}; mlx-lm {mlx_lm.__version__}; {mx.default_device()}; "
-                f"{platform.system()} {platform.machine()}; blas {blas_library()}")[:MAX_ENV_LEN]
-    return _ENV
-
-
-def _fsync(fd: int) -> None:
-    # macOS fsync does not flush the drive's cache; F_FULLFSYNC does (same as the store).
-    if sys.platform == "darwin":
-        import fcntl
-
-        try:
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-        except OSError:
-            pass
-    os.fsync(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse fsync on directories; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
-# ---------------------------------------------------------------------------------------------
-# Test hooks: fault tests in a child process pause the writer at a named point and kill it there.
-# VERBATIM_DISK_CACHE_HOOK='{"trace": "/path/file", "sleep": {"temp_partial": 30}}'.
-# Points, in order: begin, temp_partial, temp_synced, index_written, renamed, done.
-
-
-def _load_hook() -> dict[str, Any]:
-    raw = os.environ.get("VERBATIM_DISK_CACHE_HOOK")
-    if not raw:
-        return {}
-    try:
-        hook = json.loads(raw)
-        return hook if isinstance(hook, dict) else {}
-    except ValueError:
-        return {}
-
-
-# ---------------------------------------------------------------------------------------------
-# Serialisation: cache objects <-> (tensors, JSON structure)
-
-
-def _encode_state(x: Any, path: str, tensors: dict[str, mx.array]) -> Any:
-    """A JSON tree for a layer's state; arrays go to `tensors` under their tree path."""
-    if isinstance(x, mx.array):
-        tensors[path] = x
-        return {"a": path}
-    if isinstance(x, (list, tuple)):
-        tag = "l" if isinstance(x, list) else "t"
-        return {tag: [_encode_state(v, f"{path}.{i}", tensors) for i, v in enumerate(x)]}
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return {"v": x}
-    raise TypeError(f"unserialisable cache state element: {type(x).__name__}")
-
-
-def _decode_state(node: Any, tensors: dict[str, mx.array], depth: int = 0) -> Any:
-    if depth > 8 or not isinstance(node, dict) or len(node) != 1:
-        raise SnapshotError("bad state structure")
-    (tag, val), = node.items()
-    if tag == "a":
-        if not isinstance(val, str) or val not in tensors:
-            raise SnapshotError("state refers to a missing tensor")
-        return tensors[val]
-    if tag in ("l", "t"):
-        if not isinstance(val, list) or len(val) > 64:
-            raise SnapshotError("bad state list")
-        items = [_decode_state(v, tensors, depth + 1) for v in val]
-        return items if tag == "l" else tuple(items)
-    if tag == "v":
-        if val is not None and not isinstance(val, (bool, int, float, str)):
-            raise SnapshotError("bad state scalar")
-        return val
-    raise SnapshotError("bad state tag")
-
-
-def meta_to_dict(meta: SnapshotMeta) -> dict[str, Any]:
-    return {
-        "id": meta.id,
-        "model_key": meta.model_key,
-        "tokens": list(meta.tokens),
-        "kind": meta.kind,
-        "exact_cuts": list(meta.exact_cuts),
-        "classes": list(meta.classes),
-        "trimmable": meta.trimmable,
-        "nbytes": meta.nbytes,
-    }
-
-
-def _is_int(x: Any, lo: int, hi: int) -> bool:
-    return type(x) is int and lo <= x <= hi
-
-
-def meta_from_dict(d: Any) -> SnapshotMeta:
-    """Validate untrusted metadata (index entry or file header); raise ValueError if bad."""
-    if not isinstance(d, dict):
-        raise ValueError("entry is not an object")
-    sid = d.get("id")
-    if not isinstance(sid, str) or not _ID_RE.match(sid):
-        raise ValueError(f"bad id {str(sid)[:80]!r}")
-    key = d.get("model_key")
-    if not isinstance(key, str) or not _KEY_RE.match(key):
-        raise ValueError("bad model key")
-    tokens = d.get("tokens")
-    if not isinstance(tokens, list) or not 0 < len(tokens) <= MAX_TOKENS:
-        raise ValueError("bad token list")
-    if not all(_is_int(t, 0, MAX_TOKEN_ID) for t in tokens):
-        raise ValueError("bad token id")
-    n = len(tokens)
-    if d.get("kind") not in KINDS:
-        raise ValueError("bad kind")
-    cuts = d.get("exact_cuts")
-    if not isinstance(cuts, list) or not all(_is_int(c, 1, n) for c in cuts) or cuts != sorted(set(cuts)):
-        raise ValueError("bad exact cuts")
-    if type(d.get("trimmable")) is not bool:
-        raise ValueError("bad trimmable")
-    classes = d.get("classes")
-    if not isinstance(classes, list) or not 0 < len(classes) <= MAX_LAYERS:
-        raise ValueError("bad classes")
-    if not all(c in CACHE_CLASSES for c in classes):
-        raise ValueError("unknown cache class")
-    if not _is_int(d.get("nbytes"), 0, MAX_FILE_BYTES):
-        raise ValueError("bad nbytes")
-    return SnapshotMeta(
-        id=sid,
-        model_key=key,
-        tokens=tuple(tokens),
-        kind=d["kind"],
-        exact_cuts=tuple(cuts),
-        classes=tuple(classes),
-        trimmable=d["trimmable"],
-        nbytes=d["nbytes"],
-    )
-
-
-def read_header(data_or_file: Any) -> dict[str, Any]:
-    """The safetensors header of a file (path) or of bytes, size-checked before parsing."""
-    if isinstance(data_or_file, (bytes, bytearray, memoryview)):
-        data = bytes(data_or_file[:8])
-        if len(data) < 8:
-            raise ValueError("file too short")
-        n = int.from_bytes(data, "little")
-        if n > MAX_HEADER_BYTES or n + 8 > len(data_or_file):
-            raise ValueError("bad header length")
-        raw = bytes(data_or_file[8 : 8 + n])
-    else:
-        with open(data_or_file, "rb") as f:
-            data = f.read(8)
-            if len(data) < 8:
-                raise ValueError("file too short")
-            n = int.from_bytes(data, "little")
-            if n > MAX_HEADER_BYTES:
-                raise ValueError("bad header length")
-            raw = f.read(n)
-            if len(raw) != n:
-                raise ValueError("truncated header")
-    header = json.loads(raw)
-    if not isinstance(header, dict):
-        raise ValueError("header is not an object")
-    return header
-
-
-def file_meta(header: dict[str, Any]) -> tuple[SnapshotMeta, list[Any]]:
-    """(meta, per-layer state structure) from a snapshot file's header."""
-    md = header.get("__metadata__")
-    if not isinstance(md, dict) or md.get("format") != FORMAT:
-        raise ValueError("not a Verbatim snapshot")
-    try:
-        version = int(md.get("version", ""))
-    except ValueError:
-        raise ValueError("bad format version") from None
-    if version != FORMAT_VERSION:
-        raise ValueError(f"unsupported format version {version}")
-    meta = meta_from_dict(json.loads(md.get("meta", "null")))
-    layers = json.loads(md.get("layers", "null"))
-    if not isinstance(layers, list) or len(layers) != len(meta.classes):
-        raise ValueError("layer structure does not match the classes")
-    return meta, layers
-
-
-@dataclass
-class Entry:
-    meta: SnapshotMeta
-    file_bytes: int
-    sha256: str
-    created: float
-    last_used: float
-    env: str  # compute_env() of the process that computed it
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **meta_to_dict(self.meta),
-            "env": self.env,
-            "file_bytes": self.file_bytes,
-            "sha256": self.sha256,
-            "created": self.created,
-            "last_used": self.last_used,
-        }
-
-
-def entry_from_dict(d: Any) -> Entry:
-    meta = meta_from_dict(d)
-    fb, sha = d.get("file_bytes"), d.get("sha256")
-    if not _is_int(fb, 1, MAX_FILE_BYTES):
-        raise ValueError("bad file size")
-    if not isinstance(sha, str) or not _SHA_RE.match(sha):
-        raise ValueError("bad checksum")
-    times = [d.get("created", 0.0), d.get("last_used", 0.0)]
-    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 1e11 for t in times):
-        raise ValueError("bad timestamps")
-    env = d.get("env")
-    if not isinstance(env, str) or len(env) > MAX_ENV_LEN:
-        raise ValueError("bad environment")
-    return Entry(meta, fb, sha, float(times[0]), float(times[1]), env)
-
-
-class _HashingWriter:
-    """A file object for `mx.save_safetensors` that hashes what it writes (no second read).
-
-    If the writer ever seeks backwards the running hash no longer matches the file; we notice
-    and fall back to hashing the file. Test hooks can pause after the first data write.
-    """
-
-    def __init__(self, f: Any, on_write: Callable[[int], None]) -> None:
-        self._f = f
-        self._on_write = on_write
-        self.hash = hashlib.sha256()
-        self.pos = 0
-        self.linear = True
-        self.writes = 0
-        self.error: Optional[OSError] = None
-
-    def write(self, b: Any) -> int:
-        if self._f.tell() != self.pos:
-            self.linear = False
-        try:
-            n = self._f.write(b)
-        except OSError as e:
-            self.error = e  # keep the errno: MLX may re-raise it as another type
-            raise
-        self.hash.update(b)
-        self.pos += memoryview(b).nbytes
-        self.writes += 1
-        self._on_write(self.writes)
-        return n
-
-    def seek(self, *args: Any) -> int:
-        return self._f.seek(*args)
-
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    @property
-    def closed(self) -> bool:
-        return self._f.closed
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -397,6 +102,7 @@ class DiskCache:
         budget_bytes: Optional[int] = None,
         on_warning: Optional[Callable[[str], None]] = None,
         max_pending_bytes: int = MAX_PENDING_BYTES,
+        hooks: WriterHooks = NO_HOOKS,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else prompt_cache_dir()
         self.snap_dir = self.root / SNAP_DIR
@@ -405,8 +111,6 @@ class DiskCache:
         self.max_pending_bytes = max_pending_bytes
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._entries: dict[str, Entry] = {}
-        self._by_key: dict[str, dict[str, SnapshotMeta]] = {}
         self._queue: deque[_Task] = deque()
         self._pending_bytes = 0
         self._busy = False
@@ -415,8 +119,9 @@ class DiskCache:
         self._stop = False
         self._dirty = False
         self._lock_fd: Optional[int] = None
-        self._hook = _load_hook()
+        self.hooks = hooks
         self.env = compute_env()
+        self._index = Index(self.env)
         # stats
         self.writes = 0
         self.write_errors = 0
@@ -468,12 +173,12 @@ class DiskCache:
     # -- DiskTier protocol -------------------------------------------------------------------
     def entries(self, model_key: str) -> list[SnapshotMeta]:
         with self._lock:
-            return list(self._by_key.get(model_key, {}).values())
+            return self._index.metas(model_key)
 
     def load(self, meta: SnapshotMeta) -> Snapshot:
         """Read, verify and rebuild a snapshot (on the calling thread, which owns the arrays)."""
         with self._lock:
-            entry = self._entries.get(meta.id)
+            entry = self._index.get(meta.id)
         if entry is None:
             raise SnapshotError("not in the disk index")
         try:
@@ -483,8 +188,9 @@ class DiskCache:
             self.remove(meta.id)
             raise e
         with self._lock:
-            if meta.id in self._entries:
-                self._entries[meta.id].last_used = time.time()
+            entry = self._index.get(meta.id)
+            if entry is not None:
+                entry.last_used = time.time()
                 self._dirty = True
                 self._cond.notify()
         self.loads += 1
@@ -514,18 +220,15 @@ class DiskCache:
 
     def remove(self, snapshot_id: str) -> None:
         with self._lock:
-            entry = self._entries.pop(snapshot_id, None)
-            if entry is None:
+            if self._index.drop(snapshot_id) is None:
                 return
-            self._by_key.get(entry.meta.model_key, {}).pop(snapshot_id, None)
             if self.writable:
                 self._queue.append(_Task("delete", ids=[snapshot_id]))
                 self._cond.notify()
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self._by_key.clear()
+            self._index.clear()
             if self.writable:
                 self._queue.append(_Task("clear"))
                 self._cond.notify()
@@ -535,9 +238,9 @@ class DiskCache:
             return {
                 "dir": str(self.root),
                 "env": self.env,
-                "entries": len(self._entries),
-                "entries_other_env": sum(1 for e in self._entries.values() if e.env != self.env),
-                "bytes": sum(e.file_bytes for e in self._entries.values()),
+                "entries": len(self._index),
+                "entries_other_env": self._index.other_env(),
+                "bytes": self._index.total_bytes(),
                 "budget_bytes": self.budget_bytes,
                 "writable": self.writable,
                 "pending": sum(1 for t in self._queue if t.kind == "save") + (1 if self._busy else 0),
@@ -583,8 +286,8 @@ class DiskCache:
 
     def hold_writes(self) -> None:
         """A generation starts: queued writes wait until `release_writes` (a write already in
-        progress finishes). Disk writes then never compete with prefill and decode for the CPU,
-        which on 2 cores slowed a regenerate started right after a reply by ~20%."""
+        progress pauses between arrays). Disk writes then never compete with prefill and decode
+        for the CPU (docs/benchmarks.md, item 4, has the measurement)."""
         with self._cond:
             self._holds += 1
 
@@ -668,77 +371,27 @@ class DiskCache:
 
     def _open_index(self) -> None:
         """Load and validate the index, then reconcile it with the files (writer not started)."""
-        raw: list[Any] = []
-        try:
-            if self.index_path.stat().st_size > MAX_INDEX_BYTES:
-                raise ValueError("index too large")
-            doc = json.loads(self.index_path.read_bytes())
-            if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
-                raise ValueError("unknown index format")
-            raw = doc.get("entries")
-            if not isinstance(raw, list):
-                raise ValueError("entries is not a list")
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:
-            self.last_error = f"prompt cache index unreadable, starting empty: {e}"
-            self._dirty = True
-            raw = []
-        for d in raw:
-            try:
-                e = entry_from_dict(d)
-                if e.meta.id in self._entries:
-                    raise ValueError("duplicate id")
-                p = self.snap_dir / f"{e.meta.id}.safetensors"
-                st = p.lstat()
-                if not p.is_file() or p.is_symlink():
-                    raise ValueError("not a regular file")
-                if st.st_size != e.file_bytes:
-                    raise ValueError("file size does not match the index")
-            except (ValueError, OSError):
-                self.rejected += 1
-                self._dirty = True
-                continue
-            self._add(e)
+        entries, self.rejected, error = read_index(self.index_path, self.snap_dir)
+        if error is not None:
+            self.last_error = error
+        self._dirty = bool(self.rejected or error)
+        for e in entries:
+            self._index.add(e)
         if self.writable:
-            self._reconcile_files()
-        if not self.writable:
-            self._dirty = False
-
-    def _reconcile_files(self) -> None:
-        """Delete temp files (interrupted writes) and snapshot files the index does not list."""
-        for folder in (self.snap_dir, self.root):
-            try:
-                names = os.listdir(folder)
-            except OSError:
-                continue
-            for name in names:
-                p = folder / name
-                if name.startswith(TMP_PREFIX):
-                    _unlink(p)
+            for path, temp in stray_files(self.root, self.snap_dir, self._index, TMP_PREFIX):
+                # Temp files are interrupted writes; unlisted snapshot files have no checksum
+                # that vouches for their bytes (module doc): both go.
+                unlink(path)
+                if temp:
                     self.temps_removed += 1
-                elif folder == self.snap_dir and name.endswith(".safetensors"):
-                    if name[: -len(".safetensors")] not in self._entries:
-                        _unlink(p)
-                        self.orphans_removed += 1
-
-    def _add(self, e: Entry) -> None:
-        self._entries[e.meta.id] = e
-        if e.env == self.env:  # other environments' entries only count toward the budget
-            self._by_key.setdefault(e.meta.model_key, {})[e.meta.id] = e.meta
-
-    def _drop(self, sid: str) -> Optional[Entry]:
-        e = self._entries.pop(sid, None)
-        if e is not None:
-            self._by_key.get(e.meta.model_key, {}).pop(sid, None)
-            if not self._by_key.get(e.meta.model_key):
-                self._by_key.pop(e.meta.model_key, None)
-        return e
+                else:
+                    self.orphans_removed += 1
+        else:
+            self._dirty = False
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, entry: Entry) -> Snapshot:
-        meta = entry.meta
-        path = self.snap_dir / f"{meta.id}.safetensors"
+        path = self.snap_dir / f"{entry.meta.id}.safetensors"
         try:
             with open(path, "rb") as f:
                 data = f.read(entry.file_bytes + 1)
@@ -746,33 +399,7 @@ class DiskCache:
             raise SnapshotError("file missing") from None
         except OSError as e:
             raise SnapshotError(f"cannot read file: {e.strerror or e}") from None
-        if len(data) != entry.file_bytes:
-            raise SnapshotError(f"file size {len(data)} != {entry.file_bytes} (truncated or replaced)")
-        if hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise SnapshotError("checksum mismatch")
-        try:
-            header = read_header(data)
-            fmeta, layers = file_meta(header)
-            env = header["__metadata__"].get("env")
-        except ValueError as e:
-            raise SnapshotError(f"bad header: {e}") from None
-        if meta_to_dict(fmeta) != meta_to_dict(meta) or env != entry.env or entry.env != self.env:
-            raise SnapshotError("file does not match its index entry")
-        try:
-            tensors, _ = mx.load(io.BytesIO(data), format="safetensors", return_metadata=True)
-            cache = []
-            for cls_name, node in zip(meta.classes, layers):
-                c = CACHE_CLASSES[cls_name].from_state(_decode_state(node, tensors))
-                off = layer_offset(c)
-                if off is not None and off != meta.length:
-                    raise SnapshotError(f"layer offset {off} != snapshot length {meta.length}")
-                cache.append(c)
-            mx.eval(list(tensors.values()))
-        except SnapshotError:
-            raise
-        except Exception as e:  # MLX raises RuntimeError/ValueError on malformed tensors
-            raise SnapshotError(f"cannot rebuild cache: {e}") from None
-        return Snapshot(meta, cache, source="disk")
+        return decode_snapshot(data, entry, self.env)
 
     # -- the writer thread ---------------------------------------------------------------------
     def _next_task(self) -> Optional[_Task]:
@@ -795,8 +422,8 @@ class DiskCache:
             return task
 
     def _run(self) -> None:
-        # Writes are never urgent; decode is. On 2 cores this cut the slowdown of a regenerate
-        # started while writes are in flight from 1.61x to 1.36x (docs/benchmarks.md, item 4).
+        # Writes are never urgent; decode is: the writer runs at the lowest priority, so on a
+        # machine with few cores it takes only what the engine leaves (docs/benchmarks.md, item 4).
         lower_thread_priority(WRITER_NICE)
         while (task := self._next_task()) is not None:
             try:
@@ -808,7 +435,7 @@ class DiskCache:
                     self._mark_dirty()
                     self._write_index()  # forget first, then delete (see _evict)
                     for sid in task.ids:
-                        _unlink(self.snap_dir / f"{sid}.safetensors")
+                        unlink(self.snap_dir / f"{sid}.safetensors")
                 elif task.kind == "clear":
                     self._clear_files()
                 elif task.kind == "sync":
@@ -828,25 +455,14 @@ class DiskCache:
         with self._lock:
             self._dirty = True
 
-    def _hook_point(self, point: str) -> None:
-        if not self._hook:
-            return
-        trace = self._hook.get("trace")
-        if trace:
-            with open(trace, "a") as f:
-                f.write(point + "\n")
-        delay = (self._hook.get("sleep") or {}).get(point)
-        if delay:
-            time.sleep(float(delay))
-
     def _superseded(self, meta: SnapshotMeta) -> bool:
         """True if the disk (or a save queued after this one) already serves every restore it could."""
         with self._lock:
-            for other in self._by_key.get(meta.model_key, {}).values():
-                if dominates(other, meta):
-                    self._entries[other.id].last_used = time.time()
-                    self._dirty = True
-                    return True
+            other = self._index.dominating(meta)
+            if other is not None:
+                other.last_used = time.time()
+                self._dirty = True
+                return True
             for t in self._queue:
                 if t.kind == "save" and t.snapshot is not None:
                     m = t.snapshot.meta
@@ -861,94 +477,77 @@ class DiskCache:
             return
         self._evict(meta.nbytes)
         t0 = time.perf_counter()
-        self._hook_point("begin")
-        tensors: dict[str, mx.array] = {}
-        layers = [_encode_state(c.state, str(i), tensors) for i, c in enumerate(snap.cache)]
-        header_meta = {
-            "format": FORMAT,
-            "version": str(FORMAT_VERSION),
-            "meta": json.dumps(meta_to_dict(meta), separators=(",", ":")),
-            "layers": json.dumps(layers, separators=(",", ":")),
-            "env": self.env,
-        }
+        self.hooks.point("begin")
+        tensors, header_meta = encode_snapshot(snap, self.env)
         final = self.snap_dir / f"{meta.id}.safetensors"
         tmp = self.snap_dir / f"{TMP_PREFIX}{meta.id}-{os.getpid()}.safetensors"
-        writer: Optional[_HashingWriter] = None
+        writer: Optional[HashingWriter] = None
         renamed = False
         try:
             with open(tmp, "wb") as f:
 
                 def on_write(n: int) -> None:
-                    if n == 2 and self._hook:  # header written, data not yet: a partial file
-                        f.flush()
-                        self._hook_point("temp_partial")
+                    if n == 2:  # header written, data not yet: a partial file
+                        if self.hooks.partial_file:
+                            f.flush()
+                        self.hooks.point("temp_partial")
                     self._wait_while_held()  # MLX writes one array per call: pause between them
 
-                writer = _HashingWriter(f, on_write)
+                writer = HashingWriter(f, on_write)
                 mx.save_safetensors(writer, tensors, metadata=header_meta)
                 f.flush()
                 self._wait_while_held()
-                _fsync(f.fileno())
+                fsync(f.fileno())
                 size = f.tell()
-            sha = writer.hash.hexdigest() if writer.linear and writer.pos == size else _file_sha256(tmp)
-            self._hook_point("temp_synced")
+            sha = writer.hash.hexdigest() if writer.linear and writer.pos == size else file_sha256(tmp)
+            self.hooks.point("temp_synced")
             now = time.time()
             entry = Entry(meta, size, sha, now, now, self.env)
             # The index lists the entry before the file appears under its final name (module doc);
             # entries() shows it only once the file is there.
             self._write_index(extra=entry)
-            self._hook_point("index_written")
+            self.hooks.point("index_written")
             try:
                 os.replace(tmp, final)
                 renamed = True
             except BaseException:
                 self._mark_dirty()  # the index on disk lists a file that is not there
                 raise
-            _fsync_dir(self.snap_dir)
-            self._hook_point("renamed")
+            fsync_dir(self.snap_dir)
+            self.hooks.point("renamed")
         except Exception as e:
             if not renamed:
-                _unlink(tmp)
+                unlink(tmp)
             if writer is not None and writer.error is not None and not isinstance(e, OSError):
                 e = writer.error  # the errno MLX wrapped away
             self._record_error(e)
             return
         dt = time.perf_counter() - t0
         with self._lock:
-            self._add(entry)
+            self._index.add(entry)
             self.writes += 1
             self.write_seconds += dt
             self.bytes_written += size
             self.write_log.append((meta.kind, meta.length, size, dt))
             del self.write_log[:-64]
             # Drop entries the new one makes redundant (same state, or a trimmable superset).
-            redundant = [
-                m.id for m in self._by_key.get(meta.model_key, {}).values()
-                if m.id != meta.id and dominates(meta, m)
-            ]
+            redundant = self._index.redundant(meta)
             for sid in redundant:
-                self._drop(sid)
+                self._index.drop(sid)
             if redundant:
                 self._dirty = True
         if redundant:
             self._write_index()
             for sid in redundant:
-                _unlink(self.snap_dir / f"{sid}.safetensors")
+                unlink(self.snap_dir / f"{sid}.safetensors")
         self._evict(0)
-        self._hook_point("done")
+        self.hooks.point("done")
 
     def _evict(self, incoming: int) -> None:
         """Drop least recently used entries (any model) until `incoming` more bytes fit."""
-        victims: list[str] = []
         with self._lock:
-            total = sum(e.file_bytes for e in self._entries.values())
-            for e in sorted(self._entries.values(), key=lambda e: e.last_used):
-                if total + incoming <= self.budget_bytes:
-                    break
-                victims.append(e.meta.id)
-                total -= e.file_bytes
-                self._drop(e.meta.id)
-                self.evictions += 1
+            victims = self._index.lru_victims(self.budget_bytes, incoming)
+            self.evictions += len(victims)
             if victims:
                 self._dirty = True
         if victims:
@@ -956,38 +555,33 @@ class DiskCache:
             # open), never an entry whose file is gone.
             self._write_index()
             for sid in victims:
-                _unlink(self.snap_dir / f"{sid}.safetensors")
+                unlink(self.snap_dir / f"{sid}.safetensors")
 
     def _clear_files(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self._by_key.clear()
+            self._index.clear()
             self._dirty = True
         self._write_index()
         for name in os.listdir(self.snap_dir):
             if name.endswith(".safetensors"):
-                _unlink(self.snap_dir / name)
+                unlink(self.snap_dir / name)
 
     def _write_index(self, extra: Optional[Entry] = None) -> None:
         """Atomically replace index.json with the in-memory index (plus `extra`)."""
         with self._lock:
-            rows = [e.to_dict() for e in self._entries.values()]
+            blob = self._index.to_json(extra)
             self._dirty = False
-        if extra is not None:
-            rows.append(extra.to_dict())
-        doc = {"format": FORMAT, "version": FORMAT_VERSION, "entries": rows}
-        blob = json.dumps(doc, separators=(",", ":")).encode()
         tmp = self.root / f"{TMP_PREFIX}index-{os.getpid()}.json"
         try:
             with open(tmp, "wb") as f:
                 f.write(blob)
                 f.flush()
-                _fsync(f.fileno())
-            self._hook_point("index_tmp")
+                fsync(f.fileno())
+            self.hooks.point("index_tmp")
             os.replace(tmp, self.index_path)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         except BaseException:
-            _unlink(tmp)
+            unlink(tmp)
             with self._lock:
                 self._dirty = True
                 self._retry_at = time.monotonic() + INDEX_RETRY_S  # no busy loop on a full disk
@@ -1029,19 +623,3 @@ class DiskCache:
             except Exception:
                 pass
 
-
-def _unlink(p: Path) -> None:
-    try:
-        os.unlink(p)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        pass  # a read-only folder: the index no longer lists it, which is what matters
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

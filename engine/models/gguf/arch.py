@@ -204,3 +204,25 @@ def mlx_name(arch: Arch, gguf_name: str, n_layers: int) -> tuple[str, bool]:
     if "_exps" in stem or "ffn_gate_inp" in stem:
         raise GGUFError(f"unsupported: mixture-of-experts {arch.name} models")
     raise GGUFError(f"unsupported tensor {gguf_name!r} for the {arch.name} architecture")
+
+
+def required_tensors(arch: Arch, n_layers: int) -> list[str]:
+    """GGUF tensors every model of this architecture has (mlx-lm cannot load one without them)."""
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(n_layers):
+        names += [f"blk.{i}.{key}.weight" for key in arch.layer_names]
+        names += [f"blk.{i}.{key}.bias" for key in sorted(arch.biases)]
+    return names
+
+
+def expected_shape(mlx_path: str, cfg: dict[str, Any]) -> tuple[int, ...]:
+    """The shape (numpy order) mlx-lm's model has for this parameter, from the config."""
+    h, hd, ffn, vocab = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    module, _, suffix = mlx_path.rpartition(".")
+    leaf = module.rpartition(".")[2]
+    shapes = {"embed_tokens": (vocab, h), "lm_head": (vocab, h), "q_proj": (q, h), "k_proj": (kv, h),
+              "v_proj": (kv, h), "o_proj": (h, q), "gate_proj": (ffn, h), "up_proj": (ffn, h),
+              "down_proj": (h, ffn), "q_norm": (hd,), "k_norm": (hd,)}
+    shape = shapes.get(leaf, (h,))  # every other parameter is a norm over the hidden size
+    return shape[:1] if suffix == "bias" else shape

@@ -19,7 +19,13 @@ from typing import Any, Optional
 import numpy as np
 
 from engine.errors import GGUFError
-from engine.models.gguf.arch import build_config, get_arch, mlx_name
+from engine.models.gguf.arch import (
+    build_config,
+    expected_shape,
+    get_arch,
+    mlx_name,
+    required_tensors,
+)
 from engine.models.gguf.reader import GGUFFile, read_gguf
 from engine.models.gguf.tensors import convert_tensor, plan, supported
 from engine.models.gguf.tokenizer import build_tokenizer
@@ -62,9 +68,13 @@ def convert(path: Path | str, out_dir: Path | str, progress: Optional[Progress] 
     config = build_config(arch, g.metadata, set(g.tensors))
     n_layers = config["num_hidden_layers"]
     names = {t.name: mlx_name(arch, t.name, n_layers) for t in g.tensors.values()}
-    for required in ("token_embd.weight", "output_norm.weight"):
+    for required in required_tensors(arch, n_layers):
         if required not in g.tensors:
-            raise GGUFError(f"missing tensor {required!r}")
+            raise GGUFError(f"missing tensor {required!r} (a {n_layers}-block {arch.name} model needs it)")
+    for t in g.tensors.values():  # a wrong size would only fail later, when mlx-lm loads the folder
+        want = expected_shape(names[t.name][0], config)
+        if t.shape != want:
+            raise GGUFError(f"tensor {t.name!r} has shape {list(t.shape)}, expected {list(want)} from the metadata")
     template_source, template = chat_template(g)
     tokenizer, tok_config = build_tokenizer(g.metadata, config["max_position_embeddings"], template)
     _check_cancel(cancel)
@@ -85,9 +95,15 @@ def convert(path: Path | str, out_dir: Path | str, progress: Optional[Progress] 
             target = plan(t.ggml_type, t.shape, keep_float)
             transform = (lambda w: w + shift) if (is_norm and shift) else None
             raw = np.frombuffer(mm, np.uint8, t.nbytes, t.offset)
-            arrays, how = convert_tensor(raw, t.ggml_type, t.shape, target, transform,
-                                         lambda: _check_cancel(cancel))
+            bad = None
+            try:
+                arrays, how = convert_tensor(raw, t.ggml_type, t.shape, target, transform,
+                                             lambda: _check_cancel(cancel))
+            except GGUFError as e:
+                bad = str(e)  # raised below, once the traceback's views of the mapping are gone
             del raw
+            if bad is not None:
+                raise GGUFError(f"tensor {t.name!r} ({t.type_name}): {bad}")
             module = target_name.rpartition(".")[0]
             if "scales" in arrays:
                 bits = target.bits if how == "exact" else 8

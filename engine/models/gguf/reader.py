@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,12 @@ def _parse(path: Path, buf: Any, size: int) -> GGUFFile:
             raise GGUFError(
                 f"tensor {name!r} ({nbytes} bytes at {start}) runs past the end of the file ({size} bytes): truncated or corrupt")
         tensors[name] = TensorInfo(name, shape, ttype, start, nbytes)
+    # each tensor's bytes are its own: an overlap means a wrong type, shape or offset in the table
+    by_offset = sorted(tensors.values(), key=lambda t: t.offset)
+    for a, b in pairwise(by_offset):
+        if b.offset < a.offset + a.nbytes:
+            raise GGUFError(f"tensors {a.name!r} and {b.name!r} overlap in the file: corrupt tensor table "
+                            f"(wrong type, shape or offset)")
     return GGUFFile(path, version, metadata, tensors, alignment, data_offset, size)
 
 

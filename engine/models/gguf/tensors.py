@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from engine.errors import GGUFError
+
 GROUP = 32  # MLX group size used for every quantized weight
 CHUNK_VALUES = 1 << 22  # dequantize at most this many values at once (16 MiB of float32)
 
@@ -41,6 +43,7 @@ GRID: dict[int, GridLayout] = {
     13: GridLayout(5, ((16, 176),)),  # Q5_K: as Q4_K plus 32 bytes of high bits
 }
 FLOAT_TYPES = {0: np.float32, 1: np.float16, 30: "bfloat16"}
+NOT_FINITE = "non-finite values (NaN or infinity) in its data: the file is corrupt"
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,17 @@ def _dequantize(blocks: np.ndarray, ggml_type: int) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    return dequantize(blocks, GGMLQuantizationType(ggml_type))
+    with np.errstate(invalid="ignore", over="ignore"):  # garbage scales: reported just below
+        w = dequantize(blocks, GGMLQuantizationType(ggml_type))
+    return _finite(w)
+
+
+def _finite(w: np.ndarray) -> np.ndarray:
+    """`w`, or a GGUFError if it holds a NaN or an infinity: in a block's scales that is a corrupt
+    (or garbage) file, and llama.cpp refuses such data too (ggml_validate_row_data)."""
+    if not np.isfinite(w).all():
+        raise GGUFError(NOT_FINITE)
+    return w
 
 
 def _exact_affine(rows: np.ndarray, ggml_type: int, n_cols: int) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -146,6 +159,8 @@ def convert_tensor(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], targ
             arr = mx.array(np.frombuffer(raw, "<u2").reshape(shape)).view(mx.bfloat16)
         else:
             arr = mx.array(np.frombuffer(raw, FLOAT_TYPES[ggml_type]).reshape(shape))
+        if not mx.isfinite(arr).all().item():
+            raise GGUFError(NOT_FINITE)
         if transform is not None:
             arr = mx.array(transform(np.array(arr.astype(mx.float32)))).astype(arr.dtype)
         return {"weight": arr}, "float"

@@ -108,6 +108,16 @@ def _spm(md: dict[str, Any], tokens: list[str], types: np.ndarray) -> Any:
 def build_tokenizer(md: dict[str, Any], max_length: int, template: Optional[str]) -> tuple[Any, dict[str, Any]]:
     """The HF `tokenizers.Tokenizer` and tokenizer_config.json contents from GGUF metadata;
     `template` is the chat template to record (the file's own, or a built-in fallback)."""
+    try:
+        return _build_tokenizer(md, max_length, template)
+    except GGUFError:
+        raise
+    except Exception as e:  # noqa: BLE001 - `tokenizers` raises plain Exception (e.g. a merge of unknown tokens)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise GGUFError(f"invalid tokenizer in the metadata: {first}") from None
+
+
+def _build_tokenizer(md: dict[str, Any], max_length: int, template: Optional[str]) -> tuple[Any, dict[str, Any]]:
     from tokenizers import AddedToken, processors
 
     kind = md.get("tokenizer.ggml.model")

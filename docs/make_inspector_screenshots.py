@@ -1,0 +1,87 @@
+"""Regenerate docs/screenshot-compare.png and docs/screenshot-tokens.png (the determinism inspector).
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
+        .venv/bin/python docs/make_inspector_screenshots.py [--model demo]
+
+Offscreen, in a throw-away data dir: asks one question, makes a new variant (another seed),
+opens the compare view on the two and the per-token view of the first, and grabs both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+QUESTION = "What is photosynthesis? Answer in two sentences."
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="demo")
+    p.add_argument("--out", type=Path, default=ROOT / "docs")
+    args = p.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+    from PySide6.QtCore import QEventLoop
+
+    from app import build_main_window
+    from app.core.session import ChatSettings
+    from app.qt.main import ensure_application
+    from engine.types import SamplerSettings
+
+    app = ensure_application()
+
+    def wait_until(pred: Callable[[], bool], timeout: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                raise TimeoutError("timed out waiting for the app")
+            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            time.sleep(0.01)
+
+    w = build_main_window(args.model, Path(tempfile.mkdtemp(prefix="verbatim-shots-")), theme="light")
+    w.resize(1100, 760)
+    wait_until(lambda: w.controller.model_ready or w.last_error is not None)
+    if not w.controller.model_ready:
+        print(f"cannot load {args.model}: {w.last_error}", file=sys.stderr)
+        return 1
+    w.apply_settings(ChatSettings(sampler=SamplerSettings(temperature=0.7, top_p=0.95, max_tokens=120, seed=7),
+                                  random_seed=False))
+    w.composer.setPlainText(QUESTION)
+    w.send()
+    wait_until(lambda: not w.controller.generating)
+    first = [vm for vm in w.message_vms() if vm.role == "assistant"][-1]
+    w.controller.regenerate(fresh=True)
+    wait_until(lambda: not w.controller.generating)
+    second = [vm for vm in w.message_vms() if vm.role == "assistant"][-1]
+    done: list[object] = []
+    w.inspector.compared.connect(done.append)
+    view = w.inspector.open_compare(second.id, first.id)
+    view.resize(1000, 700)
+    wait_until(lambda: bool(done))
+    args.out.mkdir(parents=True, exist_ok=True)
+    view.grab().save(str(args.out / "screenshot-compare.png"))
+    view.close()
+
+    w.session.show_variant(first.id)
+    w.refresh_messages()
+    shown: list[int] = []
+    w.inspector.tokensShown.connect(shown.append)
+    widget = w.chat_view.widget_for(first.id)
+    widget.tokens_button.setChecked(True)
+    wait_until(lambda: bool(shown))
+    app.processEvents()
+    widget.grab().save(str(args.out / "screenshot-tokens.png"))
+    w.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`python -m engine verify FILE`: replay a receipt (engine/receipts.py) and say whether it holds.
+
+Exit status: 0 when the replay gives the receipt's tokens and logprob hash; 1 when it does not
+(the first divergent token index, the shared prefix and the max |delta logprob| are printed);
+2 when it cannot run: an unreadable or invalid receipt, a model that is not here (the line names
+the model key), or a spec that loads another model here (another key: a replay could not check
+this receipt, so it is not attempted). A receipt made in another environment (MLX, mlx-lm, BLAS,
+platform) is replayed all the same, and the differences are printed next to the verdict.
+
+The verdict goes to stdout (`--json`: one object), everything else to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.errors import VerbatimError
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from engine.receipts import describe, open_engine, read, replay
+
+    try:
+        receipt = read(args.file)
+        print(f"receipt: {describe(receipt)}", file=sys.stderr)
+        eng = open_engine(receipt, args.model, args.cache_dir, use_disk=not args.no_cache)
+    except VerbatimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        verdict = replay(receipt, eng, use_cache=not args.no_cache)
+    except VerbatimError as e:
+        print(f"error: cannot replay: {e}", file=sys.stderr)
+        return 2
+    finally:
+        eng.close()
+    if args.json:
+        print(json.dumps(verdict.to_dict()))
+    else:
+        print(verdict.line())
+        for note in verdict.notes:
+            print(f"note: {note}")
+        if verdict.environment_diff:
+            print("environment differs from the receipt's: " + "; ".join(verdict.environment_diff))
+    return 0 if verdict.ok else 1
+
+
+def add_verify_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("verify", help="replay a receipt: exit 0 if it matches, 1 if not, 2 if it cannot run")
+    p.add_argument("file", type=Path, metavar="FILE", help="a receipt (generate --receipt, or the app's Export receipt)")
+    p.add_argument("--model", help="load the model from here instead of the receipt's spec (the key must match)")
+    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cache-dir", type=Path, help="prompt cache directory (default: the user cache dir)")
+    g.add_argument("--no-cache", action="store_true", help="a cold run: neither look up nor store")
+    p.set_defaults(func=cmd_verify)

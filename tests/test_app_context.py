@@ -1,0 +1,46 @@
+"""The window on a conversation longer than the model's context: the oldest turns are left out,
+a marker in the chat and the debug panel say so, the meter shows how full the context is, and
+regenerate stays instant and identical; the "refuse" setting refuses instead."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from app.qt.window import MainWindow
+from tests.test_app_window import open_window, replies, send, wait_idle  # noqa: F401,F811 (a fixture)
+
+CONTEXT = 260
+TURN = "Tell me more about the colours of the evening sky over the sea, please. " * 3  # ~50 tokens
+
+
+def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
+    for i in range(6):
+        send(qtbot, w, f"{i}: {TURN}")
+    vms = w.message_vms()
+    last = replies(w)[-1]
+    ctx = last.report.context
+    assert ctx.limit == CONTEXT and ctx.dropped_messages >= 2 and ctx.prompt_tokens + 8 <= CONTEXT
+    marker = w.chat_view.marker
+    assert marker.isVisible() and marker.text().startswith(f"{ctx.dropped_messages} earlier messages are not sent")
+    # the marker sits right before the first message that was sent
+    layout = w.chat_view.col_layout
+    first_sent = w.chat_view.widget_for(vms[ctx.dropped_messages].id)
+    assert layout.indexOf(marker) + 1 == layout.indexOf(first_sent)
+    used = ctx.prompt_tokens + len(w.session.store.get_message(last.id).tokens)
+    assert w.context_meter.label.text() == f"{used:,} / {CONTEXT:,}"
+    assert w.context_meter.bar.value() == int(min(used / CONTEXT, 1.0) * 1000) > 0
+    w.debug_panel.show()  # the panel fills itself when shown
+    assert "left out" in w.debug_panel.value("context") and f"of {CONTEXT:,} tokens" in w.debug_panel.value("context")
+
+    w.controller.regenerate(fresh=False)
+    wait_idle(qtbot, w)
+    result = w.controller.last_finished.result  # identical: no copy is added, the reply stays
+    assert replies(w)[-1].id == last.id
+    assert result.report.restored == result.report.prompt_tokens - 1
+    assert result.report.context.dropped_messages == ctx.dropped_messages
+    old = w.session.store.get_message(last.id)
+    assert (result.tokens, result.logprobs) == (old.tokens, old.logprobs)
