@@ -214,3 +214,32 @@ def test_python_m_app_starts_and_closes_cleanly_on_sigint(tiny_model: Path, tmp_
     assert proc.returncode == 0, out
     assert "Traceback" not in out, out
     assert (data / "settings.ini").is_file()  # geometry saved on the way out
+
+
+def test_the_old_prompt_cache_moves_once_to_the_user_cache_folder(tmp_path: Path) -> None:
+    from app.core.cache_move import move_prompt_cache
+
+    old, new = tmp_path / "data" / "cache", tmp_path / "user-cache" / "Verbatim" / "prompt-cache"
+    assert move_prompt_cache(old, new) == "none"
+    (old / "snapshots").mkdir(parents=True)
+    (old / "snapshots" / "a.safetensors").write_bytes(b"x" * 10)
+    assert move_prompt_cache(old, new) == "moved"
+    assert not old.exists() and (new / "snapshots" / "a.safetensors").read_bytes() == b"x" * 10
+    assert move_prompt_cache(old, new) == "none"  # once
+    (old / "snapshots").mkdir(parents=True)  # an old copy again, the new one in use: left alone
+    assert move_prompt_cache(old, new) == "kept" and old.is_dir()
+    empty = tmp_path / "empty-target"
+    empty.mkdir()
+    assert move_prompt_cache(old, empty) == "moved" and (empty / "snapshots").is_dir()
+
+
+def test_python_m_app_keeps_the_prompt_cache_in_the_user_cache_folder() -> None:
+    """The README's path: platformdirs' user cache folder (engine.paths.prompt_cache_dir), with
+    the default data folder; a --data-dir is self-contained."""
+    pytest.importorskip("PySide6")
+    from app.qt.main import cache_dir_for, parse_args
+    from engine.paths import prompt_cache_dir
+
+    assert cache_dir_for(parse_args([])) == prompt_cache_dir()
+    assert cache_dir_for(parse_args(["--data-dir", "/tmp/d"])) is None  # the window: /tmp/d/cache
+    assert cache_dir_for(parse_args(["--data-dir", "/tmp/d", "--cache-dir", "/tmp/c"])) == Path("/tmp/c")

@@ -614,3 +614,16 @@ def test_streamed_code_is_plain_while_written_and_highlighted_once_complete(qtbo
     view.end_stream(1)
     view.set_messages([replace(vm, content=big, status="complete")])
     assert _styled(view.widget_for(1).body, "return")
+
+
+def test_window_moves_an_old_prompt_cache_to_its_cache_folder(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    data, cache = tmp_path / "data", tmp_path / "user-cache" / "prompt-cache"
+    (data / "cache" / "snapshots").mkdir(parents=True)
+    (data / "cache" / "old-marker").write_text("from the old place")
+    w = open_window(data, cache_dir=cache)
+    assert w.cache_dir == cache and not (data / "cache").exists()
+    assert (cache / "old-marker").read_text() == "from the old place"
+    send(qtbot, w, "hello")
+    assert replies(w)[-1].status == "complete"

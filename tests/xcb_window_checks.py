@@ -64,6 +64,24 @@ def _problems(w: MainWindow) -> list[str]:
     return bad
 
 
+def _settle(qtbot: Any, w: MainWindow) -> None:
+    """Wait until the window's layout stops changing: the same geometry twice in a row."""
+    last: list[Any] = [None]
+
+    def snapshot() -> Any:
+        parts = [w.debug_panel, w.sidebar, w.chat_view, *w.chat_view.message_widgets()]
+        parts += [m.body for m in w.chat_view.message_widgets()]
+        return [p.geometry().getRect() for p in parts] + [w.chat_view.widget().width()]
+
+    def stable() -> bool:
+        now, before = snapshot(), last[0]
+        last[0] = now
+        return now == before
+
+    qtbot.waitUntil(stable, timeout=LONG)
+    qtbot.waitUntil(stable, timeout=LONG)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=[f"{a}x{b}" for a, b in SIZES])
 def test_messages_fit_the_viewport_with_the_dock_open(
     qtbot: Any, open_window: Callable[..., MainWindow], size: tuple[int, int], tmp_path: Path
@@ -76,11 +94,10 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w.debug_panel.show()
     w.resize(*size)
     qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)
-    try:
-        qtbot.waitUntil(lambda: not _problems(w), timeout=5000)  # layouts settle in a few events
-    except Exception:
-        pass
-    assert _problems(w) == []
+    _settle(qtbot, w)
+    print("dock", w.debug_panel.width(), "sidebar", w.sidebar.width(), "column min", w.splitter.widget(1).minimumSizeHint().width(), "chat", w.chat_view.width())
+    problems = _problems(w)
+    assert not problems, "\n".join(problems)
     # The top bar: nothing drawn over anything else.
     top = [c for c in (w.model_picker, w.model_status, w.settings_button, w.debug_button) if c.isVisible()]
     for i, a in enumerate(top):

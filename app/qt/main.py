@@ -19,6 +19,7 @@ from app.qt import jobs
 from app.qt.theme import RESOURCES
 from engine.paths import APP_NAME
 from engine.paths import data_dir as default_data_dir
+from engine.paths import prompt_cache_dir
 
 log = logging.getLogger("verbatim")
 
@@ -59,14 +60,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="verbatim", description="Local LLM chat: regenerate is instant and identical.")
     p.add_argument("--model", help="demo, a .gguf file, an MLX model folder or an org/name in the HF cache "
                    "(default: the last one used, else demo)")
-    p.add_argument("--data-dir", type=Path, default=None, help="conversations, settings and prompt cache "
-                   f"(default: {default_data_dir()})")
+    p.add_argument("--data-dir", type=Path, default=None, help="conversations and settings "
+                   f"(default: {default_data_dir()}); a folder given here also holds its own prompt cache")
+    p.add_argument("--cache-dir", type=Path, default=None, help="the prompt cache "
+                   f"(default: {prompt_cache_dir()}, or DATA_DIR/cache with --data-dir)")
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk size (part of the cache key)")
     p.add_argument("--context-length", type=int, default=None,
                    help="use at most this many tokens of context (default: the model's own)")
     p.add_argument("--no-disk-cache", action="store_true", help="keep the prompt cache in memory only")
     p.add_argument("--theme", choices=["system", "light", "dark"], default=None)
     return p.parse_args(argv)
+
+
+def cache_dir_for(args: argparse.Namespace) -> Optional[Path]:
+    """The README's place for the prompt cache (the user cache folder, not backed up), unless a
+    data folder was given: then it is self-contained (None: the window uses DATA_DIR/cache)."""
+    return args.cache_dir or (None if args.data_dir else prompt_cache_dir())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -84,7 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     loop = jobs.gui_loop()
     try:
-        window = MainWindow(model, data_dir, chunk=args.chunk, use_disk=not args.no_disk_cache, theme=args.theme,
+        window = MainWindow(model, data_dir, cache_dir=cache_dir_for(args), chunk=args.chunk, use_disk=not args.no_disk_cache, theme=args.theme,
                             context_length=args.context_length)
     except StoreError as e:  # e.g. a damaged or newer conversation database: say so, change nothing
         QMessageBox.critical(None, APP_NAME, str(e))

@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.cache_move import move_prompt_cache
 from app.core.models import model_label
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
@@ -75,7 +76,11 @@ class MainWindow(QMainWindow):
         theme: Optional[str] = None,
         batch_interval: float = 0.05,
         context_length: Optional[int] = None,
+        cache_dir: Optional[Path] = None,
     ) -> None:
+        """`cache_dir`: the prompt cache's folder; None keeps it in `data_dir/cache` (tests and
+        scripts stay self-contained). `python -m app` with the default data folder passes the
+        user cache folder (engine.paths.prompt_cache_dir()) and an old `data_dir/cache` moves there."""
         super().__init__()
         self.setObjectName("mainWindow")
         self.setWindowTitle("Verbatim")
@@ -87,8 +92,11 @@ class MainWindow(QMainWindow):
         store, self.lock = open_app_store(self.data_dir)
         self.read_only = self.lock is None
         self.session = ChatSession(store)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else self.data_dir / "cache"
+        if self.cache_dir != self.data_dir / "cache" and not self.read_only:  # the lock holder moves it
+            move_prompt_cache(self.data_dir / "cache", self.cache_dir)
         self.controller = ChatController(
-            self, self.session, self.data_dir / "cache", chunk, use_disk, batch_interval, self.read_only,
+            self, self.session, self.cache_dir, chunk, use_disk, batch_interval, self.read_only,
             context_length,
         )
         self.conv_id: Optional[int] = None

@@ -171,14 +171,14 @@ class MessageWidget(QFrame):
         self.footer = QLabel()
         self.footer.setObjectName("messageFooter")
         self.footer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        # Width: the footer wraps and the badge elides (tooltip: the whole badge), so neither sets
-        # a minimum width wider than the viewport; the message follows the viewport's width.
+        # Width: the footer has the message's whole width and wraps, the badge elides (tooltip: the
+        # whole badge) beside the inspector buttons, so no row is wider than the viewport.
         self.footer.setWordWrap(True)
-        self.footer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        lay.addWidget(self.footer)
         self.identity = ElidedLabel()
         self.identity.setObjectName("identityBadge")
-        foot.addWidget(self.footer, 1)
-        foot.addWidget(self.identity, 0, Qt.AlignmentFlag.AlignBottom)
+        foot.addWidget(self.identity, 0, Qt.AlignmentFlag.AlignVCenter)
+        foot.addStretch(1)
         # The inspector: per-token view (in place of the body), compare view, receipt.
         self.tokens_button = _tool("Tokens", "Show this reply token by token, coloured by probability", "tokensButton")
         self.tokens_button.setCheckable(True)
@@ -187,7 +187,7 @@ class MessageWidget(QFrame):
         self.receipt_button = _tool("Receipt", "Export a receipt: python -m engine verify FILE replays it",
                                     "receiptButton")
         for w in (self.tokens_button, self.compare_button, self.receipt_button):
-            foot.addWidget(w, 0, Qt.AlignmentFlag.AlignBottom)
+            foot.addWidget(w)
         lay.addLayout(foot)
         self.token_view: Optional[QWidget] = None  # created on first use
 
@@ -380,7 +380,7 @@ class ChatView(QScrollArea):
         outer = QWidget()
         outer.setObjectName("messageCanvas")
         row = QHBoxLayout(outer)
-        row.setContentsMargins(16, 16, 16, 16)
+        row.setContentsMargins(12, 16, 12, 16)
         self.column = QWidget()
         self.column.setMaximumWidth(self.MAX_WIDTH)
         row.addStretch(1)
@@ -456,6 +456,16 @@ class ChatView(QScrollArea):
         if self.selected_id not in keep:
             self.selected_id = None
         self._paint_selection()
+        self.updateGeometry()  # the minimum width below may have changed
+
+    def minimumSizeHint(self) -> QSize:  # type: ignore[override]
+        """Never narrower than its messages can be (their button rows): in a narrow window the
+        dock and the sidebar give way, instead of messages being cut off at the viewport's edge."""
+        s = super().minimumSizeHint()
+        margins = self.widget().layout().contentsMargins()
+        need = (self.column.minimumSizeHint().width() + margins.left() + margins.right()
+                + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth())  # fmt: skip
+        return QSize(max(s.width(), need), s.height())
 
     def clear(self) -> None:
         self.set_messages([])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QEvent, QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
 
@@ -64,13 +64,16 @@ class ElidedLabel(QLabel):
         super().resizeEvent(event)
         self._elide()
 
-    def changeEvent(self, event: object) -> None:  # type: ignore[override]
-        super().changeEvent(event)  # a font change (style sheet) changes the text's width
-        self._elide()
+    def changeEvent(self, event: QEvent) -> None:  # type: ignore[override]
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._elide()  # a style sheet's font or padding changes the room the text has
 
     def _elide(self) -> None:
-        room = self.contentsRect().width() - 2 * self.margin()
         fm = self.fontMetrics()
+        # What the label adds around its text (margins, a style sheet's padding and border).
+        overhead = super().sizeHint().width() - fm.horizontalAdvance(super().text())
+        room = self.width() - overhead
         shown = self._full if fm.horizontalAdvance(self._full) <= room else fm.elidedText(self._full, self._mode, max(room, 0))
         if shown != super().text():
             super().setText(shown)
