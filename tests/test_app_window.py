@@ -627,3 +627,37 @@ def test_window_moves_an_old_prompt_cache_to_its_cache_folder(
     assert (cache / "old-marker").read_text() == "from the old place"
     send(qtbot, w, "hello")
     assert replies(w)[-1].status == "complete"
+
+
+def test_search_runs_off_the_gui_thread_and_a_hit_scrolls_to_its_message(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: Any
+) -> None:
+    import threading
+
+    from PySide6.QtCore import QPoint, QRect
+
+    w = open_window(max_tokens=4)
+    w.resize(900, 500)
+    send(qtbot, w, "Which rivers cross Vienna? The Danube does.")
+    for i in range(6):
+        send(qtbot, w, f"filler message {i} " + "words " * 40)
+    first = w.conv_id
+    hit_id = w.message_vms()[0].id
+    w.new_conversation()
+    send(qtbot, w, "something else")
+    threads: list[str] = []
+    search = w.session.conversation_items
+    monkeypatch.setattr(w.session, "conversation_items",
+                        lambda q: (threads.append(threading.current_thread().name), search(q))[1])  # fmt: skip
+    w.sidebar.search.setText("danube")
+    qtbot.waitUntil(lambda: w.sidebar.ids() == [first], timeout=LONG)
+    assert threads and threading.main_thread().name not in threads
+    assert "Danube" in w.sidebar.list.item(0).text()
+    w.sidebar.list.setCurrentRow(0)
+    assert w.conv_id == first
+    target = w.chat_view.widget_for(hit_id)
+    assert target.property("flash") is True
+    qtbot.waitUntil(lambda: target.property("flash") is False, timeout=LONG)  # the flash ends
+    vp = w.chat_view.viewport()  # and the hit is still in view (nothing scrolled it away)
+    assert vp.rect().intersects(QRect(target.mapTo(vp, QPoint(0, 0)), target.size()))
+    assert w.chat_view.verticalScrollBar().value() < w.chat_view.verticalScrollBar().maximum()

@@ -221,6 +221,23 @@ def test_search_titles_and_all_variants(store: ConversationStore) -> None:
     assert [h.conversation.id for h in store.search("100%")] == []  # no LIKE wildcards
 
 
+def test_search_snippet_shows_the_matched_word_and_the_index_follows_edits(store: ConversationStore) -> None:
+    conv, path = chat(store, 1)
+    long = ("The longest rivers in Europe are: " + "the Volga, which flows into the Caspian Sea; " * 8
+            + "the Danube, which flows through ten countries; " + "and many more. " * 20)  # fmt: skip
+    reply = store.add_message(conv.id, path[0].id, "assistant", long)
+    hit = store.search("Danube")[0]
+    assert hit.message_id == reply.id and "Danube" in hit.snippet and len(hit.snippet) < 200
+    assert [h.message_id for h in store.search("danu")] == [reply.id]  # a word's start
+    assert [h.message_id for h in store.search("danube ten")] == [reply.id]  # every word, any order
+    assert store.search("danube eleven") == []
+    assert store.search('danube" OR "zzz') == [] and store.search("NEAR(") == []  # input is never FTS syntax
+    store.update_message(reply.id, content="Nothing about rivers now")
+    assert store.search("Danube") == [] and [h.message_id for h in store.search("rivers")] == [reply.id]
+    store.delete_message(reply.id)
+    assert store.search("rivers") == []
+
+
 # --------------------------------------------------------------------------- export / import
 
 
@@ -317,6 +334,7 @@ def test_migration_from_v1_keeps_data_and_backs_up(db: Path) -> None:
         names = {r[0] for r in s._conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "messages_parent" in names
         assert [m.content for m in s.active_path(1)] == ["hi"]
+        assert [h.message_id for h in s.search("hi")] == [1]  # v3's search index covers old rows
     backup = db.with_name(db.name + ".v1.bak")
     assert sqlite3.connect(backup).execute("PRAGMA user_version").fetchone()[0] == 1
 

@@ -132,7 +132,8 @@ class ChatSession:
     def conversation_items(self, query: str = "") -> list[ConversationItem]:
         """The conversation list, most recent first; with a query, the matches and a snippet."""
         if query:
-            return [ConversationItem(h.conversation.id, h.conversation.title, h.snippet) for h in self.store.search(query)]
+            return [ConversationItem(h.conversation.id, h.conversation.title, h.snippet, h.message_id)
+                    for h in self.store.search(query)]
         return [ConversationItem(c.id, c.title) for c in self.store.list_conversations()]
 
     def title(self, conv_id: int) -> str:

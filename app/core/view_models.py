@@ -23,6 +23,7 @@ class ConversationItem:
     id: int
     title: str
     subtitle: str = ""  # a search snippet, or when it was last used
+    hit_id: Optional[int] = None  # a search hit's message (the window scrolls to it)
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,8 @@ class MainWindow(QMainWindow):
         self.conv_id: Optional[int] = None
         self.last_error: Optional[str] = None
         self._closed = False
+        self._search_seq = 0
+        self._search_job: Optional[Any] = None
         self._discovery: Optional[Any] = None
         self.theme_option = os.environ.get("VERBATIM_THEME") or theme or str(self.qsettings.value("view/theme", "system"))
         self.theme: Theme = theme_named(self.theme_option)
@@ -405,13 +407,42 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(title)
 
     def refresh_conversations(self) -> None:
+        """The conversation list; a search runs on a thread (the FTS5 index; the GUI stays live)
+        and only the latest one's results are shown."""
         self._update_title()
-        self.sidebar.set_items(self.session.conversation_items(self.sidebar.search.text().strip()), self.conv_id)
+        self._search_seq += 1
+        query = self.sidebar.search.text().strip()
+        if not query:
+            self.sidebar.set_items(self.session.conversation_items(""), self.conv_id)
+            return
+        self._search_job = jobs.spawn(self._search(query, self._search_seq))
+
+    async def _search(self, query: str, seq: int) -> None:
+        try:
+            items = await jobs.in_thread(self.session.conversation_items, query)
+        except StoreError as e:
+            log.info("search failed: %s", e)
+            return
+        if seq == self._search_seq and not self._closed:
+            self.sidebar.set_items(items, self.conv_id)
 
     def open_conversation(self, conv_id: Optional[int]) -> None:
-        if conv_id == self.conv_id and conv_id is not None:
-            return
-        self.show_conversation(conv_id)
+        hit = self.sidebar.hit_for(conv_id) if conv_id is not None else None
+        if conv_id != self.conv_id or conv_id is None:
+            self.show_conversation(conv_id)
+        if hit is not None:
+            self.reveal_message(hit)
+
+    def reveal_message(self, message_id: int) -> None:
+        """Scroll to a message and flash it (a search hit); one in another variant or branch is
+        made active first."""
+        if self.chat_view.widget_for(message_id) is None:
+            if self.controller.generating:
+                self.status("Stop the current reply before switching variants", 3000)
+                return
+            self.session.show_variant(message_id)
+            self.refresh_messages()
+        self.chat_view.reveal(message_id)
 
     def show_conversation(self, conv_id: Optional[int]) -> None:
         self.conv_id = conv_id

@@ -28,6 +28,8 @@ others open it with `read_only=True`. Pure Python: no Qt, no MLX.
 
 from __future__ import annotations
 
+import re
+
 import json
 import time
 from pathlib import Path
@@ -109,25 +111,35 @@ class ConversationStore(Database, Transfer):
         return [_conversation(r) for r in rows]
 
     def search(self, query: str) -> list[SearchHit]:
-        """Conversations whose title or any message (every variant) contains `query`, case-insensitive."""
+        """Conversations whose title contains `query` (case-insensitive), or with a message (any
+        variant) that has every word of it, each as a word or a word's start (the FTS5 index,
+        schema v3); a message hit's snippet comes from FTS5's snippet(), around the matched words."""
         q = query.casefold()
         if not q:
             return []
+        words = re.findall(r"\w+", q)
+        match = " ".join('"' + w + '"*' for w in words)  # each word a quoted prefix: no FTS syntax
         with self._tx(write=False) as c:
-            rows = c.execute(
-                """SELECT conv.*, (SELECT m.id FROM messages m WHERE m.conversation_id = conv.id
-                                   AND instr(vb_fold(m.content), :q) > 0 ORDER BY m.id LIMIT 1) AS hit
-                   FROM conversations conv
-                   WHERE instr(vb_fold(conv.title), :q) > 0 OR hit IS NOT NULL
-                   ORDER BY conv.updated_at DESC, conv.id DESC""",
-                {"q": q},
-            ).fetchall()
+            found: dict[int, int] = {}
+            if match:
+                for cid, mid in c.execute(
+                    """SELECT m.conversation_id, MIN(m.id) FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
+                       WHERE messages_fts MATCH ? GROUP BY m.conversation_id""",
+                    (match,),
+                ):
+                    found[cid] = mid
+            rows = c.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
             hits = []
             for r in rows:
-                text = r["title"]
-                if r["hit"] is not None:
-                    text = c.execute("SELECT content FROM messages WHERE id = ?", (r["hit"],)).fetchone()[0]
-                hits.append(SearchHit(_conversation(r), r["hit"], _snippet(text, query)))
+                mid = found.get(r["id"])
+                if mid is not None:
+                    snippet = c.execute(
+                        "SELECT snippet(messages_fts, 0, '', '', '…', 12) FROM messages_fts WHERE messages_fts MATCH ? AND rowid = ?",
+                        (match, mid),
+                    ).fetchone()[0]
+                    hits.append(SearchHit(_conversation(r), mid, " ".join(snippet.split())))
+                elif q in r["title"].casefold():
+                    hits.append(SearchHit(_conversation(r), None, _snippet(r["title"], query)))
         return hits
 
     # ---- messages

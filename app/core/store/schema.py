@@ -54,6 +54,24 @@ MIGRATIONS: list[Sequence[str]] = [
         "CREATE INDEX messages_active_child ON messages(active_child_id)",
         "CREATE INDEX conversations_updated ON conversations(updated_at)",
     ),
+    # v3: full-text search of messages (SQLite FTS5 over the messages table, kept in step by
+    # triggers): search reads an index instead of running a Python function over every message.
+    (
+        """CREATE VIRTUAL TABLE messages_fts USING fts5(
+            content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 0'
+        )""",
+        """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+        END""",
+        """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        END""",
+        """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+        END""",
+        "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -348,6 +348,11 @@ class MessageWidget(QFrame):
         self.selected.emit(self.vm.id)
         super().mousePressEvent(event)
 
+    def set_flash(self, on: bool) -> None:
+        self.setProperty("flash", on)
+        self.style().unpolish(self)
+        self.style().polish(self)
+
     def set_selected(self, on: bool) -> None:
         if self.property("selected") != on:
             self.setProperty("selected", on)
@@ -512,9 +517,22 @@ class ChatView(QScrollArea):
             w.end_stream()
 
     # -- scrolling -------------------------------------------------------------------------------
+    FLASH_MS = 1500
+
+    def reveal(self, message_id: int) -> None:
+        """Scroll `message_id` into view and flash it (a search hit)."""
+        w = self.widgets.get(message_id)
+        if w is None:
+            return
+        self._stick = False  # a jump up the conversation: do not follow the bottom
+        self.widget().layout().activate()  # geometry up to date before scrolling to it
+        self.ensureWidgetVisible(w, 0, 40)
+        w.set_flash(True)
+        QTimer.singleShot(self.FLASH_MS, lambda: message_id in self.widgets and self.widgets[message_id].set_flash(False))
+
     def scroll_to_bottom(self) -> None:
         self._stick = True
-        QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
+        QTimer.singleShot(0, lambda: self._stick and self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
 
     def _on_range(self, _min: int, maximum: int) -> None:
         if self._stick:

@@ -80,6 +80,7 @@ class Sidebar(QWidget):
             for it in items:
                 item = QListWidgetItem(it.title if not it.subtitle else f"{it.title}\n{it.subtitle}")
                 item.setData(Qt.ItemDataRole.UserRole, it.id)
+                item.setData(self.HIT_ROLE, it.hit_id)
                 item.setToolTip(it.title)
                 self.list.addItem(item)
                 if it.id == current:
@@ -89,6 +90,16 @@ class Sidebar(QWidget):
         searching = bool(self.search.text().strip())
         self.empty.setVisible(not items)
         self.empty.setText("No matches." if searching else "No conversations yet.")
+
+    HIT_ROLE = Qt.ItemDataRole.UserRole + 1
+
+    def hit_for(self, conv_id: int) -> Optional[int]:
+        """The search hit's message in conversation `conv_id`, if the list shows search results."""
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            if item.data(Qt.ItemDataRole.UserRole) == conv_id:
+                return item.data(self.HIT_ROLE)
+        return None
 
     def current_id(self) -> Optional[int]:
         it = self.list.currentItem()
