@@ -243,3 +243,21 @@ def test_python_m_app_keeps_the_prompt_cache_in_the_user_cache_folder() -> None:
     assert cache_dir_for(parse_args([])) == prompt_cache_dir()
     assert cache_dir_for(parse_args(["--data-dir", "/tmp/d"])) is None  # the window: /tmp/d/cache
     assert cache_dir_for(parse_args(["--data-dir", "/tmp/d", "--cache-dir", "/tmp/c"])) == Path("/tmp/c")
+
+
+def test_sending_is_one_commit(tmp_path: Path) -> None:
+    """The first message of a new chat: conversation, message, title and the reply's row are one
+    transaction (the GUI thread waits for one fsync, not three)."""
+    store = ConversationStore(tmp_path / "db.sqlite3")
+    session = ChatSession(store)
+    commits: list[str] = []
+    store._conn.set_trace_callback(lambda sql: sql.strip().upper() == "COMMIT" and commits.append(sql))
+    pending = session.begin_send(None, "Hello there", "model", settings(system_prompt="Be brief."))
+    assert len(commits) == 1
+    assert session.title(pending.conversation_id) == "Hello there"
+    assert [m.role for m in store.messages(pending.conversation_id)] == ["user", "assistant"]
+    commits.clear()
+    session.begin_send(pending.conversation_id, "And again", "model")
+    assert len(commits) == 1
+    store._conn.set_trace_callback(None)
+    store.close()

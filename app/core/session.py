@@ -195,17 +195,25 @@ class ChatSession:
         return next((m for m in reversed(path) if m.role == "assistant"), None)
 
     # -- starting a reply ----------------------------------------------------------------------
-    def begin_send(self, conv_id: int, text: str, model_name: Optional[str] = None) -> PendingReply:
-        """Save the user's message (committed before anything else) and a reply placeholder."""
+    def begin_send(
+        self, conv_id: Optional[int], text: str, model_name: Optional[str] = None,
+        new_settings: Optional[ChatSettings] = None,
+    ) -> PendingReply:  # fmt: skip
+        """Save the user's message and a reply placeholder, in one transaction (one commit, one
+        fsync) with the conversation itself when `conv_id` is None (made with `new_settings`);
+        committed before anything is generated."""
         if not text.strip():
             raise StoreError("cannot send an empty message")
-        conv = self.store.get_conversation(conv_id)
-        path = self.store.active_path(conv_id)
-        parent = path[-1].id if path else None
-        user = self.store.add_message(conv_id, parent, "user", text)
-        if conv.title == DEFAULT_TITLE and not path:
-            self.store.rename_conversation(conv_id, title_from(text))
-        return self._begin_reply(conv_id, user.id, self.settings(conv_id), None, "send", model_name)
+        with self.store.transaction():
+            if conv_id is None:
+                conv_id = self.new_conversation(new_settings or ChatSettings())
+            conv = self.store.get_conversation(conv_id)
+            path = self.store.active_path(conv_id)
+            parent = path[-1].id if path else None
+            user = self.store.add_message(conv_id, parent, "user", text)
+            if conv.title == DEFAULT_TITLE and not path:
+                self.store.rename_conversation(conv_id, title_from(text))
+            return self._begin_reply(conv_id, user.id, self.settings(conv_id), None, "send", model_name)
 
     def begin_regenerate(
         self, reply_id: int, fresh: bool = False, model_name: Optional[str] = None

@@ -198,10 +198,9 @@ class ChatController(QObject):
         if self.read_only:
             self.w.show_error("Read-only", "Another Verbatim window owns this data folder.")
             return False
-        try:
-            if self.w.conv_id is None:
-                self.w.conv_id = self.session.new_conversation(self.w.default_settings())
-            pending = self.session.begin_send(self.w.conv_id, text, self.model_name)
+        try:  # one transaction: the conversation (if new), the message and the reply's row
+            pending = self.session.begin_send(self.w.conv_id, text, self.model_name, self.w.default_settings())
+            self.w.conv_id = pending.conversation_id
         except StoreError as e:
             self.w.show_error("Cannot save the message", str(e))
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
@@ -213,6 +214,10 @@ class Database:
         self.close()
 
     # ---- transactions
+
+    def transaction(self) -> "contextlib.AbstractContextManager[sqlite3.Connection]":
+        """One write transaction around several store calls (they join it): one commit, one fsync."""
+        return self._tx()
 
     @contextmanager
     def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
