@@ -144,6 +144,14 @@ def test_markdown_streaming_unclosed_fence() -> None:
     assert r.code_blocks == ["let a = 1"] and r.html.endswith("▍</span>")
 
 
+def test_markdown_a_dangling_fence_is_text_not_an_empty_code_block() -> None:
+    for text in ("Here:\n```", "Here:\n```python\n", "a\n```\n\n"):
+        r = render(text)
+        assert r.code_blocks == [] and "```" in r.html, text
+    assert render("Here:\n```py\nx = 1").code_blocks == ["x = 1"]  # unclosed with code: still code
+    assert render("Here:\n```", streaming=True).code_blocks == [""]  # being written: a block
+
+
 def _highlighted(html: str) -> list[bool]:
     """For each code block in rendered HTML: whether Pygments styled it."""
     return ["<span" in body for body in re.findall(r"<pre[^>]*>(.*?)</pre>", html, re.S)]

@@ -661,3 +661,30 @@ def test_search_runs_off_the_gui_thread_and_a_hit_scrolls_to_its_message(
     vp = w.chat_view.viewport()  # and the hit is still in view (nothing scrolled it away)
     assert vp.rect().intersects(QRect(target.mapTo(vp, QPoint(0, 0)), target.size()))
     assert w.chat_view.verticalScrollBar().value() < w.chat_view.verticalScrollBar().maximum()
+
+
+def test_composer_grows_with_wrapped_lines_and_the_open_chat_is_highlighted_after_restart(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    w = open_window(data, max_tokens=4)
+    two_lines = w.composer.height()
+    w.composer.setPlainText("word " * 6000)  # a 30,000-character paste, no line breaks
+    assert w.composer.height() > 3 * two_lines  # grown to its 10 lines (then it scrolls)
+    w.composer.setPlainText("short")
+    qtbot.waitUntil(lambda: w.composer.height() == two_lines, timeout=LONG)
+    send(qtbot, w, "first chat")
+    w.new_conversation()
+    send(qtbot, w, "second chat")
+    w.close()
+    w2 = open_window(data)
+    assert w2.conv_id is not None and w2.sidebar.current_id() == w2.conv_id
+    assert w2.sidebar.list.currentItem().isSelected()
+
+
+def test_model_manager_has_a_close_button(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
+    w = open_window()
+    dlg = w.open_model_manager()
+    qtbot.waitUntil(dlg.isVisible, timeout=LONG)
+    qtbot.mouseClick(dlg.findChild(QPushButton, "closeManagerButton"), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=LONG)

@@ -67,6 +67,10 @@ def render(text: str, palette: Palette = Palette(), streaming: bool = False) -> 
 
     def code(tok: Any, info: str) -> str:
         nonlocal budget
+        if not streaming and tok.type == "fence" and not tok.content.strip() and not _complete(tok, lines):
+            # A finished reply that ends on an opening fence (cut off, or a stray ```): the fence
+            # as text, not an empty code block with a Copy link.
+            return f"<p>{html.escape(tok.markup + tok.info)}</p>"
         colour = True
         if streaming:  # complete blocks in order while they fit; then (and the open block) plain
             size = len(tok.content.rstrip("\n"))

@@ -446,6 +446,7 @@ class MainWindow(QMainWindow):
 
     def show_conversation(self, conv_id: Optional[int]) -> None:
         self.conv_id = conv_id
+        self.sidebar.set_current(conv_id)  # also after a restart: the open chat is highlighted
         self.chat_view.selected_id = None
         self._update_title()
         self.refresh_messages()

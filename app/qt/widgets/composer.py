@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from PySide6.QtCore import QEvent, Qt, Signal
@@ -20,6 +21,7 @@ class Composer(QPlainTextEdit):
         self.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.setTabChangesFocus(True)
         self.document().contentsChanged.connect(self._fit)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)  # rewrapped
         self._fit()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # type: ignore[override]
@@ -33,15 +35,19 @@ class Composer(QPlainTextEdit):
                 return
         super().keyPressEvent(event)
 
-    def _fit(self) -> None:
-        """Grow with the text from 2 to 10 lines, then scroll."""
-        lines = max(self.MIN_LINES, min(self.MAX_LINES, self.document().blockCount()))
+    def _fit(self, *_: object) -> None:
+        """Grow with the text from 2 to 10 lines as shown (wrapped lines count: a long paste
+        without line breaks is many lines), then scroll."""
+        shown = math.ceil(self.document().size().height())  # QPlainTextEdit: in lines, wrapped
+        lines = max(self.MIN_LINES, min(self.MAX_LINES, shown))
         fm = self.fontMetrics()
         margins = self.contentsMargins()
         h = lines * fm.lineSpacing() + 2 * int(self.document().documentMargin()) + margins.top() + margins.bottom() + 4
         self.setFixedHeight(h)
 
-    def event(self, e: QEvent) -> bool:  # refit when the font changes (theme / style sheet)
-        if e.type() == QEvent.Type.FontChange:
+    def event(self, e: QEvent) -> bool:
+        handled = super().event(e)
+        # Refit when the font or the style sheet's padding changes (the theme): after Qt applied it.
+        if e.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange, QEvent.Type.Polish):
             self._fit()
-        return super().event(e)
+        return handled

@@ -16,6 +16,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
+    QDialogButtonBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -129,6 +130,11 @@ class ModelManager(QDialog):
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.status)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.close_button = buttons.button(QDialogButtonBox.StandardButton.Close)
+        self.close_button.setObjectName("closeManagerButton")
+        buttons.rejected.connect(self.reject)  # as Escape and the title bar's close do
+        lay.addWidget(buttons)
 
         self.import_button.clicked.connect(self._pick_gguf)
         self.folder_button.clicked.connect(self._pick_folder)

@@ -101,6 +101,18 @@ class Sidebar(QWidget):
                 return item.data(self.HIT_ROLE)
         return None
 
+    def set_current(self, conv_id: Optional[int]) -> None:
+        """Highlight the conversation shown (quietly: the window already shows it)."""
+        self._quiet = True
+        try:
+            row = self.ids().index(conv_id) if conv_id in self.ids() else -1
+            if row >= 0:
+                self.list.setCurrentRow(row)
+            else:
+                self.list.setCurrentItem(None)
+        finally:
+            self._quiet = False
+
     def current_id(self) -> Optional[int]:
         it = self.list.currentItem()
         return it.data(Qt.ItemDataRole.UserRole) if it is not None else None
