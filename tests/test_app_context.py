@@ -44,3 +44,15 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     assert result.report.context.dropped_messages == ctx.dropped_messages
     old = w.session.store.get_message(last.id)
     assert (result.tokens, result.logprobs) == (old.tokens, old.logprobs)
+
+
+def test_refuse_setting_shows_the_numbers_and_keeps_the_message(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
+    w.apply_settings(replace(w.current_settings(), context_policy="refuse"))
+    send(qtbot, w, "0: " + TURN)
+    send(qtbot, w, "1: " + TURN * 3)  # ~150 more tokens: no longer fits
+    assert "prompt has" in (w.last_error or "") and f"the model's context is {CONTEXT}" in w.last_error
+    assert [vm.role for vm in w.message_vms()][-1] == "user"  # the message is kept, unanswered
+    assert not w.chat_view.marker.isVisible()
