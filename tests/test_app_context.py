@@ -44,3 +44,30 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     assert result.report.context.dropped_messages == ctx.dropped_messages
     old = w.session.store.get_message(last.id)
     assert (result.tokens, result.logprobs) == (old.tokens, old.logprobs)
+
+
+def test_refuse_setting_shows_the_numbers_and_keeps_the_message(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
+    w.apply_settings(replace(w.current_settings(), context_policy="refuse"))
+    send(qtbot, w, "0: " + TURN)
+    send(qtbot, w, "1: " + TURN * 3)  # ~150 more tokens: no longer fits
+    assert "prompt has" in (w.last_error or "") and f"the model's context is {CONTEXT}" in w.last_error
+    assert [vm.role for vm in w.message_vms()][-1] == "user"  # the message is kept, unanswered
+    assert not w.chat_view.marker.isVisible()
+
+
+def test_every_follow_up_in_exact_mode_restores_the_earlier_turns(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    """Chunk size 512 and short turns: only the message-boundary cuts make a follow-up warm."""
+    w = open_window(chunk=512, max_tokens=8, temperature=0.0)
+    assert w.current_settings().mode == "exact"
+    for i in range(4):
+        send(qtbot, w, f"Question {i}: why is the sky blue?")
+    footers = [w.chat_view.widget_for(vm.id).footer.text() for vm in replies(w)]
+    restored = [int(f.split("cache: restored ")[1].split(" / ")[0]) for f in footers]
+    assert restored[0] == 0 and all(r > 0 for r in restored[1:]), footers
+    reports = [vm.report for vm in replies(w)]
+    assert all(r.restored in r.message_starts for r in reports[1:])

@@ -122,6 +122,8 @@ def footer_text(m: Message) -> str:
         parts.append("stopped" if n else "stopped before the first token")
     elif m.finish_reason == "length":
         parts.append("max tokens reached")
+    elif m.finish_reason == "context":
+        parts.append("the model's context is full")
     return " · ".join(parts)
 
 

@@ -16,6 +16,9 @@ so a reply is saved even when the window closes mid-reply: `shutdown` cancels th
 CancelToken and waits (bounded) for the engine thread; it needs no further turn of the loop.
 Model loading, verify and cache clearing follow the same shape: start (sync), await a job on
 the engine thread, show the outcome. Coroutines resume on the GUI thread (app/qt/jobs.py).
+
+Just over ~400 lines: every flow that waits on the engine (reply, load, verify, clear, stats,
+shutdown) shares the same cancel tokens and generation state, which is why they live together.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from app.qt import jobs
 from app.qt.jobs import Relay
 from engine.engine import Engine, ModelInfo
 from engine.executor import EngineExecutor
+from engine.generate.loop import drain
 from engine.types import (
     CacheReport,
     CancelToken,
@@ -118,7 +122,8 @@ class ReplyJob:
         self.count = 0
         self.saved = time.perf_counter()
 
-    def on_event(self, ev: Any) -> None:
+    def forward(self, ev: Any) -> None:
+        """One event of the generation stream, on its way to the GUI (batched) and the store."""
         if isinstance(ev, TokenEvent):
             self.pieces.append(ev.text)
             self.count = ev.index + 1
@@ -133,7 +138,9 @@ class ReplyJob:
 
     def __call__(self, engine: Engine) -> Finished:
         try:
-            result = engine.generate(self.pending.request, on_event=self.on_event, cancel=self.cancel)
+            # Stop is the request's CancelToken: the stream then ends with what it has, which is
+            # saved as an interrupted reply (closing it would return nothing to save).
+            result = drain(engine.stream(self.pending.request, cancel=self.cancel), self.forward)
         except Exception:
             self.session.fail(self.pending, "".join(self.pieces))
             raise
