@@ -73,11 +73,13 @@ WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI
 INDEX_NAME = "index.json"
 SNAP_DIR = "snapshots"
 LOCK_NAME = ".lock"
+LOCKED = "another Verbatim instance is using this prompt cache"
 TMP_PREFIX = ".tmp-"
 DEFAULT_MAX_BUDGET = 10 << 30
 DEFAULT_FREE_FRACTION = 0.25
 MAX_PENDING_BYTES = 1 << 30  # snapshots queued for writing; beyond this the oldest are dropped
 INDEX_RETRY_S = 5.0  # after a failed index write (disk full), wait this long before retrying
+READER_POLL_S = 1.0  # a reader (another instance writes) looks at the index and the lock this often
 
 
 
@@ -144,6 +146,10 @@ class DiskCache:
         self.writable = False
         self.enabled = False
         self.read_only_reason: Optional[str] = None
+        self._index_stamp: Optional[tuple[int, int, int]] = None  # what a reader last read
+        self._next_poll = 0.0
+        self.index_reloads = 0  # a reader's re-reads of the writer's index
+        self.took_over = False  # a reader that became the writer when the other instance exited
 
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -160,20 +166,60 @@ class DiskCache:
             budget_bytes = self._default_budget()
         self.budget_bytes = int(budget_bytes)
         if self.enabled:
+            self._index_stamp = self._stamp()
             self._open_index()
         self._thread: Optional[threading.Thread] = None
         if self.writable:
-            self._queue.append(_Task("sync"))  # apply the budget (it may have shrunk) off this thread
-            self._thread = threading.Thread(target=self._run, name="verbatim-disk-cache", daemon=True)
-            self._thread.start()
-            # Best effort on exit without close(): pending writes get a short grace period.
-            ref = weakref.ref(self)
-            atexit.register(lambda: (c := ref()) is not None and c.close(timeout=10.0))
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        self._queue.append(_Task("sync"))  # apply the budget (it may have shrunk) off this thread
+        self._thread = threading.Thread(target=self._run, name="verbatim-disk-cache", daemon=True)
+        self._thread.start()
+        # Best effort on exit without close(): pending writes get a short grace period.
+        ref = weakref.ref(self)
+        atexit.register(lambda: (c := ref()) is not None and c.close(timeout=10.0))
 
     # -- DiskTier protocol -------------------------------------------------------------------
     def entries(self, model_key: str) -> list[SnapshotMeta]:
+        self.poll()
         with self._lock:
             return self._index.metas(model_key)
+
+    # -- a reader: another instance writes -----------------------------------------------------
+    def _stamp(self) -> Optional[tuple[int, int, int]]:
+        try:
+            st = os.stat(self.index_path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)  # the writer replaces it: a new inode
+
+    def poll(self, force: bool = False) -> None:
+        """A reader (the folder's lock is another instance's): at most every READER_POLL_S, take
+        the lock if that instance has exited (and become the writer), else re-read the index if
+        the writer replaced it since. No-op for the writer."""
+        if self.writable or not self.enabled or self.read_only_reason != LOCKED:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._stop or (not force and now < self._next_poll):
+                return
+            self._next_poll = now + READER_POLL_S
+            if self._try_lock():
+                self.writable, self.took_over, self.read_only_reason = True, True, None
+                self.snap_dir.mkdir(exist_ok=True)
+                self._reload_index()
+                self._start_writer()
+                return
+            stamp = self._stamp()
+            if stamp != self._index_stamp:
+                self._index_stamp = stamp
+                self._reload_index()
+                self.index_reloads += 1
+
+    def _reload_index(self) -> None:
+        self._index = Index(self.env)
+        self._open_index()
 
     def load(self, meta: SnapshotMeta) -> Snapshot:
         """Read, verify and rebuild a snapshot (on the calling thread, which owns the arrays)."""
@@ -358,13 +404,24 @@ class DiskCache:
             self._warn("readonly", f"The prompt cache folder {self.root} is not writable ({os.strerror(e.errno)}); "
                                    "new snapshots are kept in memory only this session.")
             return False
+        if not self._try_lock(fd):
+            self.read_only_reason = LOCKED
+            self._warn("locked", f"The prompt cache in {self.root} is in use by another instance; "
+                                 "this one reads it (and takes over writing when that one exits).")
+            return False
+        return True
+
+    def _try_lock(self, fd: Optional[int] = None) -> bool:
+        """Take the folder's flock without waiting (`fd`: the lock file, opened here if None)."""
+        import fcntl
+
         try:
+            if fd is None:
+                fd = os.open(self.root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            os.close(fd)
-            self.read_only_reason = "another Verbatim instance is using this prompt cache"
-            self._warn("locked", f"The prompt cache in {self.root} is in use by another instance; "
-                                 "this one reads it but does not write to it.")
+            if fd is not None:
+                os.close(fd)
             return False
         self._lock_fd = fd
         return True
