@@ -739,12 +739,27 @@ def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
     eng.close()
 
 
+class Parked(WriterHooks):
+    """Set when the writer reaches `point` (held / paused: it waits for the generation)."""
+
+    def __init__(self, point: str) -> None:
+        self.name, self.event = point, threading.Event()
+
+    def point(self, name: str) -> None:
+        if name == self.name:
+            self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self.event.wait(timeout)
+
+
 def test_writes_wait_while_a_generation_holds_them(models, tmp_path):
     eng = engine(models["llama"], tmp_path / "cache")
     disk = eng.cache.disk
+    disk.hooks = parked = Parked("held")
     disk.hold_writes()  # as if a generation were running (generate() nests its own hold)
     eng.generate(req())
-    time.sleep(0.3)
+    assert parked.wait(10)  # the writer has the snapshot and waits: nothing can be written now
     assert not list((tmp_path / "cache" / "snapshots").glob("*.safetensors"))
     assert disk.stats()["pending"] >= 1
     disk.release_writes()
@@ -773,9 +788,10 @@ def test_a_write_in_progress_pauses_for_a_generation(models, tmp_path, monkeypat
         return n
 
     monkeypatch.setattr(disk_files.HashingWriter, "write", write)
+    disk.hooks = parked = Parked("paused")
     eng.generate(req())
     assert started.wait(10)
-    time.sleep(0.3)
+    assert parked.wait(10)  # the writer stopped between arrays: the file cannot complete now
     snaps = tmp_path / "cache" / "snapshots"
     assert not list(snaps.glob("*.safetensors")) or all(p.name.startswith(dc.TMP_PREFIX) for p in snaps.iterdir())
     assert disk.stats()["pending"] >= 1

@@ -6,7 +6,8 @@ to record, pause or block the writer there.
 
 Points of one snapshot write, in order: begin, temp_partial (the header is in the temp file, the
 data not yet), temp_synced, index_tmp, index_written, renamed, done. `index_tmp` also comes with
-every other index write.
+every other index write. And while a generation holds writes (`hold_writes`): held (a write
+is queued and waits to start), paused (a write in progress waits between arrays).
 """
 
 from __future__ import annotations

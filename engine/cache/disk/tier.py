@@ -341,6 +341,8 @@ class DiskCache:
         """Called by the writer between pieces of a write: a generation that started meanwhile
         gets the CPU (and the GIL) back at once; the temp file simply waits to be finished."""
         with self._cond:
+            if self._holds > 0 and not self._flushers and not self._stop:
+                self.hooks.point("paused")
             while self._holds > 0 and not self._flushers and not self._stop:
                 self._cond.wait(0.1)
 
@@ -474,6 +476,8 @@ class DiskCache:
                     break
                 if self._stop:
                     return None
+                if held and self._queue:
+                    self.hooks.point("held")
                 self._cond.wait(max(0.05, self._retry_at - time.monotonic()) if index_due else None)
             self._busy = True
             return task
