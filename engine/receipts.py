@@ -241,7 +241,7 @@ def write(receipt: Receipt, path: Union[str, Path]) -> None:
 
 def read(path: Union[str, Path]) -> Receipt:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is fine
     except FileNotFoundError:
         raise ReceiptError(f"receipt not found: {path}") from None
     except (OSError, UnicodeDecodeError) as e:

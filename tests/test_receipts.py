@@ -69,6 +69,9 @@ def test_round_trip_replays_bit_identical_cold_and_cached(models, family, tmp_pa
     path, receipt = warm_exact_receipt(models[family], tmp_path)
     again = receipts.read(path)
     assert again == receipt and again.logprobs_sha256 == receipts.logprobs_sha256(receipt.logprobs)
+    bom = tmp_path / "bom.receipt.json"  # saved by an editor that writes a UTF-8 BOM
+    bom.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert receipts.read(bom) == receipt
     assert json.loads(path.read_text())["format"] == "verbatim.receipt"
     for use_cache in (False, True):
         eng = receipts.open_engine(again, use_disk=use_cache, cache_dir=tmp_path / "cache")

@@ -95,9 +95,11 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w.resize(*size)
     qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)
     _settle(qtbot, w)
-    print("dock", w.debug_panel.width(), "sidebar", w.sidebar.width(), "column min", w.splitter.widget(1).minimumSizeHint().width(), "chat", w.chat_view.width())
     problems = _problems(w)
     assert not problems, "\n".join(problems)
+    # The dock's contents fit its width (values wrap below their labels): no sideways scrolling.
+    inner = w.findChild(QWidget, "debugInner")
+    assert inner.width() <= inner.parentWidget().width(), (inner.width(), inner.parentWidget().width())
     # The top bar: nothing drawn over anything else.
     top = [c for c in (w.model_picker, w.model_status, w.settings_button, w.debug_button) if c.isVisible()]
     for i, a in enumerate(top):
@@ -171,8 +173,14 @@ def test_delete_key_only_in_the_list_and_its_dialog_defaults_to_cancel(
     watch.timer.stop()
 
 
-def test_every_shortcut_is_unambiguous(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
+def test_every_shortcut_is_unambiguous_and_the_status_bar_shows_memory(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    import re
+
     from tests.test_app_window import shortcut_clashes
 
     w = _ready(qtbot, open_window)
     assert shortcut_clashes(w) == []
+    assert re.match(r"Memory \d+(\.\d+)? [KMG]B", w.memory_label.text()), w.memory_label.text()
+    assert w.memory_label.isVisible()

@@ -171,10 +171,14 @@ class MessageWidget(QFrame):
         self.footer = QLabel()
         self.footer.setObjectName("messageFooter")
         self.footer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        # Width: the footer has the message's whole width and wraps, the badge elides (tooltip: the
-        # whole badge) beside the inspector buttons, so no row is wider than the viewport.
+        # Width: the footer sits in the row of the badge and the inspector buttons when it fits
+        # there, else on a line of its own above them, where it wraps; the badge elides (tooltip:
+        # the whole badge). No row is wider than the viewport (_place_footer).
         self.footer.setWordWrap(True)
-        lay.addWidget(self.footer)
+        self._foot, self._footer_line, self._footer_inline = foot, QVBoxLayout(), True
+        self._footer_line.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(self._footer_line)
+        foot.addWidget(self.footer)
         self.identity = ElidedLabel()
         self.identity.setObjectName("identityBadge")
         foot.addWidget(self.identity, 0, Qt.AlignmentFlag.AlignVCenter)
@@ -202,6 +206,29 @@ class MessageWidget(QFrame):
         self.cancel_edit.clicked.connect(self.stop_edit)
         self.save_edit.clicked.connect(self._submit_edit)
         self.update_vm(vm, force=True)
+
+    def resizeEvent(self, event: QEvent) -> None:  # type: ignore[override]
+        super().resizeEvent(event)
+        self._place_footer()
+
+    def _place_footer(self) -> None:
+        """The footer inline (one row with the badge and buttons) when all of it fits the width,
+        else on its own line above them. Decided from the width and the texts only: stable."""
+        row = [w for w in (self.identity, self.tokens_button, self.compare_button, self.receipt_button)
+               if not w.isHidden()]  # fmt: skip
+        spacing = max(self._foot.spacing(), 0)
+        need = self.footer.fontMetrics().horizontalAdvance(self.footer.text()) + 8
+        need += sum(w.sizeHint().width() + spacing for w in row)
+        m = self.layout().contentsMargins()
+        inline = self.footer.isHidden() or need <= self.width() - m.left() - m.right()
+        if inline == self._footer_inline:
+            return
+        self._footer_inline = inline
+        (self._footer_line if inline else self._foot).removeWidget(self.footer)
+        if inline:
+            self._foot.insertWidget(0, self.footer)
+        else:
+            self._footer_line.addWidget(self.footer)
 
     # -- content -----------------------------------------------------------------------------------
     def update_vm(self, vm: MessageVM, force: bool = False) -> None:
@@ -232,6 +259,7 @@ class MessageWidget(QFrame):
             self.tokens_button.setChecked(False)
         self.identity.setVisible(bool(vm.identity))
         self.identity.setText(vm.badge)
+        self._place_footer()
         self.identity.setProperty("state", vm.badge_state)
         self.identity.style().unpolish(self.identity)
         self.identity.style().polish(self.identity)
@@ -304,6 +332,7 @@ class MessageWidget(QFrame):
             self.body.set_rendered(Rendered(f"<p style='color:{self.palette_.muted}'><i>Thinking…</i></p>"))
             self.footer.setText("waiting for the model…")
         self.footer.setVisible(True)
+        self._place_footer()
 
     def set_prefill(self, done: int, total: int) -> None:
         if self.stream_text:
@@ -313,6 +342,7 @@ class MessageWidget(QFrame):
             Rendered(f"<p style='color:{self.palette_.muted}'><i>Reading the prompt… {done} / {total} tokens ({pct}%)</i></p>")
         )
         self.footer.setText("prefill")
+        self._place_footer()
 
     def end_stream(self) -> None:
         self.streaming = False

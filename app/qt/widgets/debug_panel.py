@@ -43,6 +43,8 @@ from app.core.view_models import (
 
 def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel]) -> QFormLayout:
     form = QFormLayout(box)
+    # A narrowed dock: a value that does not fit beside its label goes below it (not off the edge).
+    form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
     form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
     form.setHorizontalSpacing(14)
     form.setVerticalSpacing(3)
