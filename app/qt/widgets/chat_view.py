@@ -178,11 +178,11 @@ class MessageWidget(QFrame):
         self._foot, self._footer_line, self._footer_inline = foot, QVBoxLayout(), True
         self._footer_line.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(self._footer_line)
-        foot.addWidget(self.footer)
+        self._set_footer_inline(True)
         self.identity = ElidedLabel()
         self.identity.setObjectName("identityBadge")
         foot.addWidget(self.identity, 0, Qt.AlignmentFlag.AlignVCenter)
-        foot.addStretch(1)
+        foot.addStretch(0)  # the spare width when there is no inline footer: buttons stay right
         # The inspector: per-token view (in place of the body), compare view, receipt.
         self.tokens_button = _tool("Tokens", "Show this reply token by token, coloured by probability", "tokensButton")
         self.tokens_button.setCheckable(True)
@@ -217,16 +217,26 @@ class MessageWidget(QFrame):
         row = [w for w in (self.identity, self.tokens_button, self.compare_button, self.receipt_button)
                if not w.isHidden()]  # fmt: skip
         spacing = max(self._foot.spacing(), 0)
-        need = self.footer.fontMetrics().horizontalAdvance(self.footer.text()) + 8
-        need += sum(w.sizeHint().width() + spacing for w in row)
+        text = self.footer.fontMetrics().horizontalAdvance(self.footer.text()) + 8
         m = self.layout().contentsMargins()
-        inline = self.footer.isHidden() or need <= self.width() - m.left() - m.right()
-        if inline == self._footer_inline:
-            return
+        room = self.width() - m.left() - m.right()
+        inline = self.footer.isHidden() or text + sum(w.sizeHint().width() + spacing for w in row) <= room
+        wrap = not inline and text > room
+        if (inline, wrap) != (self._footer_inline, self.footer.wordWrap()):
+            self._set_footer_inline(inline, wrap)
+
+    def _set_footer_inline(self, inline: bool, wrap: bool = False) -> None:
+        """Inline: one line, all the row's spare width, no minimum (it is inline only when it
+        fits, and must never hold the message wider); on its own line: one line, or wrapped
+        when even that is too narrow."""
         self._footer_inline = inline
-        (self._footer_line if inline else self._foot).removeWidget(self.footer)
+        self._foot.removeWidget(self.footer)
+        self._footer_line.removeWidget(self.footer)
+        self.footer.setWordWrap(wrap)
+        horizontal = QSizePolicy.Policy.Ignored if inline or not wrap else QSizePolicy.Policy.Preferred
+        self.footer.setSizePolicy(horizontal, QSizePolicy.Policy.Preferred)
         if inline:
-            self._foot.insertWidget(0, self.footer)
+            self._foot.insertWidget(0, self.footer, 1)
         else:
             self._footer_line.addWidget(self.footer)
 
