@@ -77,7 +77,18 @@ def run() -> int:
         assert not qicon.isNull(), "icon did not load"
         return f"PySide6 {pyside_version}, platform {qapp.platformName()}"
 
+    def sqlite_fts5() -> str:
+        # The conversation store's search index (schema v3) needs SQLite's FTS5: a Python whose
+        # SQLite lacks it could not open the store at all.
+        import sqlite3
+
+        conn = sqlite3.connect(":memory:")
+        conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='unicode61 remove_diacritics 0')")
+        conn.close()
+        return f"SQLite {sqlite3.sqlite_version}"
+
     check("import app/engine", import_all)
+    check("sqlite fts5", sqlite_fts5)
     check("mlx", mlx_op)
     check("resources", resources)
     check("qt", qt)
