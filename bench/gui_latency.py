@@ -91,20 +91,22 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
 
     produced: dict[int, float] = {}
     returned: list[float] = []
-    orig_generate = E.Engine.generate
+    orig_stream = E.Engine.stream
 
-    def generate(self, request, on_event=None, cancel=None):
-        def ev(e):
+    def stream(self, request, cancel=None):
+        """The engine's event stream, noting when each token with text was produced."""
+        events = orig_stream(self, request, cancel)
+        while True:
+            try:
+                e = next(events)
+            except StopIteration as done:
+                returned.append(time.perf_counter())
+                return done.value
             if isinstance(e, TokenEvent) and e.text:  # tokens with text to show
                 produced.setdefault(e.index, time.perf_counter())
-            if on_event is not None:
-                on_event(e)
+            yield e
 
-        r = orig_generate(self, request, ev, cancel)
-        returned.append(time.perf_counter())
-        return r
-
-    E.Engine.generate = generate
+    E.Engine.stream = stream
     data_dir = C.BUILD / f"gui-{model}"
     shutil.rmtree(data_dir, ignore_errors=True)
     w = build_main_window(C.model_spec(model), data_dir, use_disk=True)
@@ -142,15 +144,15 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
 
     gc.callbacks.append(on_gc)
     shown: dict[int, float] = {}
-    orig_stream = w.chat_view.stream
+    orig_view_stream = w.chat_view.stream
 
-    def stream(message_id, text, count):
-        orig_stream(message_id, text, count)
+    def view_stream(message_id, text, count):
+        orig_view_stream(message_id, text, count)
         t = time.perf_counter()
         for i in range(count):
             shown.setdefault(i, t)
 
-    w.chat_view.stream = stream
+    w.chat_view.stream = view_stream
 
     # Idle baseline: the same timer with nothing streaming.
     clock.start()
@@ -205,7 +207,7 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
         f"{k}: max update {C.median([r['max_ms'] for r in v]):.1f} ms" for k, v in code.items()))
     w.close()
     spin_until(lambda: False, 0.5)
-    E.Engine.generate = orig_generate
+    E.Engine.stream = orig_stream
     shutil.rmtree(data_dir, ignore_errors=True)
     return {"idle_max_stall_ms": max(idle) if idle else 0.0, "replies": out, "gc": gc_stats, "code": code}
 
@@ -272,7 +274,7 @@ def main() -> None:
     res.notes.append(
         "Stall = how late a 5 ms GUI-thread timer fired beyond its period (the idle column is the "
         "same timer on an idle window: the floor on this machine). Token-to-screen includes the reply job's "
-        "deliberate 50 ms batching of token signals (DESIGN.md: updating the view on every token cost "
+        "deliberate 50 ms batching of token signals (updating the view on every token cost "
         "~15% of tokens/s elsewhere), so its median sits near half the batch interval and its max near one "
         "interval plus one decode step. 50 ms is the stall bound the app tests use (tests/test_app_window.py). The reply job sends the last "
         "batch only after `Engine.generate` returns, so the engine's end-of-generation work (end snapshot, "
