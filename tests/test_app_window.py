@@ -688,3 +688,19 @@ def test_model_manager_has_a_close_button(qtbot: Any, open_window: Callable[...,
     qtbot.waitUntil(dlg.isVisible, timeout=LONG)
     qtbot.mouseClick(dlg.findChild(QPushButton, "closeManagerButton"), Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=LONG)
+
+
+def test_elided_label_keeps_its_text_and_shows_it_as_tooltip(qtbot: Any) -> None:
+    from app.qt.widgets.elided_label import ElidedLabel
+
+    label = ElidedLabel("✓ identical to an existing variant (not added again)")
+    qtbot.addWidget(label)
+    label.show()
+    label.resize(label.sizeHint())
+    assert not label.is_elided() and label.toolTip() == ""
+    assert label.minimumSizeHint().width() < label.sizeHint().width() // 2  # rows can shrink it
+    label.resize(60, label.height())
+    assert label.is_elided() and label.text() == "✓ identical to an existing variant (not added again)"
+    assert label.toolTip() == label.text()
+    label.setToolTip("explained")  # a tooltip of the caller's own wins
+    assert label.toolTip() == "explained"
