@@ -31,7 +31,7 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     first_sent = w.chat_view.widget_for(vms[ctx.dropped_messages].id)
     assert layout.indexOf(marker) + 1 == layout.indexOf(first_sent)
     used = ctx.prompt_tokens + len(w.session.store.get_message(last.id).tokens)
-    assert w.context_meter.label.text() == f"{used:,} / {CONTEXT:,}"
+    assert w.context_meter.label.text() == f"{used:,} / {CONTEXT:,} tokens"
     assert w.context_meter.bar.value() == int(min(used / CONTEXT, 1.0) * 1000) > 0
     w.debug_panel.show()  # the panel fills itself when shown
     assert "left out" in w.debug_panel.value("context") and f"of {CONTEXT:,} tokens" in w.debug_panel.value("context")

@@ -215,6 +215,8 @@ class MainWindow(QMainWindow):
         self.settings_summary.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         actions.addWidget(self.settings_summary, 1)
+        self.context_meter = ContextMeter()  # right above the composer, in line with Send
+        actions.addWidget(self.context_meter)
         bl.addLayout(actions)
         row = QHBoxLayout()
         self.composer = Composer()
@@ -231,8 +233,6 @@ class MainWindow(QMainWindow):
         self.stop_button.clicked.connect(lambda: self.controller.stop())
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
-        self.context_meter = ContextMeter()
-        buttons.addWidget(self.context_meter)
         buttons.addStretch(1)
         row.addLayout(buttons)
         bl.addLayout(row)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QProgressBar, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.core.view_models import ContextVM
 
@@ -18,19 +18,19 @@ class ContextMeter(QWidget):
     def __init__(self, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
         self.setObjectName("contextMeter")
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 2, 0, 0)
-        lay.setSpacing(2)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(8, 0, 0, 0)
+        lay.setSpacing(6)
+        self.label = QLabel()
+        self.label.setObjectName("hint")
+        self.label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.bar = QProgressBar()
         self.bar.setObjectName("contextBar")
         self.bar.setRange(0, 1000)
         self.bar.setTextVisible(False)
-        self.bar.setFixedHeight(5)
-        self.label = QLabel()
-        self.label.setObjectName("hint")
-        self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        lay.addWidget(self.bar)
+        self.bar.setFixedSize(64, 6)
         lay.addWidget(self.label)
+        lay.addWidget(self.bar, 0, Qt.AlignmentFlag.AlignVCenter)
         self.vm: Optional[ContextVM] = None
         self.show_context(None)
 
@@ -38,11 +38,11 @@ class ContextMeter(QWidget):
         self.vm = vm
         if vm is None:
             self.bar.setValue(0)
-            self.label.setText("–")
+            self.label.setText("")
             self.setToolTip("Context: nothing sent to the model yet in this conversation")
             return
         self.bar.setValue(int(vm.fraction * 1000))
-        self.label.setText(f"{_short(vm.used)} / {_short(vm.limit)}" if vm.limit else _short(vm.used))
+        self.label.setText(f"{_short(vm.used)} / {_short(vm.limit)} tokens" if vm.limit else f"{_short(vm.used)} tokens")
         tip = f"Context: {vm.text} used by the last prompt and its reply"
         if vm.dropped:
             tip += f"\n{vm.marker}"
