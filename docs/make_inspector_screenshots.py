@@ -13,9 +13,7 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -29,7 +27,8 @@ def main() -> int:
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-    from PySide6.QtCore import QEventLoop
+
+    from shots import wait_until  # docs/shots.py, beside this script
 
     from app import build_main_window
     from app.core.session import ChatSettings
@@ -37,14 +36,6 @@ def main() -> int:
     from engine.types import SamplerSettings
 
     app = ensure_application()
-
-    def wait_until(pred: Callable[[], bool], timeout: float = 900.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            if time.monotonic() > deadline:
-                raise TimeoutError("timed out waiting for the app")
-            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
-            time.sleep(0.01)
 
     w = build_main_window(args.model, Path(tempfile.mkdtemp(prefix="verbatim-shots-")), theme="light")
     w.resize(1100, 760)

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,6 +45,7 @@ def main() -> int:
 
     from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
+    from shots import wait_until  # docs/shots.py, beside this script
 
     from app import build_main_window
     from app.core.session import ChatSettings
@@ -53,14 +53,6 @@ def main() -> int:
     from engine.types import SamplerSettings
 
     app = ensure_application()
-
-    def wait_until(pred: Callable[[], bool], timeout: float = 900.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            if time.monotonic() > deadline:
-                raise TimeoutError("timed out waiting for the app")
-            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
-            time.sleep(0.01)
 
     def settle(seconds: float = 0.3) -> None:
         end = time.monotonic() + seconds
