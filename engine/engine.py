@@ -174,6 +174,8 @@ class Engine:
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         limit = self.context_limit
+        if request.context_length:  # the user's limit for this request, never past the model's
+            limit = min(limit, request.context_length) if limit else request.context_length
         if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries
             prompt = render_text(lm.tokenizer, request.prompt)
             fit_to_context(lambda m: prompt, [], request.sampler.max_tokens, limit, "refuse")

@@ -59,6 +59,7 @@ class GenerationRequest:
     # prefill) or "truncate" (leave out the oldest turns, never the system prompt or the last
     # message; deterministic, so a regenerate stays instant and identical).
     context_policy: ContextPolicy = "refuse"
+    context_length: Optional[int] = None  # use at most this many tokens (never more than the model's)
     prompt: Optional[str] = None  # raw text, encoded as is (BOS per the tokenizer); messages unused
     top_logprobs: int = 0  # also report the N most likely tokens at every step (0: none)
 

@@ -71,3 +71,20 @@ def test_every_follow_up_in_exact_mode_restores_the_earlier_turns(
     assert restored[0] == 0 and all(r > 0 for r in restored[1:]), footers
     reports = [vm.report for vm in replies(w)]
     assert all(r.restored in r.message_starts for r in reports[1:])
+
+
+def test_the_context_limit_setting_applies_to_the_next_reply(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    from app.qt.widgets.settings_dialog import SettingsDialog
+
+    w = open_window(max_tokens=8, temperature=0.0)  # no start-up override: the model's own context
+    dlg = SettingsDialog(w.current_settings(), w)
+    qtbot.addWidget(dlg)
+    assert dlg.context_length.value() == 0 and dlg.context_length.text() == "the model's own"
+    dlg.context_length.setValue(CONTEXT)
+    w.apply_settings(dlg.value())
+    for i in range(4):
+        send(qtbot, w, f"{i}: {TURN}")
+    ctx = replies(w)[-1].report.context
+    assert ctx.limit == CONTEXT and ctx.dropped_messages > 0 and w.chat_view.marker.isVisible()

@@ -205,3 +205,14 @@ def test_block_cuts_do_not_move_as_the_chat_grows():
     short, longer = cuts(10), cuts(30)
     assert short[:-1] == [6, 10, 16] and longer[: len(short) - 1] == short[:-1]
     assert all(b - a >= 4 for a, b in zip(longer, longer[1:-1]))  # whole blocks, not every turn
+
+
+def test_a_request_may_use_less_context_than_the_model_never_more(models):
+    eng = make_engine(models["llama"], chunk=8)
+    model_limit = eng.info.context_length
+    assert model_limit and model_limit > 200
+    req = GenerationRequest(_long_chat(12), SamplerSettings(max_tokens=16), context_length=200)
+    with pytest.raises(ContextLengthError, match="the model's context is 200$"):
+        eng.generate(req)
+    wide = eng.generate(dataclasses.replace(req, context_length=10 * model_limit))
+    assert wide.report.context.limit == model_limit and wide.report.context.dropped_messages == 0

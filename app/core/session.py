@@ -54,6 +54,8 @@ class ChatSettings:
     # A conversation longer than the model's context: leave out the oldest turns (marked in the
     # chat), or refuse to send. Deterministic either way, so regenerate stays identical.
     context_policy: str = "truncate"  # "truncate" | "refuse"
+    context_length: int = 0  # use at most this many tokens of context; 0: the model's own
+
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +64,7 @@ class ChatSettings:
             "random_seed": self.random_seed,
             "mode": self.mode,
             "context_policy": self.context_policy,
+            "context_length": self.context_length,
         }
 
     @classmethod
@@ -77,6 +80,7 @@ class ChatSettings:
             random_seed=bool(d.get("random_seed", base.random_seed)),
             mode=mode,
             context_policy=policy,
+            context_length=max(int(d.get("context_length") or 0), 0),
         )
 
     def seed_for_new_reply(self) -> int:
@@ -261,7 +265,8 @@ class ChatSession:
         sampler = replace(settings.sampler, seed=seed)
         messages = self.store.messages_for_prompt(conv_id, user_id)
         request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode,  # type: ignore[arg-type]
-                                    context_policy=settings.context_policy)  # type: ignore[arg-type]
+                                    context_policy=settings.context_policy,  # type: ignore[arg-type]
+                                    context_length=settings.context_length or None)
         reply = self.store.add_message(
             conv_id, user_id, "assistant", "", status="generating",
             seed=seed, sampler=sampler.to_dict(), model_name=model_name,
@@ -396,7 +401,9 @@ class ChatSession:
         dropped = reply.report.context.dropped_messages if reply.report and reply.report.context else 0
         lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
         messages = messages[:lead] + messages[lead + dropped:]
-        request = GenerationRequest(messages=messages, sampler=sampler, mode=mode, context_policy="truncate")
+        limit = reply.report.context.limit if reply.report and reply.report.context else None
+        request = GenerationRequest(messages=messages, sampler=sampler, mode=mode, context_policy="truncate",
+                                    context_length=limit)
         return request, list(reply.tokens), list(reply.logprobs or [])
 
 

@@ -88,6 +88,14 @@ class SettingsDialog(QDialog):
         self.context_policy.addItem("Refuse to send", "refuse")
         self.context_policy.setToolTip("What to do when the conversation no longer fits the model's context")
         form.addRow("Too long", self.context_policy)
+        self.context_length = QSpinBox()
+        self.context_length.setObjectName("contextLength")
+        self.context_length.setRange(0, 1 << 20)
+        self.context_length.setSingleStep(256)
+        self.context_length.setSpecialValueText("the model's own")
+        self.context_length.setSuffix(" tokens")
+        self.context_length.setToolTip("Use at most this much of the model's context (never more than the model's own)")
+        form.addRow("Context limit", self.context_length)
         lay.addLayout(form)
         self.as_default = QCheckBox("Use these settings for new conversations")
         self.as_default.setChecked(True)
@@ -120,6 +128,7 @@ class SettingsDialog(QDialog):
         self.mode.setCurrentIndex(max(self.mode.findData(s.mode), 0))
         self.mode_help.setText(MODE_HELP[self.mode.currentData()])
         self.context_policy.setCurrentIndex(max(self.context_policy.findData(s.context_policy), 0))
+        self.context_length.setValue(s.context_length)
 
     def value(self) -> ChatSettings:
         sampler = replace(
@@ -138,4 +147,5 @@ class SettingsDialog(QDialog):
             random_seed=self.random_seed.isChecked(),
             mode=self.mode.currentData(),
             context_policy=self.context_policy.currentData(),
+            context_length=self.context_length.value(),
         )
