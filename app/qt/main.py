@@ -17,9 +17,8 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.qt import jobs
 from app.qt.theme import RESOURCES
-from engine.paths import APP_NAME
+from engine.paths import APP_NAME, prompt_cache_dir
 from engine.paths import data_dir as default_data_dir
-from engine.paths import prompt_cache_dir
 
 log = logging.getLogger("verbatim")
 

@@ -28,9 +28,8 @@ others open it with `read_only=True`. Pure Python: no Qt, no MLX.
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional, Union

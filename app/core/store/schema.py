@@ -3,9 +3,9 @@ one transaction at a time."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
-import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
