@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Optional
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QProgressBar, QWidget
 
 from app.core.view_models import ContextVM
+from app.qt.widgets.elided_label import ElidedLabel
 
 
 def _short(n: int) -> str:
@@ -19,16 +20,20 @@ class ContextMeter(QWidget):
         super().__init__(parent)
         self.setObjectName("contextMeter")
         lay = QHBoxLayout(self)
-        lay.setContentsMargins(8, 0, 0, 0)
-        lay.setSpacing(6)
-        self.label = QLabel()
+        lay.setContentsMargins(4, 0, 0, 0)
+        lay.setSpacing(4)
+        # Both parts shrink rather than widen the composer's row past a small window.
+        self.label = ElidedLabel()
+        self.label.MIN_CHARS = 2
         self.label.setObjectName("hint")
         self.label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.bar = QProgressBar()
         self.bar.setObjectName("contextBar")
         self.bar.setRange(0, 1000)
         self.bar.setTextVisible(False)
-        self.bar.setFixedSize(64, 6)
+        self.bar.setFixedHeight(6)
+        self.bar.setMinimumWidth(24)
+        self.bar.setMaximumWidth(64)
         lay.addWidget(self.label)
         lay.addWidget(self.bar, 0, Qt.AlignmentFlag.AlignVCenter)
         self.vm: Optional[ContextVM] = None
