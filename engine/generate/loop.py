@@ -2,7 +2,7 @@
 
 `stream()` is a generator, in the style of mlx-lm's `generate_step` / `stream_generate`: it
 yields `PrefillProgress` and `TokenEvent`s and returns the `GenerationResult` (StopIteration's
-value). `generate()` runs it to the end with an optional callback. Stopping: cancel the
+value). `drain()` runs it to the end with an optional callback. Stopping: cancel the
 request's `CancelToken` (the result is kept, with finish reason "cancelled"), or close the
 generator (nothing is returned; snapshots taken so far are still stored).
 
@@ -337,20 +337,6 @@ def _decode(
                          tops[-1] if tops else None)
     return _Decoded(tokens, logprobs, forwarded, ended or ("context" if limited else "length"), final_text,
                     t_first, t_last, tops)
-
-
-def generate(
-    lm: LoadedModel,
-    request: GenerationRequest,
-    prompt_cache: Optional[PromptCache],
-    chunk: int,
-    on_event: Optional[Callable[[Event], None]] = None,
-    cancel: Optional[CancelToken] = None,
-    prompt: Optional[list[int]] = None,
-    message_starts: Sequence[int] = (),
-) -> GenerationResult:
-    """Run `stream()` to its end, handing each event to `on_event`."""
-    return drain(stream(lm, request, prompt_cache, chunk, cancel, prompt, message_starts), on_event)
 
 
 def drain(events: Generator[Event, None, GenerationResult], on_event: Optional[Callable[[Event], None]] = None
