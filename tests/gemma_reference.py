@@ -11,11 +11,13 @@ GELU (tanh) gated MLP, tied output. Everything in float64.
 from __future__ import annotations
 
 import mmap
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
-from engine.models.gguf.reader import read_gguf
+from engine.models.gguf.reader import GGUFFile, read_gguf
 
 # A plain English paragraph for the logit and perplexity checks.
 TEXT = ("The water cycle describes how water moves between the land, the oceans and the air. "
@@ -29,14 +31,27 @@ TEXT = ("The water cycle describes how water moves between the land, the oceans 
         "almost the same.")
 
 
-def _dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A GGUF tensor's bytes as float32 values, dequantized by gguf-py (not by the engine)."""
     from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize as gguf_dequantize
 
     if ggml_type == 0:
-        return raw.view(np.float32).reshape(shape).astype(np.float64)
+        return raw.view(np.float32).reshape(shape).copy()
     rows = raw.reshape(int(np.prod(shape[:-1])) if len(shape) > 1 else 1, -1)
-    return dequantize(rows, GGMLQuantizationType(ggml_type)).reshape(shape).astype(np.float64)
+    return gguf_dequantize(rows, GGMLQuantizationType(ggml_type)).reshape(shape)
+
+
+@contextmanager
+def gguf_tensors(src: Path) -> Iterator[tuple[GGUFFile, Callable[[str], np.ndarray]]]:
+    """The file's header and a reader of its tensors by name (float32, straight from the file)."""
+    g = read_gguf(src)
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        def tensor(name: str) -> np.ndarray:
+            t = g.tensors[name]
+            return dequantize(np.frombuffer(mm, np.uint8, t.nbytes, t.offset), t.ggml_type, t.shape)
+
+        yield g, tensor
 
 
 def _bf16(x: float) -> float:
@@ -58,19 +73,16 @@ def gemma3_logits(src: Path, ids: list[int], local_base: float = 10000.0, patter
                   weights: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """Logits (len(ids), vocab) in float64. `weights`: tensors (by GGUF name, as stored) to use
     instead of the file's."""
-    g = read_gguf(src)
-    md = g.metadata
-    a = "gemma3."
-    heads, kv_heads = md[a + "attention.head_count"], md[a + "attention.head_count_kv"]
-    hd, dim = md[a + "attention.key_length"], md[a + "embedding_length"]
-    eps, window = float(md[a + "attention.layer_norm_rms_epsilon"]), md[a + "attention.sliding_window"]
     T = len(ids)
-    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    with gguf_tensors(src) as (g, tensor):
+        md = g.metadata
+        a = "gemma3."
+        heads, kv_heads = md[a + "attention.head_count"], md[a + "attention.head_count_kv"]
+        hd, dim = md[a + "attention.key_length"], md[a + "embedding_length"]
+        eps, window = float(md[a + "attention.layer_norm_rms_epsilon"]), md[a + "attention.sliding_window"]
+
         def W(name: str) -> np.ndarray:
-            if weights is not None and name in weights:
-                return weights[name].astype(np.float64)
-            t = g.tensors[name]
-            return _dequantize(np.frombuffer(mm, np.uint8, t.nbytes, t.offset), t.ggml_type, t.shape)
+            return (weights[name] if weights is not None and name in weights else tensor(name)).astype(np.float64)
 
         def rms(v: np.ndarray, w: np.ndarray) -> np.ndarray:
             return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * w

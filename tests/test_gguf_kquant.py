@@ -12,7 +12,6 @@ forward, and generation through the Engine (a regenerate restores prompt - 1 and
 from __future__ import annotations
 
 import json
-import mmap
 from pathlib import Path
 
 import mlx.core as mx
@@ -23,7 +22,7 @@ from engine.models.gguf.convert import convert
 from engine.models.gguf.reader import read_gguf
 from tests import gguf_fixtures as gf
 from tests.engine_helpers import cold_request, make_engine, request
-from tests.gemma_reference import gemma3_logits
+from tests.gemma_reference import dequantize, gemma3_logits, gguf_tensors
 
 ARCHS = list(gf.SYNTHETIC)
 K_TYPES = [gf.T_Q2_K, gf.T_Q3_K, gf.T_Q4_K, gf.T_Q5_K, gf.T_Q6_K]
@@ -54,15 +53,6 @@ def imported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return arch, src, convert(src, root / "out")
 
 
-def _gguf_py_dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    if ggml_type == 0:
-        return raw.view(np.float32).reshape(shape).copy()
-    return dequantize(raw.reshape(shape[0] if len(shape) > 1 else 1, -1), GGMLQuantizationType(ggml_type)).reshape(shape)
-
-
 # --- the K-quant blocks themselves ---
 
 @pytest.mark.parametrize("ttype", K_TYPES)
@@ -76,7 +66,7 @@ def test_kquant_blocks_dequantize_as_intended(ttype: int) -> None:
     w[0, :256] = 0.0  # an all-zero super-block: scales of zero must not divide by zero
     raw, want = gf.kquantize(w, ttype)
     assert len(raw) == w.size // 256 * GGML_QUANT_SIZES[GGMLQuantizationType(ttype)][1]
-    got = _gguf_py_dequantize(np.frombuffer(raw, np.uint8), ttype, w.shape)
+    got = dequantize(np.frombuffer(raw, np.uint8), ttype, w.shape)
     assert np.array_equal(got, want)
     assert not want[0, :256].any()
     # worst error as a fraction of the largest magnitude: ~half a step of each type's grid
@@ -95,9 +85,9 @@ def test_kquant_weights_equal_gguf_py_dequantization(imported: tuple[str, Path, 
     quant = cfg["quantization"]
     have_w = mx.load(str(folder / "model.safetensors"))
     shift = -1.0 if arch == "gemma3" else 0.0
-    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    with gguf_tensors(src) as (_, tensor):
         for t in g.tensors.values():
-            want = _gguf_py_dequantize(np.frombuffer(mm, np.uint8, t.nbytes, t.offset), t.ggml_type, t.shape)
+            want = tensor(t.name)
             module = _module(arch, t.name)
             if t.name.endswith(".bias") or t.ggml_type == gf.T_F32:
                 suffix = "bias" if t.name.endswith(".bias") else "weight"
@@ -147,19 +137,16 @@ def _llama_family_logits(src: Path, ids: list[int], weights: dict[str, np.ndarra
     gguf-py straight from the file; llama's Q/K rows are in GGUF's interleaved order, so its
     RoPE rotates adjacent pairs; qwen's rotates halves (NEOX); qwen2 adds q/k/v biases, qwen3
     normalizes each head's q and k. `weights`: tensors (by GGUF name) to use instead of the file's."""
-    g = read_gguf(src)
-    md = g.metadata
-    arch = md["general.architecture"]
-    a = arch + "."
-    heads, kv_heads, hd = md[a + "attention.head_count"], md[a + "attention.head_count_kv"], md[a + "attention.key_length"]
-    eps, theta = float(md[a + "attention.layer_norm_rms_epsilon"]), float(md[a + "rope.freq_base"])
     T = len(ids)
-    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    with gguf_tensors(src) as (g, tensor):
+        md = g.metadata
+        arch = md["general.architecture"]
+        a = arch + "."
+        heads, kv_heads, hd = md[a + "attention.head_count"], md[a + "attention.head_count_kv"], md[a + "attention.key_length"]
+        eps, theta = float(md[a + "attention.layer_norm_rms_epsilon"]), float(md[a + "rope.freq_base"])
+
         def W(name: str) -> np.ndarray:
-            if weights is not None and name in weights:
-                return weights[name].astype(np.float64)
-            t = g.tensors[name]
-            return _gguf_py_dequantize(np.frombuffer(mm, np.uint8, t.nbytes, t.offset), t.ggml_type, t.shape).astype(np.float64)
+            return (weights[name] if weights is not None and name in weights else tensor(name)).astype(np.float64)
 
         def rms(v: np.ndarray, w: np.ndarray) -> np.ndarray:
             return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * w
