@@ -173,9 +173,12 @@ class Engine:
         lm = self._lm()
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        _check_logit_bias(request, _vocab_size(lm))
         limit = self.context_limit
         if request.context_length:  # the user's limit for this request, never past the model's
             limit = min(limit, request.context_length) if limit else request.context_length
+        if request.max_tokens_fit and limit:
+            request = _fit_max_tokens(request, lm, limit)
         if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries
             prompt = render_text(lm.tokenizer, request.prompt)
             fit_to_context(lambda m: prompt, [], request.sampler.max_tokens, limit, "refuse")
@@ -221,7 +224,12 @@ class Engine:
     def _compare_with_previous(self, key: str, prompt: list[int], request: GenerationRequest,
                                result: GenerationResult) -> None:
         """Mark the report identical (or not) to the last reply to the same prompt and settings."""
-        k = (key, tuple(prompt), json.dumps(request.sampler.to_dict(), sort_keys=True), request.stop)
+        settings = request.sampler.to_dict()
+        if request.sampler.temperature <= 0:
+            settings.pop("seed")  # greedy: the seed draws nothing, so replies compare whatever it was
+        # The namespace too: whether a reply repeats another's must not tell one API client
+        # what another asked (engine/cache/namespace.py).
+        k = (key, request.cache_namespace, tuple(prompt), json.dumps(settings, sort_keys=True), request.stop)
         prev = self._previous.get(k)
         if prev is not None:
             cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
@@ -266,6 +274,35 @@ class Engine:
         if self.lm is None:
             raise EngineError("no model loaded")
         return self.lm
+
+
+# -- helpers: request checks that need the model, model resolution, identity
+
+
+def _vocab_size(lm: LoadedModel) -> int:
+    """Width of the model's logits (the output layer may be padded past the tokenizer's size)."""
+    n = getattr(getattr(lm.model, "args", None), "vocab_size", None)
+    return int(n) if isinstance(n, int) and n > 0 else len(lm.tokenizer.get_vocab())
+
+
+def _check_logit_bias(request: GenerationRequest, vocab: int) -> None:
+    for token, _ in request.sampler.logit_bias:
+        if token >= vocab:
+            raise RequestError(f"logit_bias: token id {token} is not in the model's vocabulary "
+                               f"(ids 0 to {vocab - 1})")
+
+
+def _fit_max_tokens(request: GenerationRequest, lm: LoadedModel, limit: int) -> GenerationRequest:
+    """A default max_tokens shrunk to the room left in the context (a prompt that leaves no room
+    at all is still refused by fit_to_context, with its usual message)."""
+    if request.prompt is not None:
+        n = len(render_text(lm.tokenizer, request.prompt))
+    else:
+        n = len(render_prompt(lm.tokenizer, validate_messages(request.messages)))
+    room = limit - n
+    if 1 <= room < request.sampler.max_tokens:
+        return replace(request, sampler=replace(request.sampler, max_tokens=room))
+    return request
 
 
 # -- helpers: model resolution, identity and the disk tier (their own modules own the details)

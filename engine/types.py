@@ -35,14 +35,51 @@ class SamplerSettings:
     repetition_context: int = 64
     seed: int = 0
     max_tokens: int = 256
+    # Added to the logits before sampling (OpenAI's logit_bias): (token id, bias) pairs sorted
+    # by id, bias in [-100, 100]. Part of the settings, so reports and receipts carry it and a
+    # biased reply regenerates identically.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "logit_bias", normalize_logit_bias(self.logit_bias))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        # {"id": bias} as OpenAI writes it; left out when empty so settings stored before it
+        # existed (rows, receipts) read back and compare unchanged.
+        bias = d.pop("logit_bias")
+        if bias:
+            d["logit_bias"] = {str(t): b for t, b in bias}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SamplerSettings":
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
+
+
+LOGIT_BIAS_MAX = 100.0  # |bias| at most (OpenAI's range)
+
+
+def normalize_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """{"id": bias} or [(id, bias)] -> ((id, bias), ...) sorted by id; ValueError if malformed."""
+    if not bias:
+        return ()
+    pairs = bias.items() if isinstance(bias, dict) else bias
+    out: dict[int, float] = {}
+    for pair in pairs:
+        try:
+            t, b = pair
+        except (TypeError, ValueError):
+            raise ValueError("logit_bias must map token ids to numbers") from None
+        if isinstance(t, str) and t.strip().isdigit():
+            t = int(t)
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"logit_bias: {t!r} is not a token id")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -LOGIT_BIAS_MAX <= b <= LOGIT_BIAS_MAX:
+            raise ValueError(f"logit_bias: the bias for token {t} must be a number from -100 to 100, got {b!r}")
+        out[t] = float(b)
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -62,6 +99,12 @@ class GenerationRequest:
     context_length: Optional[int] = None  # use at most this many tokens (never more than the model's)
     prompt: Optional[str] = None  # raw text, encoded as is (BOS per the tokenizer); messages unused
     top_logprobs: int = 0  # also report the N most likely tokens at every step (0: none)
+    # Whose prompt-cache snapshots this request may restore and adds to (None: the app window's
+    # own). Part of the cache's lookup key, so namespaces never match each other's snapshots.
+    cache_namespace: Optional[str] = None
+    # max_tokens is a default, not the client's: shrink it to the room left in the context
+    # rather than refuse the request (the server's default max_tokens).
+    max_tokens_fit: bool = False
 
 
 def validate_messages(messages: Any) -> list[Message]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,18 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; "
                    "any other than loopback needs --api-key)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
-    p.add_argument("--api-key", default=os.environ.get("VERBATIM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $VERBATIM_API_KEY)")
+    p.add_argument("--api-key", action="append", default=[],
+                   help="require 'Authorization: Bearer KEY'; repeatable, each key its own prompt-cache "
+                        "namespace (also $VERBATIM_API_KEY; visible in `ps`: prefer --api-keys-file)")
+    p.add_argument("--api-keys-file", type=Path,
+                   help="a file with one API key per line (each its own prompt-cache namespace)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                   help="let web pages from this origin (e.g. http://localhost:3000) call the server; "
+                        "repeatable. Others are refused (403)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="use at most this many tokens of context, prompt + reply (default: the model's own)")
+    p.add_argument("--mode", choices=("exact", "fast"), default="exact",
+                   help="prompt-cache mode for requests that do not name one (default exact)")
     p.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
                    help="requests waiting or running at most; more get 429")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prefill chunk size C")
@@ -29,25 +40,49 @@ def add_serve_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    from engine.serve.keys import read_keys_file
+
+    keys = list(args.api_key)
+    env = os.environ.get("VERBATIM_API_KEY")
+    if env:
+        keys.append(env)
+    if args.api_keys_file is not None:
+        keys += read_keys_file(args.api_keys_file)
+    return keys
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.engine import Engine
     from engine.executor import EngineExecutor
+    from engine.serve.guard import normalize_origin
+    from engine.serve.keys import KeyFileError
     from engine.serve.schema import ServedModel
     from engine.serve.server import ServeError, check_bind, serve
 
-    try:
-        check_bind(args.host, args.api_key)  # before the minutes a model load can take
-    except ServeError as e:
+    try:  # everything checked before the minutes a model load can take
+        keys = _api_keys(args)
+        check_bind(args.host, keys)
+        for origin in args.allow_origin:
+            normalize_origin(origin)
+    except (ServeError, KeyFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.queue_limit < 1:
         print("error: --queue-limit must be at least 1", file=sys.stderr)
         return 2
-    executor = EngineExecutor(lambda: Engine(cache_dir=args.cache_dir, use_disk=not args.no_cache, chunk=args.chunk))
+    if args.context_length is not None and args.context_length < 2:
+        print("error: --context-length must be at least 2", file=sys.stderr)
+        return 2
+    executor = EngineExecutor(lambda: Engine(cache_dir=args.cache_dir, use_disk=not args.no_cache, chunk=args.chunk,
+                                             context_length=args.context_length))
     try:
         progress = lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr)  # noqa: E731
         info = executor.submit(lambda eng: eng.load(args.model, progress=progress)).result()
-        serve(executor, ServedModel.of(info, args.model), args.host, args.port, args.api_key, args.queue_limit)
+        limit = executor.submit(lambda eng: eng.context_limit).result()
+        model = replace(ServedModel.of(info, args.model), context_length=limit)
+        serve(executor, model, args.host, args.port, keys, args.queue_limit,
+              allow_origins=args.allow_origin, mode=args.mode)
     except ServeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from mlx_lm.models.cache import (
 )
 
 from engine.cache.memory import PromptCache
+from engine.cache.namespace import cache_key
 from engine.cache.planner import SnapshotMeta, chunks, exact_at, schedule_cuts
 from engine.cache.snapshot import (
     Snapshot,
@@ -83,8 +84,9 @@ class _Snapshots:
     """
 
     def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], report: CacheReport,
-                 exact_cuts: tuple[int, ...], classes: tuple[str, ...]) -> None:
+                 exact_cuts: tuple[int, ...], classes: tuple[str, ...], key: str) -> None:
         self.lm, self.prompt_cache, self.report = lm, prompt_cache, report
+        self.key = key  # the cache's lookup key: the model's, within the request's namespace
         self.exact_cuts, self.classes = exact_cuts, classes  # this generation's exact history
         self.deferred: list[Snapshot] = []
 
@@ -94,7 +96,7 @@ class _Snapshots:
         snap_cache = clone_cache(cache)
         meta = SnapshotMeta(
             id=new_snapshot_id(),
-            model_key=self.lm.key,
+            model_key=self.key,
             tokens=tuple(tokens),
             kind=kind,
             exact_cuts=tuple(c for c in self.exact_cuts if c <= len(tokens)),
@@ -151,8 +153,10 @@ def stream(
     cache: Optional[list[Any]] = None
     restored = 0
     exact_cuts = cuts  # the history this generation's states follow, as far as it is exact
+    # The request's cache namespace is part of the lookup key (engine/cache/namespace.py).
+    key = cache_key(lm.key, request.cache_namespace)
     if prompt_cache is not None:
-        plan, cache = prompt_cache.fetch(lm.key, prompt, request.mode, cuts)
+        plan, cache = prompt_cache.fetch(key, prompt, request.mode, cuts)
         report.matched = plan.matched
         report.declines = plan.declines
         if cache is not None and plan.meta is not None:
@@ -174,7 +178,7 @@ def stream(
     boundary = cuts[-2] if len(cuts) > 1 else 0
     all_plain_kv = plain_kv(cache)
     want_boundary = prompt_cache is not None and not all_plain_kv and restored < boundary
-    snaps = _Snapshots(lm, prompt_cache, report, exact_cuts, tuple(type(c).__name__ for c in cache))
+    snaps = _Snapshots(lm, prompt_cache, report, exact_cuts, tuple(type(c).__name__ for c in cache), key)
     t_prefill = time.perf_counter()
 
     def cancelled_result() -> GenerationResult:

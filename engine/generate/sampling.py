@@ -18,6 +18,19 @@ class Sampler:
     def __init__(self, settings: SamplerSettings) -> None:
         self.s = settings
         self._key = mx.random.key(settings.seed)
+        self._bias: Optional[tuple[mx.array, mx.array]] = None
+        if settings.logit_bias:
+            ids, values = zip(*settings.logit_bias)
+            self._bias = mx.array(ids, dtype=mx.int32), mx.array(values, dtype=mx.float32)
+
+    def _apply_logit_bias(self, logits: mx.array) -> mx.array:
+        """Add each biased token's bias to its logit (OpenAI's logit_bias; ids already checked
+        against the vocabulary by Engine.prepare)."""
+        if self._bias is None:
+            return logits
+        ids, values = self._bias
+        logits[:, ids] = logits[:, ids] + values
+        return logits
 
     def _apply_repetition_penalty(self, logits: mx.array, history: Optional[mx.array]) -> mx.array:
         if self.s.repetition_penalty == 1.0 or history is None or history.size == 0:
@@ -33,8 +46,8 @@ class Sampler:
 
         Lazy so the decode loop can schedule the next forward before reading this token.
         The logprob is that of the chosen token under the model's distribution (after the
-        repetition penalty, before temperature and truncation): comparable across runs and
-        settings, which is what determinism checks compare.
+        repetition penalty and the logit bias, before temperature and truncation): comparable
+        across runs and settings, which is what determinism checks compare.
         """
         token, logprob, _ = self.sample(logits, history)
         return token, logprob
@@ -45,6 +58,7 @@ class Sampler:
         # which settings earlier steps used.
         self._key, step_key = mx.random.split(self._key)
         logits = self._apply_repetition_penalty(logits.astype(mx.float32), history)
+        logits = self._apply_logit_bias(logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         s = self.s
         if s.temperature <= 0:

@@ -4,25 +4,32 @@
 loop is current, the CLI's own or the GUI's qasync loop. Routes:
 
     GET  /v1/models             the loaded model
+    GET  /v1/models/{id}        the same, by name
     POST /v1/chat/completions   chat (stream with server-sent events, logprobs, top_logprobs)
     POST /v1/completions        raw text continuation (no chat template)
-    GET  /verbatim/status       the model and the request queue (waiting / running / limit)
+    GET  /verbatim/status       the model, the request queue and the connections
 
 Each response carries a `verbatim` object with the prompt-cache report and the seed used.
+
+Before any work, from the headers alone (the body is not read yet): the Host, Origin and
+Content-Type checks (guard.py), then the API key, which also picks the request's prompt-cache
+namespace (keys.py). A request refused there is answered and its connection closed.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
 from engine.errors import ContextLengthError, EngineError, RequestError
 from engine.serve import schema
+from engine.serve.connections import ConnectionGuard
+from engine.serve.guard import BrowserGuard, RateLimitedLog
+from engine.serve.keys import Keys
 from engine.serve.bridge import (
     DEFAULT_QUEUE_LIMIT,
     Done,
@@ -36,34 +43,45 @@ from engine.serve.schema import APIError, ServedModel
 log = logging.getLogger(__name__)
 
 MAX_BODY = 8 << 20  # bytes: larger request bodies get 413
+RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no model)
 
 STATE_KEY = web.AppKey("verbatim_state", ServerState)
 CONFIG_KEY: "web.AppKey[ServeConfig]" = web.AppKey("verbatim_config")
 EXECUTOR_KEY: "web.AppKey[Any]" = web.AppKey("verbatim_executor")
+# Per request: its prompt-cache namespace (keys.py), and an allowed Origin to answer with CORS headers.
+NAMESPACE_KEY: "web.RequestKey[Optional[str]]" = web.RequestKey("verbatim_namespace", object)
+ORIGIN_KEY: "web.RequestKey[str]" = web.RequestKey("verbatim_origin", str)
+
+log_once = RateLimitedLog(log)  # one line per cause per minute
 
 
 @dataclass
 class ServeConfig:
     model: Optional[ServedModel]
-    api_key: Optional[str] = None
+    keys: Keys = field(default_factory=Keys)
     max_body: int = MAX_BODY
     extra_status: dict[str, Any] = field(default_factory=dict)  # e.g. the URL
+    browser: Optional[BrowserGuard] = None  # None: no Host/Origin checks (an app not served by ServerHandle)
+    connections: Optional[ConnectionGuard] = None
+    mode: str = "exact"  # for requests that do not ask for one
 
 
 def error_response(e: APIError) -> web.Response:
-    return web.json_response(e.body(), status=e.status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status in (429, 503) else None
+    return web.json_response(e.body(), status=e.status, headers=headers)
 
 
 def _cancelled() -> APIError:
     return APIError(503, "the generation was cancelled: the server is stopping", "server_error", code="cancelled")
 
 
-def _engine_error(e: BaseException) -> APIError:
+def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
     """An exception from the engine thread as an API error."""
     if isinstance(e, ContextLengthError):
-        return APIError(400, str(e), param="messages", code="context_length_exceeded")
+        return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
+                        code="context_length_exceeded")
     if isinstance(e, RequestError):
-        return APIError(400, str(e))
+        return APIError(400, str(e), param="logit_bias" if str(e).startswith("logit_bias") else None)
     if isinstance(e, ModelChanged):
         return APIError(409, str(e), code="model_changed")
     if isinstance(e, EngineError):
@@ -73,31 +91,66 @@ def _engine_error(e: BaseException) -> APIError:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                  ) -> web.StreamResponse:
-    """Every error as an OpenAI error object; the API key checked first when one is set."""
+async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                   ) -> web.StreamResponse:
+    """The header checks, then the handler; every error as an OpenAI error object."""
     config = request.app[CONFIG_KEY]
+    conn = config.connections.of(request) if config.connections is not None else None
     try:
-        if config.api_key is not None:
-            _check_key(request, config.api_key)
+        try:
+            origin = config.browser.check(request.method, request.headers) if config.browser else None
+            if origin is not None:
+                request[ORIGIN_KEY] = origin
+            if request.method == "OPTIONS":
+                return _preflight(request, origin)
+            request[NAMESPACE_KEY] = config.keys.namespace(request.headers)
+        except APIError as e:  # refused from the headers: the body is never read
+            resp = error_response(e)
+            resp.force_close()
+            return resp
+        if conn is not None and request.method != "POST":
+            conn.received()  # no body to wait for
+        return await _answer(request, handler, config)
+    finally:
+        if conn is not None:
+            conn.answered()
+
+
+async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                  config: ServeConfig) -> web.StreamResponse:
+    try:
         return await handler(request)
     except APIError as e:
         return error_response(e)
     except web.HTTPRequestEntityTooLarge:
-        return error_response(_too_large(config.max_body))
+        resp = error_response(_too_large(config.max_body))
+        resp.force_close()  # the rest of the body is not worth reading
+        return resp
     except web.HTTPException as e:
         if e.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status)
         return error_response(APIError(e.status, e.reason or "error", code=code))
+    except RecursionError:  # a deeply nested body that got past json.loads
+        return error_response(APIError(400, "the request body is nested too deeply", code="invalid_json"))
+    except Exception as e:  # a bug: still an OpenAI error object, and the log says it once a minute
+        log_once(f"bug:{type(e).__name__}", f"local server: unexpected {type(e).__name__}: {e}", logging.ERROR)
+        return error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error"))
 
 
-def _check_key(request: web.Request, key: str) -> None:
-    got = request.headers.get("Authorization", "")
-    scheme, _, token = got.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
-                       code="invalid_api_key")
+def _preflight(request: web.Request, origin: Optional[str]) -> web.StreamResponse:
+    """A CORS preflight: answered only for an allowed origin (the others got 403 already)."""
+    if origin is None:
+        raise APIError(405, "OPTIONS is answered only as a CORS preflight (with an Origin)",
+                       code="method_not_allowed")
+    return web.Response(status=204, headers=BrowserGuard.preflight_headers(origin, request.headers))
+
+
+async def _cors(request: web.Request, response: web.StreamResponse) -> None:
+    """Before any response's headers go out: CORS headers for an allowed origin."""
+    origin = request.get(ORIGIN_KEY)
+    if origin is not None and "Access-Control-Allow-Origin" not in response.headers:
+        response.headers.update(BrowserGuard.cors_headers(origin))
 
 
 def _too_large(limit: int) -> APIError:
@@ -109,10 +162,16 @@ async def _read_json(request: web.Request) -> Any:
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     raw = await request.read()  # aiohttp refuses bodies past client_max_size (413) as it reads
+    conns = request.app[CONFIG_KEY].connections
+    conn = conns.of(request) if conns is not None else None
+    if conn is not None:
+        conn.received()  # all in: the request-read deadline no longer applies
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json")
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
 
 def _served(request: web.Request, parsed: schema.ParsedRequest) -> ServedModel:
@@ -125,38 +184,53 @@ def _served(request: web.Request, parsed: schema.ParsedRequest) -> ServedModel:
     return model
 
 
+def _model_object(model: ServedModel) -> dict[str, Any]:
+    return {"id": model.id, "object": "model", "created": 0, "owned_by": "verbatim",
+            "context_length": model.context_length, "aliases": list(model.public_aliases)}
+
+
 async def models(request: web.Request) -> web.Response:
     model = request.app[CONFIG_KEY].model
-    data = []
-    if model is not None:
-        data.append({"id": model.id, "object": "model", "created": 0, "owned_by": "verbatim",
-                     "context_length": model.context_length, "aliases": list(model.aliases)})
-    return web.json_response({"object": "list", "data": data})
+    return web.json_response({"object": "list", "data": [_model_object(model)] if model is not None else []})
+
+
+async def one_model(request: web.Request) -> web.Response:
+    served = request.app[CONFIG_KEY].model
+    name = request.match_info["id"]
+    if served is None or not name or not served.matches(name):
+        raise APIError(404, f"the model {name!r} does not exist", param="model", code="model_not_found")
+    return web.json_response(_model_object(served))
 
 
 async def status(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     model = config.model
-    return web.json_response({
+    out: dict[str, Any] = {
         "model": model.id if model is not None else None,
         "queue": request.app[STATE_KEY].status(),
         **config.extra_status,
-    })
+    }
+    if config.connections is not None:
+        out["connections"] = config.connections.stats()
+    return web.json_response(out)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, schema.parse_chat(await _read_json(request)))
+    body = await _read_json(request)
+    return await _generate(request, schema.parse_chat(body, mode=request.app[CONFIG_KEY].mode))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, schema.parse_completion(await _read_json(request)))
+    body = await _read_json(request)
+    return await _generate(request, schema.parse_completion(body, mode=request.app[CONFIG_KEY].mode))
 
 
 async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.StreamResponse:
     model = _served(request, parsed)
     name = parsed.model or model.id
-    job = Job(request.app[STATE_KEY], request.app[EXECUTOR_KEY], parsed.request, model.key,
-              parsed.logprobs)
+    # The requester's own cache namespace (keys.py): it restores and stores only there.
+    gen = replace(parsed.request, cache_namespace=request.get(NAMESPACE_KEY))
+    job = Job(request.app[STATE_KEY], request.app[EXECUTOR_KEY], gen, model.key, parsed.logprobs)
     try:
         if parsed.stream:
             return await _stream(request, parsed, name, job)
@@ -165,7 +239,7 @@ async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.S
             if isinstance(item, Done):
                 break
         if item.error is not None:
-            raise _engine_error(item.error)
+            raise _engine_error(item.error, parsed.kind)
         assert item.result is not None
         if item.result.finish_reason == "cancelled":
             raise _cancelled()
@@ -193,7 +267,7 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     item = await job.items.get()
     if isinstance(item, Done):
         if item.error is not None:
-            raise _engine_error(item.error)
+            raise _engine_error(item.error, parsed.kind)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
@@ -222,7 +296,7 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
         item = await job.items.get()
     result = item.result
     if item.error is not None or result is None or result.finish_reason == "cancelled":
-        err = _engine_error(item.error) if item.error is not None else _cancelled()
+        err = _engine_error(item.error, parsed.kind) if item.error is not None else _cancelled()
         await send(err.body())  # clients raise it; no [DONE]: the reply is not complete
         return resp
     final = result.text
@@ -250,16 +324,21 @@ async def not_found(request: web.Request) -> web.StreamResponse:
     raise APIError(404, f"no route {request.method} {request.path}", code="not_found")
 
 
-def create_app(executor: Any, model: Optional[ServedModel], *, api_key: Optional[str] = None,
+def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Keys] = None,
                max_body: int = MAX_BODY, queue_limit: int = DEFAULT_QUEUE_LIMIT,
-               state: Optional[ServerState] = None) -> web.Application:
+               state: Optional[ServerState] = None, browser: Optional[BrowserGuard] = None,
+               connections: Optional[ConnectionGuard] = None, mode: str = "exact") -> web.Application:
     """The server's application. `executor.submit(fn)` must run `fn(engine)` on the engine thread."""
-    app = web.Application(middlewares=[_errors], client_max_size=max_body)
+    app = web.Application(middlewares=[_guarded], client_max_size=max_body)
     app[EXECUTOR_KEY] = executor
     app[STATE_KEY] = state if state is not None else ServerState(queue_limit)
-    app[CONFIG_KEY] = ServeConfig(model, api_key, max_body)
+    app[CONFIG_KEY] = ServeConfig(model, keys or Keys(), max_body, browser=browser, connections=connections,
+                                  mode=mode)
+    app.on_response_prepare.append(_cors)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{id:.+}", one_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/verbatim/status", status)
     return app
+

@@ -24,11 +24,25 @@ from engine.types import (
     GenerationRequest,
     GenerationResult,
     SamplerSettings,
+    normalize_logit_bias,
 )
 
-DEFAULT_MAX_TOKENS = 512  # as mlx_lm.server: a reply that never ends must still end
+DEFAULT_MAX_TOKENS = 512  # as mlx_lm.server: a reply that never ends must still end (less if the context is fuller)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 SEED_MAX = 2**64 - 1  # the engine's PRNG key takes an unsigned 64-bit seed
+MAX_LOGIT_BIAS = 300  # biased tokens per request at most
+
+# Every field a request may carry. Each one changes the reply as OpenAI documents it, or is
+# refused (400, naming it) where it would need what this server does not do, or is one of the
+# documented no-ops in NO_OPS. Anything else is refused as unknown, as OpenAI does.
+_SAMPLING = {"model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed",
+             "stop", "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "logit_bias",
+             "verbatim", "user"}
+CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format",
+                           "tools", "functions", "tool_choice", "function_call", "parallel_tool_calls",
+                           "modalities", "metadata", "store"}
+COMPLETION_FIELDS = _SAMPLING | {"prompt", "suffix", "echo", "best_of", "logprobs"}
+NO_OPS = ("user", "metadata", "store")  # accepted, checked for type, change nothing
 
 
 class APIError(Exception):
@@ -96,6 +110,11 @@ class ServedModel:
     def matches(self, name: str) -> bool:
         return name == "" or name == self.id or name in self.aliases
 
+    @property
+    def public_aliases(self) -> tuple[str, ...]:
+        """The aliases a response may show: no file system paths (they are accepted, not shown)."""
+        return tuple(a for a in self.aliases if "/" not in a and "\\" not in a)
+
 
 # -- field readers: exact types (a bool is not a number, a float is not an int) -----------------
 
@@ -132,6 +151,18 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
     return v
 
 
+def _text(value: str, where: str) -> str:
+    """`value`, if it is valid Unicode text: JSON can carry a lone UTF-16 surrogate ("\\ud800"),
+    which no tokenizer can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad_char = value[e.start]
+        raise bad(f"{where} holds an unpaired UTF-16 surrogate (U+{ord(bad_char):04X} at character {e.start}), "
+                  "which is not valid Unicode text", where) from None
+    return value
+
+
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     v = body.get("stop")
     if v is None:
@@ -142,7 +173,26 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
         raise bad("'stop' must be a string or a list of strings", "stop")
     if len(v) > MAX_STOP:
         raise bad(f"'stop' takes at most {MAX_STOP} strings", "stop")
-    return tuple(s for s in v if s)
+    return tuple(_text(s, "stop") for s in v if s)
+
+
+def _fields(body: dict[str, Any], known: set[str]) -> None:
+    """Unknown fields are refused by name (they would change the reply in a way we do not)."""
+    unknown = sorted(k for k in body if k not in known)
+    if unknown:
+        raise bad(f"'{unknown[0]}' is not supported by this server"
+                  + (f" (nor {', '.join(repr(u) for u in unknown[1:])})" if len(unknown) > 1 else ""), unknown[0])
+
+
+def _no_ops(body: dict[str, Any]) -> None:
+    """`user`, `metadata`, `store`: accepted as OpenAI types them, and change nothing here."""
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise bad("'user' must be a string", "user")
+    meta = body.get("metadata")
+    if meta is not None and (not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())):
+        raise bad("'metadata' must be an object of strings", "metadata")
+    if body.get("store") is not None and not isinstance(body["store"], bool):
+        raise bad("'store' must be a boolean", "store")
 
 
 def _unsupported(body: dict[str, Any]) -> None:
@@ -154,6 +204,14 @@ def _unsupported(body: dict[str, Any]) -> None:
             raise bad(f"'{name}' is not supported (use 'repetition_penalty')", name)
     if body.get("tools") or body.get("functions"):
         raise bad("tool calling is not supported", "tools")
+    for name in ("tool_choice", "function_call"):  # without tools only "none" means anything
+        if body.get(name) not in (None, "none"):
+            raise bad(f"'{name}' is not supported (this server has no tool calling)", name)
+    if body.get("parallel_tool_calls") is not None:
+        raise bad("'parallel_tool_calls' is not supported (this server has no tool calling)", "parallel_tool_calls")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise bad("only the 'text' modality is supported", "modalities")
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in (None, "text")):
         raise bad("only the 'text' response_format is supported", "response_format")
@@ -168,11 +226,38 @@ def _model(body: dict[str, Any]) -> str:
     return v
 
 
-def _sampler(body: dict[str, Any]) -> tuple[SamplerSettings, bool]:
-    if "max_completion_tokens" in body and body.get("max_tokens") is None:
-        max_tokens = _int(body, "max_completion_tokens", DEFAULT_MAX_TOKENS, 1, 1 << 31)
-    else:
-        max_tokens = _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, 1 << 31)
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    v = body.get("logit_bias")
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise bad("'logit_bias' must be an object mapping token ids (as strings) to a bias from -100 to 100",
+                  "logit_bias")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    for k in v:
+        if not k.isdigit() or not k.isascii():
+            raise bad(f"'logit_bias' keys must be token ids written as decimal strings, got {k!r}", "logit_bias")
+    try:
+        return normalize_logit_bias(v)
+    except ValueError as e:
+        raise bad(str(e), "logit_bias") from None
+
+
+def _max_tokens(body: dict[str, Any]) -> Optional[int]:
+    """max_completion_tokens (OpenAI's current name) or max_tokens; both, and different: refused.
+    None: neither was given."""
+    new = _int(body, "max_completion_tokens", None, 1, 1 << 31)
+    old = _int(body, "max_tokens", None, 1, 1 << 31)
+    if new is not None and old is not None and new != old:
+        raise bad(f"'max_completion_tokens' ({new}) and 'max_tokens' ({old}) disagree; send one of them",
+                  "max_completion_tokens")
+    return new if new is not None else old
+
+
+def _sampler(body: dict[str, Any]) -> tuple[SamplerSettings, bool, bool]:
+    """The sampler settings, whether a seed was given, and whether max_tokens was."""
+    max_tokens = _max_tokens(body)
     seed = _int(body, "seed", None, 0, SEED_MAX)
     seed_given = seed is not None
     if seed is None:
@@ -184,9 +269,10 @@ def _sampler(body: dict[str, Any]) -> tuple[SamplerSettings, bool]:
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
         seed=seed,
-        max_tokens=int(max_tokens or DEFAULT_MAX_TOKENS),
+        max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
+        logit_bias=_logit_bias(body),
     )
-    return settings, seed_given
+    return settings, seed_given, max_tokens is not None
 
 
 def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
@@ -197,6 +283,9 @@ def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise bad("'verbatim' must be an object", "verbatim")
     out: dict[str, Any] = {}
+    unknown = sorted(k for k in v if k not in ("mode", "cache"))
+    if unknown:
+        raise bad(f"'verbatim.{unknown[0]}' is not supported (only 'mode' and 'cache')", f"verbatim.{unknown[0]}")
     if "mode" in v:
         if v["mode"] not in ("exact", "fast"):
             raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
@@ -211,14 +300,14 @@ def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
 def _content(m: dict[str, Any], i: int) -> str:
     c = m.get("content")
     if isinstance(c, str):
-        return c
+        return _text(c, f"messages[{i}].content")
     if isinstance(c, list):  # content parts: only text ones
         parts = []
         for p in c:
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
                 raise bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
             parts.append(p["text"])
-        return "".join(parts)
+        return _text("".join(parts), f"messages[{i}].content")
     raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
@@ -240,49 +329,64 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def parse_chat(body: Any) -> ParsedRequest:
+def _stream_options(body: dict[str, Any]) -> bool:
+    """stream_options.include_usage."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise bad("'stream_options' must be an object", "stream_options")
+    unknown = sorted(k for k in opts if k != "include_usage")
+    if unknown:
+        raise bad(f"'stream_options.{unknown[0]}' is not supported", f"stream_options.{unknown[0]}")
+    return _bool(opts, "include_usage")
+
+
+def _common(body: Any, known: set[str]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
+    _fields(body, known)
+    _no_ops(body)
     _unsupported(body)
+    return body
+
+
+def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
+    """A chat request; `mode` is the server's cache mode for requests that do not name one."""
+    body = _common(body, CHAT_FIELDS)
     messages = _messages(body)
-    settings, seed_given = _sampler(body)
+    settings, seed_given, max_given = _sampler(body)
     logprobs = _bool(body, "logprobs")
     top = int(_int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS) or 0)
     if top and not logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     stream = _bool(body, "stream")
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise bad("'stream_options' must be an object", "stream_options")
-    include_usage = bool(opts and _bool(opts, "include_usage"))
-    req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, **_verbatim_options(body))
+    include_usage = _stream_options(body)
+    req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
+                            **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given)
 
 
-def parse_completion(body: Any) -> ParsedRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
-    _unsupported(body)
+def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
+    body = _common(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise bad("'prompt' must be a string (token-id and batched prompts are not supported)", "prompt")
+    prompt = _text(prompt, "prompt")
     if _bool(body, "echo"):
         raise bad("'echo' is not supported", "echo")
     if body.get("suffix"):
         raise bad("'suffix' is not supported", "suffix")
     if _int(body, "best_of", 1, 1, 128) != 1:
         raise bad("only best_of=1 is supported", "best_of")
-    settings, seed_given = _sampler(body)
+    settings, seed_given, max_given = _sampler(body)
     top = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)  # legacy: an int, the alternatives wanted
     stream = _bool(body, "stream")
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise bad("'stream_options' must be an object", "stream_options")
-    include_usage = bool(opts and _bool(opts, "include_usage"))
+    include_usage = _stream_options(body)
     req = GenerationRequest([], settings, stop=_stop(body), prompt=prompt, top_logprobs=top or 0,
-                            **_verbatim_options(body))
+                            max_tokens_fit=not max_given, **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("completion", _model(body), req, stream, include_usage, top is not None, top or 0,
                          seed_given)
 
