@@ -123,6 +123,7 @@ class Receipt:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["sampler"] = self.sampler.to_dict()  # logit_bias as {"id": bias}, absent when empty
         d["stop"] = list(self.stop)
         return {"format": RECEIPT_FORMAT, "version": RECEIPT_VERSION, **d}
 
@@ -158,7 +159,7 @@ class Receipt:
         sampler_d = need("sampler", dict)
         try:
             sampler = SamplerSettings.from_dict(sampler_d)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise ReceiptError(f"receipt sampler: {e}") from None
         tokens = need("tokens", list)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):

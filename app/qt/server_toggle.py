@@ -5,6 +5,10 @@ request goes through the window's engine worker like the window's own replies: o
 MLX, the requests queue behind (and between) the window's work, and the window stays
 responsive. A status bar label shows the URL and the queue; the action's check mark shows
 whether the server is on. Loopback only, so no API key (engine/serve/server.py).
+
+API clients have a prompt cache of their own: they never restore (nor learn anything about) the
+window's conversations, unless the user turns on "Share this window's cache with API clients"
+(`share_action`, off by default).
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ class ServerToggle(QObject):
         self.action.setObjectName("localServerAction")
         self.action.setToolTip("Serve the loaded model over an OpenAI-compatible API on this computer")
         self.action.toggled.connect(self._toggled)
+        self.share_action = QAction("Share this window's cache with API clients", parent, checkable=True)
+        self.share_action.setObjectName("shareCacheAction")
+        self.share_action.setToolTip(
+            "Off (the default): programs using the local server have a prompt cache of their own and can "
+            "neither reuse nor detect this window's conversations. On: they reuse the window's cached "
+            "conversations (faster when they send the same text), which lets a program on this computer "
+            "find out what the window's conversations contain.")
+        self.share_action.toggled.connect(self._share_toggled)
         self.label = QLabel()
         self.label.setObjectName("statusServer")
         self.label.setVisible(False)
@@ -71,7 +83,8 @@ class ServerToggle(QObject):
         )
 
         try:
-            self.handle = ServerHandle(self.executor, self.model, self.host, self.port)
+            self.handle = ServerHandle(self.executor, self.model, self.host, self.port,
+                                       share_window_cache=self.share_action.isChecked())
             self.handle.state.subscribe(lambda _state: self._show())
             url = await self.handle.start()
         except (ServeError, OSError) as e:
@@ -82,6 +95,10 @@ class ServerToggle(QObject):
             return
         self._show()
         self.started.emit(url)
+
+    def _share_toggled(self, on: bool) -> None:
+        if self.handle is not None:
+            self.handle.set_share_window_cache(on)
 
     async def _stop(self) -> None:
         handle, self.handle = self.handle, None

@@ -337,6 +337,7 @@ class MainWindow(QMainWindow):
         self.server_toggle = ServerToggle(self.controller.executor, self)
         self.server_toggle.failed.connect(lambda msg: self.show_error("Cannot start the local server", msg))
         m.addAction(self.server_toggle.action)
+        m.addAction(self.server_toggle.share_action)  # off by default: API clients get a cache of their own
         self.statusBar().addPermanentWidget(self.server_toggle.label)
 
     # ---------------------------------------------------------------------------- theme, geometry

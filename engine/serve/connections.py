@@ -92,6 +92,9 @@ class Connection(asyncio.Protocol):
         self.phase, self.since = IDLE, self.guard.clock()
 
     def drop(self) -> None:
+        """Abort now, and stop counting it now: connection_lost only comes on a later loop turn,
+        and a burst of accepts must not pick the same victim again."""
+        self.guard.open.pop(self, None)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
 
@@ -173,6 +176,7 @@ class ConnectionGuard:
         for c in slow:
             c.drop()
         for c in idle:
+            self.open.pop(c, None)
             if c.transport is not None:
                 c.transport.close()
         self._schedule()

@@ -117,7 +117,9 @@ class ServerHandle:
         limits = replace(self.limits, max_connections=connection_cap(self.limits.max_connections))
         guard = ConnectionGuard(limits, log_once)
         runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
-                               shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=limits.idle_timeout,
+                               shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                               # aiohttp's own idle timer only as a backstop: the guard closes first
+                               keepalive_timeout=2 * limits.idle_timeout + 1,
                                lingering_time=min(2.0, limits.request_timeout))
         await runner.setup()
         site = GuardedSite(runner, self.host, self.port, guard)
