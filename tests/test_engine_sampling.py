@@ -59,6 +59,43 @@ def test_repetition_penalty_lowers_repeated_tokens():
     assert int(tok.item()) == 1  # 2.0 / 2 = 1.0 < 1.9
 
 
+def test_logit_bias_shifts_logits_before_sampling():
+    probs = mx.array([[0.5, 0.25, 0.15, 0.07, 0.03]])
+    logits = mx.log(probs)
+    banned = Sampler(SamplerSettings(temperature=0.0, logit_bias={"0": -100}))
+    token, logprob = banned(logits)
+    assert int(token.item()) == 1  # the argmax is banned: the next best
+    forced = Sampler(SamplerSettings(temperature=0.0, logit_bias={"4": 100}))
+    assert int(forced(logits)[0].item()) == 4
+    # Sampled: a banned token is never drawn, whatever the seed.
+    for seed in range(20):
+        s = Sampler(SamplerSettings(temperature=1.0, seed=seed, logit_bias={"0": -100, "1": -100}))
+        assert all(int(s(logits)[0].item()) in (2, 3, 4) for _ in range(5))
+    # The reported logprob is the biased distribution's (what was sampled from).
+    biased = mx.log(mx.array([[0.5 * math.exp(-100), 0.25, 0.15, 0.07, 0.03]]))
+    expected = (biased - mx.logsumexp(biased, axis=-1, keepdims=True))[0, 1].item()
+    assert logprob.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_logit_bias_settings_are_validated_and_round_trip():
+    s = SamplerSettings(logit_bias={"7": -100, "3": 2.5})
+    assert s.logit_bias == ((3, 2.5), (7, -100.0))
+    assert s.to_dict()["logit_bias"] == {"3": 2.5, "7": -100.0}
+    assert SamplerSettings.from_dict(s.to_dict()) == s
+    assert "logit_bias" not in SamplerSettings().to_dict()  # settings stored before it read back the same
+    for bad in ({"x": 1}, {"-1": 1}, {"1": 100.5}, {"1": float("nan")}, {"1": "5"}, [(1, 2, 3)]):
+        with pytest.raises(ValueError):
+            SamplerSettings(logit_bias=bad)
+
+
+def test_a_token_id_past_the_vocabulary_is_refused_before_any_work(eng):
+    from engine.errors import RequestError
+
+    vocab = eng.lm.model.args.vocab_size
+    with pytest.raises(RequestError, match="vocabulary"):
+        eng.prepare(GenerationRequest([{"role": "user", "content": "hi"}], SamplerSettings(logit_bias={str(vocab): 1})))
+
+
 def test_text_deltas_never_split_a_character(eng):
     tok = eng.lm.tokenizer
     text = "café 🙂 日本語 naïve"

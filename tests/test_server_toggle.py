@@ -117,3 +117,59 @@ def _assert_closed(url: str) -> None:
     u = urlparse(url)
     with pytest.raises(OSError):
         socket.create_connection((u.hostname, u.port), timeout=5).close()
+
+
+def test_api_clients_reach_the_windows_conversation_only_when_sharing_is_on(
+    qtbot: Any, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The window's own conversation (sent through its composer) is not restored, nor matched, by an
+    API client sending the very same text, until "Share this window's cache" is turned on."""
+    import qasync
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication, QPushButton
+
+    secret = "My bank PIN is 4831. Keep it safe for me."
+    w = build_main_window(str(tiny_model), tmp_path / "data", chunk=8)
+    qtbot.addWidget(w)
+    qtbot.waitUntil(lambda: w.controller.model_ready, timeout=TIMEOUT * 1000)
+    w.composer.setPlainText(secret)
+    qtbot.mouseClick(w.findChild(QPushButton, "sendButton"), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.controller.generating, timeout=TIMEOUT * 1000)
+    toggle = w.server_toggle
+    toggle.port = 0
+    share = toggle.share_action
+    assert share.objectName() == "shareCacheAction" and not share.isChecked()  # off by default
+    assert "can neither reuse nor detect" in share.toolTip()
+    app = QApplication.instance()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def ask(url: str) -> Any:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+        return client.chat.completions.create(model=toggle.model.id, messages=[{"role": "user", "content": secret}],
+                                              temperature=0, max_tokens=4)
+
+    async def body() -> None:
+        toggle.action.trigger()  # the server on, sharing off
+        await asyncio.wait_for(toggle.wait_stopped(), TIMEOUT)
+        url = toggle.url
+        assert url is not None
+        private = await asyncio.wait_for(asyncio.wrap_future(pool.submit(ask, url)), TIMEOUT)
+        assert private.usage.prompt_tokens_details.cached_tokens == 0
+        assert private.verbatim["matched"] == 0 and private.verbatim["source"] is None
+        share.trigger()  # on, while the server runs
+        assert toggle.handle.share_window_cache
+        shared = await asyncio.wait_for(asyncio.wrap_future(pool.submit(ask, url)), TIMEOUT)
+        n = shared.usage.prompt_tokens
+        assert shared.verbatim["matched"] >= n - 1 and shared.usage.prompt_tokens_details.cached_tokens == n - 1
+        toggle.action.trigger()
+        await asyncio.wait_for(toggle.wait_stopped(), TIMEOUT)
+
+    try:
+        loop.run_until_complete(body())
+    finally:
+        pool.shutdown(wait=True)
+        w.shutdown()
+        asyncio.set_event_loop(None)
+        loop.close()
