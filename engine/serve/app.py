@@ -85,9 +85,9 @@ def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
     if isinstance(e, ModelChanged):
         return APIError(409, str(e), code="model_changed")
     if isinstance(e, EngineError):
-        return APIError(503, str(e), "server_error", code="engine_unavailable")
-    log.error("generation failed", exc_info=e)
-    return APIError(500, f"generation failed: {type(e).__name__}: {e}", "server_error")
+        return APIError(503, schema.no_paths(str(e)), "server_error", code="engine_unavailable")
+    log_once(f"generation:{type(e).__name__}", "local server: generation failed", logging.ERROR, e)
+    return APIError(500, f"generation failed: {type(e).__name__}: {schema.no_paths(str(e))}", "server_error")
 
 
 @web.middleware
@@ -134,7 +134,7 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
     except RecursionError:  # a deeply nested body that got past json.loads
         return error_response(APIError(400, "the request body is nested too deeply", code="invalid_json"))
     except Exception as e:  # a bug: still an OpenAI error object, and the log says it once a minute
-        log_once(f"bug:{type(e).__name__}", f"local server: unexpected {type(e).__name__}: {e}", logging.ERROR)
+        log_once(f"bug:{type(e).__name__}", "local server: unexpected error", logging.ERROR, e)
         return error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error"))
 
 
@@ -143,7 +143,7 @@ def _preflight(request: web.Request, origin: Optional[str]) -> web.StreamRespons
     if origin is None:
         raise APIError(405, "OPTIONS is answered only as a CORS preflight (with an Origin)",
                        code="method_not_allowed")
-    return web.Response(status=204, headers=BrowserGuard.preflight_headers(origin, request.headers))
+    return web.Response(status=204, headers=BrowserGuard.preflight_headers(origin))
 
 
 async def _cors(request: web.Request, response: web.StreamResponse) -> None:

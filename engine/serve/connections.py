@@ -57,6 +57,7 @@ class Connection(asyncio.Protocol):
         self.transport: Optional[asyncio.Transport] = None
         self.phase = IDLE
         self.since = guard.clock()  # when the current phase began
+        self.early = False  # bytes of a next request came while this one was answered
 
     # -- asyncio.Protocol, delegated ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -65,8 +66,11 @@ class Connection(asyncio.Protocol):
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.phase == IDLE and data:
-            self.phase, self.since = RECEIVING, self.guard.clock()
+        if data:
+            if self.phase == IDLE:
+                self.phase, self.since = RECEIVING, self.guard.clock()
+            elif self.phase == HANDLING:
+                self.early = True
         self.inner.data_received(data)
 
     def eof_received(self) -> Optional[bool]:
@@ -88,8 +92,10 @@ class Connection(asyncio.Protocol):
         self.phase, self.since = HANDLING, self.guard.clock()
 
     def answered(self) -> None:
-        """The response is sent: idle again until the next request's first byte."""
-        self.phase, self.since = IDLE, self.guard.clock()
+        """The response is sent: idle again until the next request's first byte (or receiving
+        already, if bytes of the next one came meanwhile: pipelining)."""
+        self.phase, self.since = (RECEIVING if self.early else IDLE), self.guard.clock()
+        self.early = False
 
     def drop(self) -> None:
         """Abort now, and stop counting it now: connection_lost only comes on a later loop turn,

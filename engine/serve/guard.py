@@ -130,7 +130,7 @@ class BrowserGuard:
                 "Access-Control-Expose-Headers": "Retry-After"}
 
     @staticmethod
-    def preflight_headers(origin: str, request_headers: Mapping[str, str]) -> dict[str, str]:
+    def preflight_headers(origin: str) -> dict[str, str]:
         return {**BrowserGuard.cors_headers(origin),
                 "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
                 "Access-Control-Allow-Headers": "Authorization, Content-Type",
@@ -146,7 +146,8 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
-    def __call__(self, cause: str, message: str, level: int = logging.WARNING) -> bool:
+    def __call__(self, cause: str, message: str, level: int = logging.WARNING,
+                 exc_info: Optional[BaseException] = None) -> bool:
         """Log `message` unless `cause` was logged less than `interval` ago. True if logged."""
         now = self.clock()
         last = self._last.get(cause)
@@ -155,7 +156,8 @@ class RateLimitedLog:
             return False
         held = self._held.pop(cause, 0)
         self._last[cause] = now
-        self.logger.log(level, message + (f" (and {held} more like it since the last line)" if held else ""))
+        self.logger.log(level, message + (f" (and {held} more like it since the last line)" if held else ""),
+                        exc_info=exc_info)
         return True
 
 

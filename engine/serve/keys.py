@@ -20,7 +20,6 @@ from typing import Iterable, Mapping, Optional
 from engine.serve.schema import APIError
 
 API_NAMESPACE = "api"  # keyless API clients, all together (never the window's None)
-MIN_KEY_LENGTH = 1
 
 
 class KeyFileError(ValueError):
@@ -51,8 +50,10 @@ class Keys:
     share_window: bool = False  # keyless API clients use the window's own namespace
 
     @classmethod
-    def of(cls, keys: Iterable[str] = (), share_window: bool = False) -> "Keys":
-        return cls(tuple(dict.fromkeys(k for k in keys if k)), share_window)
+    def of(cls, keys: Iterable[str] | str | None = (), share_window: bool = False) -> "Keys":
+        if isinstance(keys, str):  # one key, not its characters
+            keys = [keys]
+        return cls(tuple(dict.fromkeys(k for k in keys or () if k)), share_window)
 
     @property
     def required(self) -> bool:

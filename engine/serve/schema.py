@@ -12,6 +12,7 @@ the contract with OpenAI clients reads as one table.
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import time
 import uuid
@@ -393,6 +394,16 @@ def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
 
 # -- responses ---------------------------------------------------------------------------------
 
+# An absolute path (POSIX or Windows) not glued to a word before it ("n/a", "1/2" stay).
+_PATH_RE = re.compile(r"(?<![\w.~/\\])(?:/|[A-Za-z]:[\\/])[^\s;,()'\"]*?(?=[:.]*(?:[\s;,()'\"]|$))")
+
+
+def no_paths(text: str) -> str:
+    """`text` with absolute file system paths replaced by '<path>': responses never show where
+    the model or the cache lives (a disk-cache warning, an engine error)."""
+    return _PATH_RE.sub("<path>", text)
+
+
 
 def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The `verbatim` object: what the prompt cache did, and the seed actually used."""
@@ -406,7 +417,7 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "stored": r.stored,
         "partial": r.partial,
         "source": r.source,
-        "declines": list(r.declines),
+        "declines": [no_paths(d) for d in r.declines],
         "layer_offsets": offsets,
         "layer_offsets_summary": {
             "layers": len(offsets),
@@ -427,7 +438,7 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "prefill_tps": r.prefill_tps,
         "decode_tps": r.decode_tps,
         "model_key": r.model_key,
-        "warnings": list(r.warnings),
+        "warnings": [no_paths(w) for w in r.warnings],
     }
     if queue is not None:
         out["queue"] = queue

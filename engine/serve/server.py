@@ -73,10 +73,11 @@ class ServerHandle:
 
     def __init__(self, executor: Any, model: Optional[ServedModel], host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, api_key: Optional[str] = None,
-                 queue_limit: int = DEFAULT_QUEUE_LIMIT, *, api_keys: Iterable[str] = (),
+                 queue_limit: int = DEFAULT_QUEUE_LIMIT, *, api_keys: Iterable[str] | str = (),
                  share_window_cache: bool = False, allow_origins: Iterable[str] = (),
                  limits: Limits = Limits(), mode: str = "exact", **app_options: Any) -> None:
-        keys = Keys.of([*([api_key] if api_key else []), *api_keys], share_window_cache)
+        extra = [api_keys] if isinstance(api_keys, str) else list(api_keys)  # one key, not its characters
+        keys = Keys.of([*([api_key] if api_key else []), *extra], share_window_cache)
         check_bind(host, keys.keys)
         self.host, self.port = host, port
         self.state = ServerState(queue_limit)
@@ -173,7 +174,7 @@ async def serve_until_stopped(handle: ServerHandle, announce: Callable[[str], No
             loop.remove_signal_handler(sig)
 
 
-def serve(executor: Any, model: ServedModel, host: str, port: int, api_keys: Sequence[str] = (),
+def serve(executor: Any, model: ServedModel, host: str, port: int, api_keys: Sequence[str] | str = (),
           queue_limit: int = DEFAULT_QUEUE_LIMIT, **options: Any) -> None:
     """The CLI's server: blocks until a signal; the caller closes the executor afterwards."""
     handle = ServerHandle(executor, model, host, port, None, queue_limit, api_keys=api_keys, **options)
