@@ -8,15 +8,20 @@ snapshots, in memory or on disk (after a restart).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import openai
 import pytest
 
 from engine.cache.namespace import cache_key
 from engine.serve.keys import API_NAMESPACE, KeyFileError, Keys, read_keys_file
 from engine.serve.schema import APIError
 from engine.types import GenerationRequest, SamplerSettings
-from tests.test_server import Server, chat, lps
+from tests.test_server import TIMEOUT, Server, _spawn, chat, lps
 
 SECRET = [{"role": "user", "content": "My bank PIN is 4831. Keep it safe for me."}]
 
@@ -109,3 +114,30 @@ def test_keys_and_namespaces_as_plain_functions(tmp_path: Path) -> None:
         read_keys_file(f)
     with pytest.raises(KeyFileError):
         read_keys_file(tmp_path / "missing.txt")
+
+
+def test_cli_takes_keys_from_a_file_kept_out_of_ps(tiny_model: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# one key per line\nkey-for-alice-0123\nkey-for-bob-4567\n")
+    for bad, says in ((["--api-keys-file", str(tmp_path / "missing.txt")], "cannot read"),
+                      (["--allow-origin", "localhost:3000"], "origin")):
+        run = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", str(tiny_model), *bad],
+                             capture_output=True, text=True, timeout=TIMEOUT, cwd=Path(__file__).resolve().parents[1])
+        assert run.returncode == 2 and says in run.stderr, run.stderr
+    p, url = _spawn(["--model", str(tiny_model), "--port", "0", "--chunk", "8", "--no-cache",
+                     "--api-keys-file", str(keys)], {k: v for k, v in os.environ.items() if k != "VERBATIM_API_KEY"})
+    try:
+        cmdline = Path(f"/proc/{p.pid}/cmdline").read_bytes() if Path(f"/proc/{p.pid}").exists() else b""
+        assert b"key-for-alice" not in cmdline
+        with pytest.raises(openai.AuthenticationError):
+            chat(openai.OpenAI(base_url=url, api_key="key-for-eve", max_retries=0, timeout=TIMEOUT), tiny_model.name)
+        alice = openai.OpenAI(base_url=url, api_key="key-for-alice-0123", max_retries=0, timeout=TIMEOUT)
+        bob = openai.OpenAI(base_url=url, api_key="key-for-bob-4567", max_retries=0, timeout=TIMEOUT)
+        a = [chat(alice, tiny_model.name, SECRET) for _ in range(2)]
+        b = chat(bob, tiny_model.name, SECRET)
+        assert a[1].usage.prompt_tokens_details.cached_tokens == a[1].usage.prompt_tokens - 1
+        assert b.usage.prompt_tokens_details.cached_tokens == 0 and b.verbatim["matched"] == 0
+    finally:
+        p.send_signal(signal.SIGINT)
+        rest = p.stderr.read()
+        assert p.wait(TIMEOUT) == 0, rest
