@@ -27,9 +27,6 @@ from aiohttp import web
 
 from engine.errors import ContextLengthError, EngineError, RequestError
 from engine.serve import schema
-from engine.serve.connections import ConnectionGuard
-from engine.serve.guard import BrowserGuard, RateLimitedLog
-from engine.serve.keys import Keys
 from engine.serve.bridge import (
     DEFAULT_QUEUE_LIMIT,
     Done,
@@ -38,6 +35,9 @@ from engine.serve.bridge import (
     ServerState,
     Tokens,
 )
+from engine.serve.connections import ConnectionGuard
+from engine.serve.guard import BrowserGuard, RateLimitedLog
+from engine.serve.keys import Keys
 from engine.serve.schema import APIError, ServedModel
 
 log = logging.getLogger(__name__)
@@ -341,4 +341,3 @@ def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Ke
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/verbatim/status", status)
     return app
-
