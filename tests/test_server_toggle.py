@@ -104,13 +104,20 @@ def test_toggle_serves_the_loaded_model_while_the_window_stays_responsive(
         _assert_closed(url)
 
     try:
-        loop.run_until_complete(body())
+        _run(loop, body(), pool, w)
+    finally:
+        app.setQuitOnLastWindowClosed(quits)
+
+
+def _run(loop: Any, coro: Any, pool: concurrent.futures.ThreadPoolExecutor, w: Any) -> None:
+    """Run a test's body on its qasync loop, then stop the pool, the window and the loop."""
+    try:
+        loop.run_until_complete(coro)
     finally:
         pool.shutdown(wait=True)
         w.shutdown()
         asyncio.set_event_loop(None)
         loop.close()
-        app.setQuitOnLastWindowClosed(quits)
 
 
 def _assert_closed(url: str) -> None:
@@ -166,10 +173,4 @@ def test_api_clients_reach_the_windows_conversation_only_when_sharing_is_on(
         toggle.action.trigger()
         await asyncio.wait_for(toggle.wait_stopped(), TIMEOUT)
 
-    try:
-        loop.run_until_complete(body())
-    finally:
-        pool.shutdown(wait=True)
-        w.shutdown()
-        asyncio.set_event_loop(None)
-        loop.close()
+    _run(loop, body(), pool, w)
