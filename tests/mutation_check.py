@@ -49,7 +49,7 @@ MUTATIONS: list[Mutation] = [
         "restore len instead of len-1",
         (("engine/cache/planner.py", "    limit = len(prompt) - 1\n", "    limit = len(prompt)\n"),
          # the loop's own guard goes too, or it alone would catch this
-         ("engine/generate/loop.py", '    assert restored <= n_prompt - 1, "never restore the whole prompt"\n', "")),
+         ("engine/generate/loop.py", '    assert restored <= len(prompt) - 1, "never restore the whole prompt"\n', "")),
         (EC + "test_whole_prompt_hit_restores_len_minus_one_and_is_identical",  # its fast-mode cases
          PL + "test_plan_never_restores_the_whole_prompt"),
     ),
@@ -77,7 +77,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "trust the index's trimmable flag",
-        (("engine/cache/disk/format.py", "    derived = can_trim_prompt_cache(cache)\n",
+        (("engine/cache/disk/format.py", "    derived = trimmable(cache)\n",
           "    derived = meta.trimmable\n"),),
         (DC + "test_forged_trimmable_flag_never_allows_a_partial_restore",),
     ),
@@ -102,7 +102,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "forget the pre-last snapshot",
-        (("engine/generate/loop.py", "        if prelast_due and not all_plain_kv:\n", "        if False:\n"),),
+        (("engine/generate/loop.py", "        prelast_now=prelast_due and not always_cut,\n", "        prelast_now=False,\n"),),
         (EC + "test_whole_prompt_hit_restores_len_minus_one_and_is_identical",),
     ),
     Mutation(

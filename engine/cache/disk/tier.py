@@ -55,7 +55,6 @@ import mlx.core as mx
 
 from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
 from engine.cache.disk.format import (
-    CACHE_CLASSES,
     Entry,
     compute_env,
     decode_snapshot,
@@ -63,6 +62,7 @@ from engine.cache.disk.format import (
 )
 from engine.cache.disk.hooks import NO_HOOKS, WriterHooks
 from engine.cache.disk.index import Index, read_index, stray_files
+from engine.cache.families import persisted
 from engine.cache.planner import SnapshotMeta, dominates
 from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
@@ -246,7 +246,7 @@ class DiskCache:
         """Queue a snapshot for writing; returns at once (no disk I/O on the caller's thread)."""
         if not self.writable:
             return
-        if any(c not in CACHE_CLASSES for c in snapshot.meta.classes):
+        if not all(persisted(c) for c in snapshot.meta.classes):
             self.skipped += 1
             return
         with self._lock:
