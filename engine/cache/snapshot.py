@@ -11,7 +11,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
