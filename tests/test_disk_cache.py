@@ -739,6 +739,23 @@ def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
     eng.close()
 
 
+def test_cache_stats_carry_the_disk_tiers_own_stats_which_the_panel_shows(models, tmp_path):
+    """The prompt cache's stats hold the disk tier's stats as they are, under "disk" (no prefixed
+    copies); the debug panel's store box reads them from there."""
+    from app.core.view_models import stats_rows
+
+    eng = engine(models["llama"], tmp_path / "cache")
+    eng.generate(req())
+    assert eng.cache.disk.flush(10)
+    stats = eng.cache_stats()
+    assert stats["disk"] == eng.cache.disk.stats() and stats["disk"]["entries"] == 1
+    assert not [k for k in stats if k.startswith("disk_")]
+    assert stats_rows(stats)["disk"][0].startswith("1 snapshot, ")
+    eng.close()
+    memory_only = Engine(use_disk=False, chunk=8).cache_stats()
+    assert memory_only["disk"] is None and stats_rows(memory_only)["disk"][0] == "no disk tier"
+
+
 class Parked(WriterHooks):
     """Set when the writer reaches `point` (held / paused: it waits for the generation)."""
 
