@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EC = "tests/test_engine_cache.py::"
 DC = "tests/test_disk_cache.py::"
 PL = "tests/test_cache_planner.py::"
+FA = "tests/test_cache_families.py::"
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,22 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "trust the index's trimmable flag",
         (("engine/cache/disk/format.py", "    derived = trimmable(cache)\n",
-          "    derived = meta.trimmable\n"),),
+          "    derived = meta.trimmable\n"),
+         # the cut's own refusal goes too, or it alone would catch this (the mutation below)
+         ("engine/cache/families.py", "        if not self.trimmable(c):\n", "        if False:\n")),
         (DC + "test_forged_trimmable_flag_never_allows_a_partial_restore",),
+    ),
+    Mutation(
+        "cut back a layer that cannot be cut (a wrapped ring, SSM state)",
+        (("engine/cache/families.py", "        if not self.trimmable(c):\n", "        if False:\n"),),
+        (FA + "test_rotating_kv_cache_can_be_cut_until_its_window_wraps",
+         FA + "test_arrays_cache_ssm_state_is_never_cut_and_has_no_offset"),
+    ),
+    Mutation(
+        "a wrapped sliding window counts as trimmable",
+        (("engine/cache/families.py", "trimmable=lambda c: c.offset < c.max_size,", "trimmable=_always,"),),
+        (FA + "test_rotating_kv_cache_can_be_cut_until_its_window_wraps",
+         EC + "test_uncuttable_cache_declined_never_partially_restored"),
     ),
     Mutation(
         "canonical length ignored: a fast restore's snapshots claim the whole schedule as exact",

@@ -52,6 +52,7 @@ from engine.types import (
     CacheReport,
     CancelToken,
     Event,
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     LayerInfo,
@@ -201,10 +202,9 @@ def snapshot_points(n_prompt: int, cuts: tuple[int, ...], restored: int, caching
 class Prefilled:
     """What `prefill()` forwarded."""
 
-    chunks: list[list[int]]  # [start, end) of each forward; with the last token's [n - 1, n] once complete
-    complete: bool  # the cache holds prompt[:-1]
+    chunks: list[list[int]]  # [start, end) of each forward; then [n - 1, n] once the cache holds prompt[:-1]
     cancelled: bool
-    prefill_tokens: int = 0  # tokens forwarded before decode, the last one included (once complete)
+    prefill_tokens: int = 0  # tokens forwarded before decode, the last one included (0 if stopped mid-way)
 
 
 def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int, cuts: tuple[int, ...],
@@ -221,7 +221,7 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
         for start, end in chunks(restored, cuts):
             if is_cancelled():
                 snaps.keep_partial(prompt, cache, restored, start)
-                return Prefilled(forwarded, complete=False, cancelled=True)
+                return Prefilled(forwarded, cancelled=True)
             lm.model(mx.array([prompt[start:end]]), cache=cache)
             mx.eval(cache_arrays(cache))
             done = end
@@ -240,7 +240,7 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
     cancelled = is_cancelled()
     if cancelled and points.prelast_by_end:  # no token will be decoded: no end snapshot to serve
         snaps.take("pre-last", prompt[:-1], cache)
-    return Prefilled(forwarded, complete=True, cancelled=cancelled, prefill_tokens=n_prompt - restored)
+    return Prefilled(forwarded, cancelled, prefill_tokens=n_prompt - restored)
 
 
 # -- the whole generation ------------------------------------------------------------------------
@@ -276,8 +276,8 @@ def stream(
                               pre, snaps.stored, Timing(t0, t_prefill, decoded))
         if decoded is None:
             return GenerationResult("", [], [], "cancelled", request.sampler.seed, prompt, report)
-        return GenerationResult(decoded.text, decoded.tokens, decoded.logprobs, decoded.finish,  # type: ignore[arg-type]
-                                request.sampler.seed, prompt, report, decoded.tops)
+        return GenerationResult(decoded.text, decoded.tokens, decoded.logprobs, decoded.finish, request.sampler.seed,
+                                prompt, report, decoded.tops)
 
     pre: Optional[Prefilled] = None
     try:
@@ -364,7 +364,7 @@ class Decoded:
     tokens: list[int]
     logprobs: list[float]
     forwarded: int  # decoded tokens fed back to the model: the cache ends with tokens[:forwarded]
-    finish: str
+    finish: FinishReason
     text: str
     t_first: Optional[float]
     t_last: Optional[float]
