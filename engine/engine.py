@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Generator, Optional
 
 from engine.cache.disk.tier import DiskCache
+from engine.cache.families import class_names
 from engine.cache.memory import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError, RequestError
 from engine.generate.context import fit_to_context
@@ -147,7 +148,7 @@ class Engine:
             key=key,
             model_type=getattr(getattr(model, "args", None), "model_type", type(model).__module__.split(".")[-1]),
             layers=len(cache),
-            cache_classes=[type(c).__name__ for c in cache],
+            cache_classes=list(class_names(cache)),
             kv_bits=self.lm.kv_bits,
             dequantized=dequantized,
             load_s=time.perf_counter() - t0,

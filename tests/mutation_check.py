@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EC = "tests/test_engine_cache.py::"
 DC = "tests/test_disk_cache.py::"
 PL = "tests/test_cache_planner.py::"
+FA = "tests/test_cache_families.py::"
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ MUTATIONS: list[Mutation] = [
         "restore len instead of len-1",
         (("engine/cache/planner.py", "    limit = len(prompt) - 1\n", "    limit = len(prompt)\n"),
          # the loop's own guard goes too, or it alone would catch this
-         ("engine/generate/loop.py", '    assert restored <= n_prompt - 1, "never restore the whole prompt"\n', "")),
+         ("engine/generate/loop.py", '    assert restored <= len(prompt) - 1, "never restore the whole prompt"\n', "")),
         (EC + "test_whole_prompt_hit_restores_len_minus_one_and_is_identical",  # its fast-mode cases
          PL + "test_plan_never_restores_the_whole_prompt"),
     ),
@@ -77,9 +78,23 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "trust the index's trimmable flag",
-        (("engine/cache/disk/format.py", "    derived = can_trim_prompt_cache(cache)\n",
-          "    derived = meta.trimmable\n"),),
+        (("engine/cache/disk/format.py", "    derived = trimmable(cache)\n",
+          "    derived = meta.trimmable\n"),
+         # the cut's own refusal goes too, or it alone would catch this (the mutation below)
+         ("engine/cache/families.py", "        if not self.trimmable(c):\n", "        if False:\n")),
         (DC + "test_forged_trimmable_flag_never_allows_a_partial_restore",),
+    ),
+    Mutation(
+        "cut back a layer that cannot be cut (a wrapped ring, SSM state)",
+        (("engine/cache/families.py", "        if not self.trimmable(c):\n", "        if False:\n"),),
+        (FA + "test_rotating_kv_cache_can_be_cut_until_its_window_wraps",
+         FA + "test_arrays_cache_ssm_state_is_never_cut_and_has_no_offset"),
+    ),
+    Mutation(
+        "a wrapped sliding window counts as trimmable",
+        (("engine/cache/families.py", "trimmable=lambda c: c.offset < c.max_size,", "trimmable=_always,"),),
+        (FA + "test_rotating_kv_cache_can_be_cut_until_its_window_wraps",
+         EC + "test_uncuttable_cache_declined_never_partially_restored"),
     ),
     Mutation(
         "canonical length ignored: a fast restore's snapshots claim the whole schedule as exact",
@@ -102,7 +117,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "forget the pre-last snapshot",
-        (("engine/generate/loop.py", "        if prelast_due and not all_plain_kv:\n", "        if False:\n"),),
+        (("engine/generate/loop.py", "        prelast_now=prelast_due and not always_cut,\n", "        prelast_now=False,\n"),),
         (EC + "test_whole_prompt_hit_restores_len_minus_one_and_is_identical",),
     ),
     Mutation(

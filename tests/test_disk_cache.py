@@ -26,7 +26,7 @@ import pytest
 from engine.blas import blas_library
 from engine.cache.disk import files as disk_files
 from engine.cache.disk import format as disk_format
-from engine.cache.disk import tier as dc
+from engine.cache.disk import writer as dw
 from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory import PromptCache
@@ -735,8 +735,25 @@ def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
     tid = eng.cache.disk._thread.native_id
     stat = Path(f"/proc/self/task/{tid}/stat").read_text()
     nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat, counted after "(comm)"
-    assert nice == dc.WRITER_NICE
+    assert nice == dw.WRITER_NICE
     eng.close()
+
+
+def test_cache_stats_carry_the_disk_tiers_own_stats_which_the_panel_shows(models, tmp_path):
+    """The prompt cache's stats hold the disk tier's stats as they are, under "disk" (no prefixed
+    copies); the debug panel's store box reads them from there."""
+    from app.core.view_models import stats_rows
+
+    eng = engine(models["llama"], tmp_path / "cache")
+    eng.generate(req())
+    assert eng.cache.disk.flush(10)
+    stats = eng.cache_stats()
+    assert stats["disk"] == eng.cache.disk.stats() and stats["disk"]["entries"] == 1
+    assert not [k for k in stats if k.startswith("disk_")]
+    assert stats_rows(stats)["disk"][0].startswith("1 snapshot, ")
+    eng.close()
+    memory_only = Engine(use_disk=False, chunk=8).cache_stats()
+    assert memory_only["disk"] is None and stats_rows(memory_only)["disk"][0] == "no disk tier"
 
 
 class Parked(WriterHooks):
@@ -793,10 +810,10 @@ def test_a_write_in_progress_pauses_for_a_generation(models, tmp_path, monkeypat
     assert started.wait(10)
     assert parked.wait(10)  # the writer stopped between arrays: the file cannot complete now
     snaps = tmp_path / "cache" / "snapshots"
-    assert not list(snaps.glob("*.safetensors")) or all(p.name.startswith(dc.TMP_PREFIX) for p in snaps.iterdir())
+    assert not list(snaps.glob("*.safetensors")) or all(p.name.startswith(dw.TMP_PREFIX) for p in snaps.iterdir())
     assert disk.stats()["pending"] >= 1
     disk.release_writes()
     assert disk.flush(10)
-    assert [p for p in snaps.iterdir() if not p.name.startswith(dc.TMP_PREFIX)]
+    assert [p for p in snaps.iterdir() if not p.name.startswith(dw.TMP_PREFIX)]
     eng.close()
     assert_consistent(tmp_path / "cache")

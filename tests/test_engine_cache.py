@@ -10,7 +10,7 @@ from mlx.utils import tree_flatten
 
 from engine.cache.memory import PromptCache
 from engine.cache.planner import schedule_cuts
-from engine.cache.snapshot import layer_offset
+from engine.cache.families import layer_offset
 from engine.generate.sampling import Sampler
 from engine.types import CancelToken, PrefillProgress, SamplerSettings, TokenEvent
 from tests.engine_helpers import (

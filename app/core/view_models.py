@@ -345,7 +345,7 @@ def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:
         "memory": (format_bytes(stats.get("memory_bytes")) + (f" of {format_bytes(budget)}" if budget else ""), ""),
         "hits": (f"{stats.get('hits', 0)} / {stats.get('lookups', 0)}", ""),
     }
-    disk = {k[5:]: val for k, val in stats.items() if k.startswith("disk_")}
+    disk = stats.get("disk") or {}
     if not disk:
         rows["disk"] = ("no disk tier", "")
     else:

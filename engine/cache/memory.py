@@ -7,8 +7,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
-from mlx_lm.models.cache import trim_prompt_cache
-
+from engine.cache.families import cut_back
 from engine.cache.planner import Plan, SnapshotMeta, dominates, plan_restore
 from engine.cache.snapshot import DiskTier, Snapshot, clone_cache
 from engine.errors import SnapshotError
@@ -74,16 +73,14 @@ class PromptCache:
                 return plan, None
             try:
                 snap = self._get(plan.meta, plan.source)
+                cache = clone_cache(snap.cache)
+                cut_back(cache, plan.meta.length - plan.reuse)
             except SnapshotError as e:
                 declines.append(f"{plan.source} snapshot {plan.meta.id} unusable: {e}")
                 excluded.add(plan.meta.id)
                 if self.disk is not None:
                     self.disk.remove(plan.meta.id)
                 continue
-            cache = clone_cache(snap.cache)
-            cut = plan.meta.length - plan.reuse
-            if cut:
-                trim_prompt_cache(cache, cut)
             self.hits += 1
             return plan, cache
 
@@ -109,6 +106,7 @@ class PromptCache:
             self.disk.clear()
 
     def stats(self) -> dict[str, Any]:
+        """The memory tier's counts, and the disk tier's own stats under "disk" (None: no disk tier)."""
         with self._lock:
             out: dict[str, Any] = {
                 "memory_entries": len(self._items),
@@ -117,8 +115,7 @@ class PromptCache:
                 "lookups": self.lookups,
                 "hits": self.hits,
             }
-        if self.disk is not None:
-            out.update({f"disk_{k}": v for k, v in self.disk.stats().items()})
+        out["disk"] = self.disk.stats() if self.disk is not None else None
         return out
 
     def metas(self) -> list[SnapshotMeta]:

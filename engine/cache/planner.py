@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from engine.cache.families import cut_reason
+
 
 @dataclass
 class SnapshotMeta:
@@ -71,16 +73,6 @@ def chunks(start: int, cuts: Sequence[int]) -> list[tuple[int, int]]:
             out.append((pos, c))
             pos = c
     return out
-
-
-def cut_reason(classes: Sequence[str], length: int, target: int) -> str:
-    """Why a snapshot with these cache classes cannot be cut back from `length` to `target`."""
-    if "ArraysCache" in classes:
-        return f"SSM/conv state: cannot cut {length} -> {target}"
-    if "RotatingKVCache" in classes:
-        return f"sliding window wrapped: cannot cut {length} -> {target}"
-    return f"cache cannot be cut back: {length} -> {target}"
-
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,23 +1,22 @@
 """Snapshots: private, compact copies of a model's per-layer cache objects (mlx-lm classes).
 
-A snapshot never hands out its arrays: a restore gets a copy (`clone_cache`), cut back with
-mlx-lm's `trim_prompt_cache` when the planner says so. Taking one copies only the used part of
-each buffer (KV buffers grow in steps of 256 tokens).
+A snapshot never hands out its arrays: a restore gets a copy (`clone_cache`), cut back
+(`families.cut_back`) when the planner says so. What a copy of each layer holds, and whether
+it can be cut back, is its class's rule in engine/cache/families.py.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from engine.cache.families import clone_layers, rules_of
 from engine.cache.planner import SnapshotMeta
 from engine.types import LayerInfo
 
@@ -59,47 +58,19 @@ def cache_nbytes(cache: Sequence[Any]) -> int:
     return sum(a.nbytes for a in cache_arrays(cache))
 
 
-def _slice_used(x: Any, n: int) -> Any:
-    if isinstance(x, (list, tuple)):
-        return type(x)(_slice_used(v, n) for v in x)
-    return x[..., :n, :] if x is not None else None
-
-
 def clone_cache(cache: Sequence[Any]) -> list[Any]:
-    """A deep copy holding only the used part of each buffer (KV buffers grow in steps of 256)."""
-    out = []
-    for c in cache:
-        if isinstance(c, (KVCache, QuantizedKVCache)) and c.keys is not None:
-            d = copy.copy(c)
-            d.keys = _slice_used(c.keys, c.offset)
-            d.values = _slice_used(c.values, c.offset)
-            # slicing is lazy; materialise so the copy owns its memory
-            d.keys, d.values = copy.deepcopy(d.keys), copy.deepcopy(d.values)
-            out.append(d)
-        else:
-            out.append(copy.deepcopy(c))
+    """A deep copy that owns its memory, evaluated (KV buffers: only the used part)."""
+    out = clone_layers(cache)
     mx.eval(cache_arrays(out))
     return out
 
 
-def layer_offset(c: Any) -> Optional[int]:
-    off = getattr(c, "offset", None)
-    return int(off) if isinstance(off, int) else None
-
-
 def describe_layers(cache: Sequence[Any]) -> list[LayerInfo]:
-    return [
-        LayerInfo(
-            index=i,
-            cache_class=type(c).__name__,
-            offset=layer_offset(c),
-            size=int(c.size()) if hasattr(c, "size") else 0,
-            trimmable=bool(c.is_trimmable()),
-        )
-        for i, c in enumerate(cache)
-    ]
-
-
-def plain_kv(cache: Sequence[Any]) -> bool:
-    """Plain KV caches can always be cut back; rings and SSM state cannot."""
-    return all(isinstance(c, (KVCache, QuantizedKVCache)) for c in cache)
+    """Each layer's class, offset, size and whether it can be cut back now (the debug panel's table)."""
+    out = []
+    for i, c in enumerate(cache):
+        rules = rules_of(c)
+        size = int(c.size()) if hasattr(c, "size") else 0
+        out.append(LayerInfo(index=i, cache_class=rules.name, offset=rules.offset(c), size=size,
+                             trimmable=rules.trimmable(c)))
+    return out

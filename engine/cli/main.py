@@ -156,7 +156,8 @@ def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
         "stored: " + (", ".join(f"{s['kind']} {s['length']}" for s in r.snapshots_stored) or "nothing"),
         f"ttft {r.ttft_s * 1000:.0f} ms, prefill {r.prefill_tps:.1f} tok/s, decode {r.decode_tps:.1f} tok/s",
         "identical to previous: " + ("n/a" if r.identical is None else "yes" if r.identical else f"no (token {r.first_diff})"),
-        "cache store: " + ", ".join(f"{k} {v}" for k, v in stats.items()),
+        "cache store: " + ", ".join(f"{k} {v}" for k, v in stats.items() if k != "disk"),
+        "disk tier: " + (", ".join(f"{k} {v}" for k, v in stats["disk"].items()) if stats.get("disk") else "none"),
     ]
     return "\n".join(lines)
 

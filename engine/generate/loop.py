@@ -6,6 +6,13 @@ value). `drain()` runs it to the end with an optional callback. Stopping: cancel
 request's `CancelToken` (the result is kept, with finish reason "cancelled"), or close the
 generator (nothing is returned; snapshots taken so far are still stored).
 
+It runs in parts, each a function whose return value goes into the `CacheReport`:
+`restore()` (the planner's snapshot, cut back, or a new cache) -> `Restored`;
+`prefill()` (a generator: the prompt but its last token, in the canonical schedule's chunks)
+-> `Prefilled`; `decode()` (a generator: the last prompt token alone, then sampled tokens) ->
+`Decoded`; `build_report()` puts them together. `snapshot_points()` says where the snapshots
+of one generation are taken, `_Snapshots` takes them.
+
 Our own loop rather than mlx-lm's because the cache needs control between prefill and decode:
 snapshots at exact points, the last prompt token forwarded alone even on a cache hit, and
 chunks cut at absolute positions so warm and cold runs forward the same widths (the only way a
@@ -19,14 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import (
-    KVCache,
-    QuantizedKVCache,
-    can_trim_prompt_cache,
-    make_prompt_cache,
-    trim_prompt_cache,
-)
+from mlx_lm.models.cache import make_prompt_cache
 
+from engine.cache.families import (
+    always_trimmable,
+    class_names,
+    cut_back,
+    layer_offset,
+    quantized_cache,
+    trimmable,
+)
 from engine.cache.memory import PromptCache
 from engine.cache.namespace import cache_key
 from engine.cache.planner import SnapshotMeta, chunks, exact_at, schedule_cuts
@@ -36,9 +45,7 @@ from engine.cache.snapshot import (
     cache_nbytes,
     clone_cache,
     describe_layers,
-    layer_offset,
     new_snapshot_id,
-    plain_kv,
 )
 from engine.generate.sampling import Sampler, top_logprobs
 from engine.generate.templating import TextStream, render_prompt
@@ -46,8 +53,10 @@ from engine.types import (
     CacheReport,
     CancelToken,
     Event,
+    FinishReason,
     GenerationRequest,
     GenerationResult,
+    LayerInfo,
     PrefillProgress,
     TokenEvent,
 )
@@ -69,26 +78,24 @@ class LoadedModel:
     def new_cache(self) -> list[Any]:
         cache = make_prompt_cache(self.model)
         if self.kv_bits:
-            cache = [
-                QuantizedKVCache(group_size=self.kv_group_size, bits=self.kv_bits) if type(c) is KVCache else c
-                for c in cache
-            ]
+            cache = quantized_cache(cache, self.kv_group_size, self.kv_bits)
         return cache
 
 
 class _Snapshots:
-    """Takes the snapshots of one generation and records them in its report.
+    """Takes the snapshots of one generation and lists them (`stored`, for the report).
 
     Snapshots taken before decode reach the disk tier only once decoding is over (`defer`):
     the disk writer (serialise, SHA-256, fsync) would otherwise compete with decode for the CPU.
     """
 
-    def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], report: CacheReport,
-                 exact_cuts: tuple[int, ...], classes: tuple[str, ...], key: str) -> None:
-        self.lm, self.prompt_cache, self.report = lm, prompt_cache, report
+    def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], exact_cuts: tuple[int, ...],
+                 classes: tuple[str, ...], key: str) -> None:
+        self.lm, self.prompt_cache = lm, prompt_cache
         self.key = key  # the cache's lookup key: the model's, within the request's namespace
         self.exact_cuts, self.classes = exact_cuts, classes  # this generation's exact history
         self.deferred: list[Snapshot] = []
+        self.stored: list[dict[str, Any]] = []  # kind / length / canonical of each, in order
 
     def take(self, kind: str, tokens: Sequence[int], cache: list[Any], defer: bool = False) -> None:
         if self.prompt_cache is None or not tokens:
@@ -101,14 +108,19 @@ class _Snapshots:
             kind=kind,
             exact_cuts=tuple(c for c in self.exact_cuts if c <= len(tokens)),
             classes=self.classes,
-            trimmable=can_trim_prompt_cache(snap_cache),
+            trimmable=trimmable(snap_cache),
             nbytes=cache_nbytes(snap_cache),
         )
         snap = Snapshot(meta, snap_cache)
         self.prompt_cache.put(snap, persist=not defer)
         if defer:
             self.deferred.append(snap)
-        self.report.snapshots_stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
+        self.stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
+
+    def keep_partial(self, prompt: Sequence[int], cache: list[Any], restored: int, done: int) -> None:
+        """Stopped mid-prefill with the cache complete up to `done`: keep it if that state is exact."""
+        if restored < done and done in self.exact_cuts:
+            self.take("partial", prompt[:done], cache)
 
     def persist_deferred(self) -> None:
         disk = self.prompt_cache.disk if self.prompt_cache is not None else None
@@ -116,6 +128,124 @@ class _Snapshots:
             for snap in self.deferred:
                 disk.save_async(snap)
         self.deferred.clear()
+
+
+# -- restore -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Restored:
+    """The live cache `restore()` hands to prefill, and what the planner said about it."""
+
+    cache: list[Any]
+    restored: int  # prompt tokens the cache holds (never the whole prompt)
+    exact_cuts: tuple[int, ...]  # the cuts this generation's states follow, as far as they are exact
+    layers: list[LayerInfo]  # each layer as restored, before any prefill
+    matched: int = 0  # longest common prefix with any stored snapshot
+    stored: Optional[int] = None  # length of the snapshot restored from, None if none
+    source: Optional[str] = None  # "memory" | "disk" | None
+    declines: list[str] = field(default_factory=list)  # why longer matches were not usable
+
+    @property
+    def partial(self) -> bool:
+        """A snapshot cut back to fewer tokens than it held."""
+        return self.stored is not None and self.restored < self.stored
+
+
+def restore(key: str, lm: LoadedModel, prompt: list[int], mode: str, cuts: tuple[int, ...],
+            prompt_cache: Optional[PromptCache]) -> Restored:
+    """The longest usable snapshot for `prompt` (the planner's pick, cut back), else a new cache."""
+    cache: Optional[list[Any]] = None
+    restored = 0
+    exact_cuts = cuts
+    matched, declines, stored, source = 0, [], None, None
+    if prompt_cache is not None:
+        plan, cache = prompt_cache.fetch(key, prompt, mode, cuts)
+        matched, declines = plan.matched, plan.declines
+        if cache is not None and plan.meta is not None:
+            restored, stored, source = plan.reuse, plan.meta.length, plan.source
+            if not exact_at(plan.meta, restored, cuts):  # fast mode: exact only as far as the source was
+                exact_cuts = tuple(c for c in plan.meta.exact_cuts if c <= restored)
+    if cache is None:
+        cache = lm.new_cache()
+    assert restored <= len(prompt) - 1, "never restore the whole prompt"
+    return Restored(cache, restored, exact_cuts, describe_layers(cache), matched, stored, source, declines)
+
+
+# -- prefill -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SnapshotPoints:
+    """Where one generation takes snapshots before its end snapshot (planner.py lists the kinds)."""
+
+    boundary: Optional[int]  # the cut at which prefill takes a "boundary" snapshot (None: none)
+    prelast_now: bool  # take "pre-last" as soon as prefill is done
+    prelast_by_end: bool  # "pre-last" is served by the end snapshot; taken only if no token is decoded
+
+
+def snapshot_points(n_prompt: int, cuts: tuple[int, ...], restored: int, caching: bool,
+                    always_cut: bool) -> SnapshotPoints:
+    """Caches that cannot be cut back (`always_cut` False) keep a checkpoint at the last cut before
+    n - 1: where the next turn's exact restore lands (the start of the generation prompt, or a
+    multiple of C), and a pre-last snapshot (cache = prompt[:-1]). Plain KV caches can be cut
+    back, so the end snapshot taken after decode serves every restore a pre-last one could:
+    copying it after prefill would only delay the first token."""
+    boundary = cuts[-2] if len(cuts) > 1 else 0
+    prelast_due = caching and restored < n_prompt - 1
+    return SnapshotPoints(
+        boundary=boundary if caching and not always_cut and restored < boundary else None,
+        prelast_now=prelast_due and not always_cut,
+        prelast_by_end=prelast_due and always_cut,
+    )
+
+
+@dataclass
+class Prefilled:
+    """What `prefill()` forwarded."""
+
+    chunks: list[list[int]]  # [start, end) of each forward; then [n - 1, n] once the cache holds prompt[:-1]
+    cancelled: bool
+    prefill_tokens: int = 0  # tokens forwarded before decode, the last one included (0 if stopped mid-way)
+
+
+def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int, cuts: tuple[int, ...],
+            points: SnapshotPoints, snaps: _Snapshots, is_cancelled: Callable[[], bool]
+            ) -> Generator[PrefillProgress, None, Prefilled]:
+    """Forward prompt[restored:-1] in the canonical schedule's chunks, yielding progress before the
+    first and after each; take the snapshots `points` asks for. Stopped mid-way (cancelled, or
+    closed), it keeps the cache as a "partial" snapshot if that state is exact."""
+    n_prompt = len(prompt)
+    done = restored  # prompt tokens in the cache
+    forwarded: list[list[int]] = []
+    try:
+        yield PrefillProgress(restored, n_prompt)
+        for start, end in chunks(restored, cuts):
+            if is_cancelled():
+                snaps.keep_partial(prompt, cache, restored, start)
+                return Prefilled(forwarded, cancelled=True)
+            lm.model(mx.array([prompt[start:end]]), cache=cache)
+            mx.eval(cache_arrays(cache))
+            done = end
+            forwarded.append([start, end])
+            yield PrefillProgress(end, n_prompt)
+            if end == points.boundary:
+                snaps.take("boundary", prompt[:end], cache)
+    except GeneratorExit:  # closed by the consumer: keep what a regenerate needs, then end
+        mx.eval(cache_arrays(cache))
+        if done < n_prompt - 1:
+            snaps.keep_partial(prompt, cache, restored, done)
+        raise
+    if points.prelast_now:
+        snaps.take("pre-last", prompt[:-1], cache, defer=True)
+    forwarded.append([n_prompt - 1, n_prompt])
+    cancelled = is_cancelled()
+    if cancelled and points.prelast_by_end:  # no token will be decoded: no end snapshot to serve
+        snaps.take("pre-last", prompt[:-1], cache)
+    return Prefilled(forwarded, cancelled, prefill_tokens=n_prompt - restored)
+
+
+# -- the whole generation ------------------------------------------------------------------------
 
 
 def stream(
@@ -134,130 +264,121 @@ def stream(
     t0 = time.perf_counter()
     is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
     prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages)
-    n_prompt = len(prompt)
-    cuts = schedule_cuts(n_prompt, chunk, message_starts)
-    settings = request.sampler
-    report = CacheReport(
-        prompt_tokens=n_prompt,
-        mode=request.mode,
-        chunk_size=chunk,
-        sampler=settings.to_dict(),
-        seed=settings.seed,
-        model_key=lm.key,
-        message_starts=[m for m in message_starts if m in cuts],
-    )
+    cuts = schedule_cuts(len(prompt), chunk, message_starts)
     if not request.use_cache:
         prompt_cache = None
-
-    # -- restore: the planner picks the longest usable snapshot, never the whole prompt --------
-    cache: Optional[list[Any]] = None
-    restored = 0
-    exact_cuts = cuts  # the history this generation's states follow, as far as it is exact
     # The request's cache namespace is part of the lookup key (engine/cache/namespace.py).
     key = cache_key(lm.key, request.cache_namespace)
-    if prompt_cache is not None:
-        plan, cache = prompt_cache.fetch(key, prompt, request.mode, cuts)
-        report.matched = plan.matched
-        report.declines = plan.declines
-        if cache is not None and plan.meta is not None:
-            restored = plan.reuse
-            report.stored = plan.meta.length
-            report.partial = restored < plan.meta.length
-            report.source = plan.source
-            if not exact_at(plan.meta, restored, cuts):  # fast mode: exact only as far as the source was
-                exact_cuts = tuple(c for c in plan.meta.exact_cuts if c <= restored)
-    if cache is None:
-        cache = lm.new_cache()
-    report.restored = restored
-    report.layers = describe_layers(cache)
-    report.layer_offsets = [layer_offset(c) for c in cache]
-    assert restored <= n_prompt - 1, "never restore the whole prompt"
-
-    # Caches that cannot be cut back keep a checkpoint at the last cut before n - 1: where the
-    # next turn's exact restore lands (the start of the generation prompt, or a multiple of C).
-    boundary = cuts[-2] if len(cuts) > 1 else 0
-    all_plain_kv = plain_kv(cache)
-    want_boundary = prompt_cache is not None and not all_plain_kv and restored < boundary
-    snaps = _Snapshots(lm, prompt_cache, report, exact_cuts, tuple(type(c).__name__ for c in cache), key)
+    rest = restore(key, lm, prompt, request.mode, cuts, prompt_cache)
+    cache = rest.cache
+    points = snapshot_points(len(prompt), cuts, rest.restored, prompt_cache is not None, always_trimmable(cache))
+    snaps = _Snapshots(lm, prompt_cache, rest.exact_cuts, class_names(cache), key)
     t_prefill = time.perf_counter()
 
-    def cancelled_result() -> GenerationResult:
-        return _finish(report, prompt, [], [], "cancelled", settings.seed, t0, t_prefill, None, None)
+    def result(pre: Prefilled, decoded: Optional[Decoded]) -> GenerationResult:
+        report = build_report(request, lm.key, chunk, len(prompt), [m for m in message_starts if m in cuts], rest,
+                              pre, snaps.stored, Timing(t0, t_prefill, decoded))
+        if decoded is None:
+            return GenerationResult("", [], [], "cancelled", request.sampler.seed, prompt, report)
+        return GenerationResult(decoded.text, decoded.tokens, decoded.logprobs, decoded.finish, request.sampler.seed,
+                                prompt, report, decoded.tops)
 
-    def keep_partial(done: int) -> None:
-        """Stopped mid-prefill with the cache complete up to `done`: keep it if that state is exact."""
-        if restored < done and done in exact_cuts:
-            snaps.take("partial", prompt[:done], cache)
-
-    done = restored  # prompt tokens in the cache
-    prelast_by_end = False
+    pre: Optional[Prefilled] = None
     try:
-        # -- prefill prompt[restored:-1] in the canonical schedule's chunks ----------------------
-        yield PrefillProgress(restored, n_prompt)
-        for start, end in chunks(restored, cuts):
-            if is_cancelled():
-                keep_partial(start)
-                return cancelled_result()
-            lm.model(mx.array([prompt[start:end]]), cache=cache)
-            mx.eval(cache_arrays(cache))
-            done = end
-            report.chunks.append([start, end])
-            yield PrefillProgress(end, n_prompt)
-            if want_boundary and end == boundary:
-                snaps.take("boundary", prompt[:boundary], cache)
-        # The pre-last snapshot (cache = prompt[:-1]). Plain KV caches can be cut back, so the
-        # end snapshot taken after decode serves every restore this one could: copying it here
-        # would only delay the first token. For them it is taken only if no token is decoded.
-        prelast_due = prompt_cache is not None and restored < n_prompt - 1
-        prelast_by_end = prelast_due and all_plain_kv
-        if prelast_due and not all_plain_kv:
-            snaps.take("pre-last", prompt[:-1], cache, defer=True)
-        report.chunks.append([n_prompt - 1, n_prompt])
-        report.prefill_tokens = n_prompt - restored
-        if is_cancelled():
-            if prelast_by_end:
-                snaps.take("pre-last", prompt[:-1], cache)
-            return cancelled_result()
-
-        # -- the last prompt token, alone; then decode ------------------------------------------
-        decoded = yield from _decode(lm, request, prompt, cache, is_cancelled, context_limit)
+        pre = yield from prefill(lm, prompt, cache, rest.restored, cuts, points, snaps, is_cancelled)
+        if pre.cancelled:
+            return result(pre, None)
+        decoded = yield from decode(lm, request, prompt, cache, is_cancelled, context_limit)
         mx.eval(cache_arrays(cache))
         if prompt_cache is not None and decoded.tokens:
             fed = prompt + decoded.tokens[: decoded.forwarded]
             assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
             snaps.take("end", fed, cache)
-        result = _finish(report, prompt, decoded.tokens, decoded.logprobs, decoded.finish, settings.seed, t0,
-                         t_prefill, decoded.t_first, decoded.text, decoded.t_last)
-        result.top_logprobs = decoded.tops
-        return result
-    except GeneratorExit:  # closed by the consumer: keep what a regenerate needs, then end
-        mx.eval(cache_arrays(cache))
-        if done < n_prompt - 1:
-            keep_partial(done)
-        elif prelast_by_end:  # plain KV, mid-decode: cut the cache back to prompt[:-1]
-            trim_prompt_cache(cache, (layer_offset(cache[0]) or 0) - (n_prompt - 1))
-            snaps.take("pre-last", prompt[:-1], cache)
+        return result(pre, decoded)
+    except GeneratorExit:  # closed mid-decode (prefill keeps its own state): what a regenerate needs
+        if pre is not None:
+            mx.eval(cache_arrays(cache))
+            if points.prelast_by_end:  # plain KV: cut the cache back to prompt[:-1]
+                cut_back(cache, (layer_offset(cache[0]) or 0) - (len(prompt) - 1))
+                snaps.take("pre-last", prompt[:-1], cache)
         raise
     finally:
         snaps.persist_deferred()
 
 
+# -- the report ----------------------------------------------------------------------------------
+
+
 @dataclass
-class _Decoded:
+class Timing:
+    """When a generation started, when its prefill started, and its decode's token times."""
+
+    t0: float
+    t_prefill: float
+    decoded: Optional[Decoded]
+
+    def rates(self, prefill_tokens: int) -> tuple[float, float, float]:
+        """(time to first token, prefill tokens/s, decode tokens/s); zeros where nothing was decoded."""
+        d = self.decoded
+        if d is None or d.t_first is None:
+            return 0.0, 0.0, 0.0
+        prefill_s = d.t_first - self.t_prefill
+        prefill_tps = prefill_tokens / prefill_s if prefill_s > 0 else 0.0
+        # Decode rate from the first to the last token read: storing the end snapshot is not decoding.
+        decode_tps = 0.0
+        if len(d.tokens) > 1 and d.t_last is not None and d.t_last > d.t_first:
+            decode_tps = (len(d.tokens) - 1) / (d.t_last - d.t_first)
+        return d.t_first - self.t0, prefill_tps, decode_tps
+
+
+def build_report(request: GenerationRequest, model_key: str, chunk: int, n_prompt: int, message_starts: list[int],
+                 rest: Restored, pre: Prefilled, stored: list[dict[str, Any]], timing: Timing) -> CacheReport:
+    """The report of one generation, from what its parts returned."""
+    ttft_s, prefill_tps, decode_tps = timing.rates(pre.prefill_tokens)
+    return CacheReport(
+        prompt_tokens=n_prompt,
+        matched=rest.matched,
+        restored=rest.restored,
+        stored=rest.stored,
+        partial=rest.partial,
+        source=rest.source,
+        layer_offsets=[layer.offset for layer in rest.layers],
+        layers=rest.layers,
+        declines=rest.declines,
+        prefill_tokens=pre.prefill_tokens,
+        chunks=pre.chunks,
+        message_starts=message_starts,
+        snapshots_stored=list(stored),
+        mode=request.mode,
+        chunk_size=chunk,
+        sampler=request.sampler.to_dict(),
+        seed=request.sampler.seed,
+        ttft_s=ttft_s,
+        prefill_tps=prefill_tps,
+        decode_tps=decode_tps,
+        model_key=model_key,
+    )
+
+
+# -- decode --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Decoded:
     tokens: list[int]
     logprobs: list[float]
     forwarded: int  # decoded tokens fed back to the model: the cache ends with tokens[:forwarded]
-    finish: str
+    finish: FinishReason
     text: str
     t_first: Optional[float]
     t_last: Optional[float]
     tops: list[list[tuple[int, float]]]  # per token, when the request asked for top_logprobs
 
 
-def _decode(
+def decode(
     lm: LoadedModel, request: GenerationRequest, prompt: list[int], cache: list[Any], is_cancelled: Callable[[], bool],
     context_limit: Optional[int] = None,
-) -> Generator[Event, None, _Decoded]:
+) -> Generator[Event, None, Decoded]:
     """Forward the last prompt token, then sample and feed back tokens; yield one event per token.
     Never runs past `context_limit` positions: then it ends with finish reason "context"."""
     settings = request.sampler
@@ -339,7 +460,7 @@ def _decode(
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
         yield TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :],
                          tops[-1] if tops else None)
-    return _Decoded(tokens, logprobs, forwarded, ended or ("context" if limited else "length"), final_text,
+    return Decoded(tokens, logprobs, forwarded, ended or ("context" if limited else "length"), final_text,
                     t_first, t_last, tops)
 
 
@@ -361,26 +482,3 @@ def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
     return min(hits) if hits else None
 
 
-def _finish(
-    report: CacheReport,
-    prompt: list[int],
-    tokens: list[int],
-    logprobs: list[float],
-    finish: str,
-    seed: int,
-    t0: float,
-    t_prefill: float,
-    t_first: Optional[float],
-    text: Optional[str],
-    t_last: Optional[float] = None,
-) -> GenerationResult:
-    if t_first is not None:
-        report.ttft_s = t_first - t0
-        prefill_s = t_first - t_prefill
-        report.prefill_tps = report.prefill_tokens / prefill_s if prefill_s > 0 else 0.0
-        # Decode rate from the first to the last token read: storing the end snapshot is not decoding.
-        if len(tokens) > 1 and t_last is not None and t_last > t_first:
-            report.decode_tps = (len(tokens) - 1) / (t_last - t_first)
-    if text is None:
-        text = ""
-    return GenerationResult(text, tokens, logprobs, finish, seed, prompt, report)  # type: ignore[arg-type]

@@ -17,17 +17,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import (
-    ArraysCache,
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
-    can_trim_prompt_cache,
-)
 
 from engine.blas import blas_library
+from engine.cache.families import layer_offset, persisted, rules_named, trimmable
 from engine.cache.planner import SnapshotMeta
-from engine.cache.snapshot import Snapshot, layer_offset
+from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
 
 FORMAT = "verbatim-prompt-cache"
@@ -46,13 +40,6 @@ MAX_INDEX_BYTES = 512 << 20
 MAX_HEADER_BYTES = 256 << 20
 KINDS = ("pre-last", "end", "boundary", "partial")
 MAX_ENV_LEN = 1024
-
-# Cache classes whose whole state is `.state` (arrays and scalars) and can be rebuilt with
-# `from_state`. Anything else is not written (counted as skipped) and never instantiated on load.
-CACHE_CLASSES: dict[str, type] = {
-    c.__name__: c for c in (KVCache, QuantizedKVCache, RotatingKVCache, ArraysCache)
-}
-
 
 _ENV: Optional[str] = None
 
@@ -155,7 +142,7 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
     classes = d.get("classes")
     if not isinstance(classes, list) or not 0 < len(classes) <= MAX_LAYERS:
         raise ValueError("bad classes")
-    if not all(c in CACHE_CLASSES for c in classes):
+    if not all(isinstance(c, str) and persisted(c) for c in classes):
         raise ValueError("unknown cache class")
     if not _is_int(d.get("nbytes"), 0, MAX_FILE_BYTES):
         raise ValueError("bad nbytes")
@@ -289,7 +276,9 @@ def decode_snapshot(data: bytes, entry: Entry, env: str) -> Snapshot:
         tensors, _ = mx.load(io.BytesIO(data), format="safetensors", return_metadata=True)
         cache = []
         for cls_name, node in zip(meta.classes, layers):
-            c = CACHE_CLASSES[cls_name].from_state(_decode_state(node, tensors))
+            rules = rules_named(cls_name)
+            assert rules is not None  # meta_from_dict accepted only persisted classes
+            c = rules.restore(_decode_state(node, tensors))
             off = layer_offset(c)
             if off is not None and off != meta.length:
                 raise SnapshotError(f"layer offset {off} != snapshot length {meta.length}")
@@ -307,9 +296,10 @@ def checked_trimmable(meta: SnapshotMeta, cache: list[Any]) -> SnapshotMeta:
 
     The planner decides from the index whether a snapshot may be cut back; a flag that claims
     a wrapped ring or an SSM state can be cut would make it restore a state longer than it says
-    (mlx-lm's trim silently does nothing then): never trust it, refuse the snapshot (G5).
+    (mlx-lm's trim silently does nothing then): never trust it, refuse the snapshot (G5). The
+    layers' own rules (engine/cache/families.py) decide.
     """
-    derived = can_trim_prompt_cache(cache)
+    derived = trimmable(cache)
     if meta.trimmable and not derived:
         raise SnapshotError("the index says this cache can be cut back, its layers say it cannot")
     return meta if meta.trimmable == derived else replace(meta, trimmable=derived)

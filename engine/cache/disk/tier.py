@@ -31,10 +31,10 @@ Invariants, and why they hold:
 - I/O errors (disk full, read-only dir) never reach the generation: they are counted, the first
   one becomes a user-facing warning, and the memory tier keeps working.
 
-This module is the `DiskCache` class: its public API, the folder lock, and the writer thread
-(queue, holds, saves, eviction, index writes, error reporting), which share one lock and its
-condition and so stay together. The file format is in format.py, the index bookkeeping in
-index.py, file primitives in files.py, and the writer's observation points in hooks.py.
+tier.py holds `DiskCache`: its API, opening a folder (lock, index, stray files), reading, and
+the reader that follows another instance's writes. writer.py holds its writer thread (queue,
+holds, saves, eviction, index writes, error reporting), format.py the file format, index.py
+the index, files.py file primitives, hooks.py the writer's observation points.
 """
 
 from __future__ import annotations
@@ -47,51 +47,30 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import mlx.core as mx
-
-from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
-from engine.cache.disk.format import (
-    CACHE_CLASSES,
-    Entry,
-    compute_env,
-    decode_snapshot,
-    encode_snapshot,
-)
+from engine.cache.disk.files import unlink
+from engine.cache.disk.format import Entry, compute_env, decode_snapshot
 from engine.cache.disk.hooks import NO_HOOKS, WriterHooks
 from engine.cache.disk.index import Index, read_index, stray_files
-from engine.cache.planner import SnapshotMeta, dominates
+from engine.cache.disk.writer import MAX_PENDING_BYTES, TMP_PREFIX, WriterThread, WriteTask
+from engine.cache.families import persisted
+from engine.cache.planner import SnapshotMeta
 from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
 from engine.paths import prompt_cache_dir
-from engine.threads import lower_thread_priority
 
-WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI (0)
 INDEX_NAME = "index.json"
 SNAP_DIR = "snapshots"
 LOCK_NAME = ".lock"
 LOCKED = "another Verbatim instance is using this prompt cache"
-TMP_PREFIX = ".tmp-"
 DEFAULT_MAX_BUDGET = 10 << 30
 DEFAULT_FREE_FRACTION = 0.25
-MAX_PENDING_BYTES = 1 << 30  # snapshots queued for writing; beyond this the oldest are dropped
-INDEX_RETRY_S = 5.0  # after a failed index write (disk full), wait this long before retrying
 READER_POLL_S = 1.0  # a reader (another instance writes) looks at the index and the lock this often
 
 
-
-@dataclass
-class _Task:
-    kind: str  # "save" | "delete" | "clear" | "sync"
-    snapshot: Optional[Snapshot] = None
-    ids: list[str] = field(default_factory=list)
-    nbytes: int = 0
-
-
-class DiskCache:
+class DiskCache(WriterThread):
     """The persistent tier behind `PromptCache` (satisfies `prompt_cache.DiskTier`).
 
     The index lives in memory (loaded and validated once on open, kept in sync by the writer
@@ -113,7 +92,7 @@ class DiskCache:
         self.max_pending_bytes = max_pending_bytes
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._queue: deque[_Task] = deque()
+        self._queue: deque[WriteTask] = deque()
         self._pending_bytes = 0
         self._busy = False
         self._holds = 0  # generations in progress: the writer waits for them (see hold_writes)
@@ -173,7 +152,7 @@ class DiskCache:
             self._start_writer()
 
     def _start_writer(self) -> None:
-        self._queue.append(_Task("sync"))  # apply the budget (it may have shrunk) off this thread
+        self._queue.append(WriteTask("sync"))  # apply the budget (it may have shrunk) off this thread
         self._thread = threading.Thread(target=self._run, name="verbatim-disk-cache", daemon=True)
         self._thread.start()
         # Best effort on exit without close(): pending writes get a short grace period.
@@ -246,13 +225,13 @@ class DiskCache:
         """Queue a snapshot for writing; returns at once (no disk I/O on the caller's thread)."""
         if not self.writable:
             return
-        if any(c not in CACHE_CLASSES for c in snapshot.meta.classes):
+        if not all(persisted(c) for c in snapshot.meta.classes):
             self.skipped += 1
             return
         with self._lock:
             if self._stop:
                 return
-            self._queue.append(_Task("save", snapshot, nbytes=snapshot.meta.nbytes))
+            self._queue.append(WriteTask("save", snapshot, nbytes=snapshot.meta.nbytes))
             self._pending_bytes += snapshot.meta.nbytes
             # A writer far behind must not pin unbounded memory: drop the oldest pending saves.
             while self._pending_bytes > self.max_pending_bytes:
@@ -269,14 +248,14 @@ class DiskCache:
             if self._index.drop(snapshot_id) is None:
                 return
             if self.writable:
-                self._queue.append(_Task("delete", ids=[snapshot_id]))
+                self._queue.append(WriteTask("delete", ids=[snapshot_id]))
                 self._cond.notify()
 
     def clear(self) -> None:
         with self._lock:
             self._index.clear()
             if self.writable:
-                self._queue.append(_Task("clear"))
+                self._queue.append(WriteTask("clear"))
                 self._cond.notify()
 
     def stats(self) -> dict[str, Any]:
@@ -307,50 +286,6 @@ class DiskCache:
             }
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def _settled(self) -> bool:
-        """Nothing left for the writer (an index write that keeps failing counts as settled)."""
-        index_due = self._dirty and self.writable and time.monotonic() >= self._retry_at
-        return not self._queue and not self._busy and not index_due
-
-    def flush(self, timeout: Optional[float] = None) -> bool:
-        """Wait until every queued write is on disk; False if `timeout` ran out first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._flushers += 1
-            self._cond.notify_all()
-            try:
-                while not self._settled():
-                    if self._thread is None or not self._thread.is_alive():
-                        return False
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._cond.wait(0.5 if left is None else min(left, 0.5))
-            finally:
-                self._flushers -= 1
-        return True
-
-    def hold_writes(self) -> None:
-        """A generation starts: queued writes wait until `release_writes` (a write already in
-        progress pauses between arrays). Disk writes then never compete with prefill and decode
-        for the CPU (docs/benchmarks.md, item 4, has the measurement)."""
-        with self._cond:
-            self._holds += 1
-
-    def _wait_while_held(self) -> None:
-        """Called by the writer between pieces of a write: a generation that started meanwhile
-        gets the CPU (and the GIL) back at once; the temp file simply waits to be finished."""
-        with self._cond:
-            if self._holds > 0 and not self._flushers and not self._stop:
-                self.hooks.point("paused")
-            while self._holds > 0 and not self._flushers and not self._stop:
-                self._cond.wait(0.1)
-
-    def release_writes(self) -> None:
-        with self._cond:
-            self._holds = max(0, self._holds - 1)
-            self._cond.notify_all()
-
     def close(self, timeout: Optional[float] = None) -> bool:
         """Flush pending writes, stop the writer, release the folder lock. Idempotent."""
         done = self.flush(timeout)
@@ -366,20 +301,6 @@ class DiskCache:
                 pass
             self._lock_fd = None
         return done
-
-    def pop_warnings(self) -> list[str]:
-        """Warnings not yet shown to the user (each problem is reported once)."""
-        with self._lock:
-            new = self.warnings[len(self.warnings) - self._unseen :] if self._unseen else []
-            self._unseen = 0
-            return new
-
-    def set_budget(self, budget_bytes: int) -> None:
-        with self._lock:
-            self.budget_bytes = int(budget_bytes)
-            if self.writable:
-                self._queue.append(_Task("sync"))
-                self._cond.notify()
 
     # -- open ----------------------------------------------------------------------------------
     def _default_budget(self) -> int:
@@ -459,228 +380,3 @@ class DiskCache:
         except OSError as e:
             raise SnapshotError(f"cannot read file: {e.strerror or e}") from None
         return decode_snapshot(data, entry, self.env)
-
-    # -- the writer thread ---------------------------------------------------------------------
-    def _next_task(self) -> Optional[_Task]:
-        with self._cond:
-            while True:
-                held = self._holds > 0 and not self._flushers and not self._stop
-                if self._queue and not held:
-                    task = self._queue.popleft()
-                    if task.kind == "save":
-                        self._pending_bytes -= task.nbytes
-                    break
-                index_due = self._dirty and self.writable and not held
-                if index_due and time.monotonic() >= self._retry_at:
-                    task = _Task("sync")
-                    break
-                if self._stop:
-                    return None
-                if held and self._queue:
-                    self.hooks.point("held")
-                self._cond.wait(max(0.05, self._retry_at - time.monotonic()) if index_due else None)
-            self._busy = True
-            return task
-
-    def _run(self) -> None:
-        # Writes are never urgent; decode is: the writer runs at the lowest priority, so on a
-        # machine with few cores it takes only what the engine leaves (docs/benchmarks.md, item 4).
-        lower_thread_priority(WRITER_NICE)
-        while (task := self._next_task()) is not None:
-            try:
-                if not self.writable:
-                    continue  # a read-only folder: drop the work, the memory tier has it all
-                if task.kind == "save" and task.snapshot is not None:
-                    self._save(task.snapshot)
-                elif task.kind == "delete":
-                    self._mark_dirty()
-                    self._write_index()  # forget first, then delete (see _evict)
-                    for sid in task.ids:
-                        unlink(self.snap_dir / f"{sid}.safetensors")
-                elif task.kind == "clear":
-                    self._clear_files()
-                elif task.kind == "sync":
-                    self._evict(0)
-                with self._lock:
-                    write_index = self._dirty and not self._queue and time.monotonic() >= self._retry_at
-                if write_index:
-                    self._write_index()
-            except Exception as e:  # never let the writer die: record, tell once, go on
-                self._record_error(e)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-
-    def _mark_dirty(self) -> None:
-        with self._lock:
-            self._dirty = True
-
-    def _superseded(self, meta: SnapshotMeta) -> bool:
-        """True if the disk (or a save queued after this one) already serves every restore it could."""
-        with self._lock:
-            other = self._index.dominating(meta)
-            if other is not None:
-                other.last_used = time.time()
-                self._dirty = True
-                return True
-            for t in self._queue:
-                if t.kind == "save" and t.snapshot is not None:
-                    m = t.snapshot.meta
-                    if m.model_key == meta.model_key and dominates(m, meta):
-                        return True
-        return False
-
-    def _save(self, snap: Snapshot) -> None:
-        meta = snap.meta
-        if self._superseded(meta) or meta.nbytes > self.budget_bytes:
-            self.skipped += 1
-            return
-        self._evict(meta.nbytes)
-        t0 = time.perf_counter()
-        self.hooks.point("begin")
-        tensors, header_meta = encode_snapshot(snap, self.env)
-        final = self.snap_dir / f"{meta.id}.safetensors"
-        tmp = self.snap_dir / f"{TMP_PREFIX}{meta.id}-{os.getpid()}.safetensors"
-        writer: Optional[HashingWriter] = None
-        renamed = False
-        try:
-            with open(tmp, "wb") as f:
-
-                def on_write(n: int) -> None:
-                    if n == 2:  # header written, data not yet: a partial file
-                        if self.hooks.partial_file:
-                            f.flush()
-                        self.hooks.point("temp_partial")
-                    self._wait_while_held()  # MLX writes one array per call: pause between them
-
-                writer = HashingWriter(f, on_write)
-                mx.save_safetensors(writer, tensors, metadata=header_meta)
-                f.flush()
-                self._wait_while_held()
-                fsync(f.fileno())
-                size = f.tell()
-            sha = writer.hash.hexdigest() if writer.linear and writer.pos == size else file_sha256(tmp)
-            self.hooks.point("temp_synced")
-            now = time.time()
-            entry = Entry(meta, size, sha, now, now, self.env)
-            # The index lists the entry before the file appears under its final name (module doc);
-            # entries() shows it only once the file is there.
-            self._write_index(extra=entry)
-            self.hooks.point("index_written")
-            try:
-                os.replace(tmp, final)
-                renamed = True
-            except BaseException:
-                self._mark_dirty()  # the index on disk lists a file that is not there
-                raise
-            fsync_dir(self.snap_dir)
-            self.hooks.point("renamed")
-        except Exception as e:
-            if not renamed:
-                unlink(tmp)
-            if writer is not None and writer.error is not None and not isinstance(e, OSError):
-                e = writer.error  # the errno MLX wrapped away
-            self._record_error(e)
-            return
-        dt = time.perf_counter() - t0
-        with self._lock:
-            self._index.add(entry)
-            self.writes += 1
-            self.write_seconds += dt
-            self.bytes_written += size
-            self.write_log.append((meta.kind, meta.length, size, dt))
-            del self.write_log[:-64]
-            # Drop entries the new one makes redundant (same state, or a trimmable superset).
-            redundant = self._index.redundant(meta)
-            for sid in redundant:
-                self._index.drop(sid)
-            if redundant:
-                self._dirty = True
-        if redundant:
-            self._write_index()
-            for sid in redundant:
-                unlink(self.snap_dir / f"{sid}.safetensors")
-        self._evict(0)
-        self.hooks.point("done")
-
-    def _evict(self, incoming: int) -> None:
-        """Drop least recently used entries (any model) until `incoming` more bytes fit."""
-        with self._lock:
-            victims = self._index.lru_victims(self.budget_bytes, incoming)
-            self.evictions += len(victims)
-            if victims:
-                self._dirty = True
-        if victims:
-            # Forget first, then delete: a crash in between leaves unlisted files (removed on
-            # open), never an entry whose file is gone.
-            self._write_index()
-            for sid in victims:
-                unlink(self.snap_dir / f"{sid}.safetensors")
-
-    def _clear_files(self) -> None:
-        with self._lock:
-            self._index.clear()
-            self._dirty = True
-        self._write_index()
-        for name in os.listdir(self.snap_dir):
-            if name.endswith(".safetensors"):
-                unlink(self.snap_dir / name)
-
-    def _write_index(self, extra: Optional[Entry] = None) -> None:
-        """Atomically replace index.json with the in-memory index (plus `extra`)."""
-        with self._lock:
-            blob = self._index.to_json(extra)
-            self._dirty = False
-        tmp = self.root / f"{TMP_PREFIX}index-{os.getpid()}.json"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(blob)
-                f.flush()
-                fsync(f.fileno())
-            self.hooks.point("index_tmp")
-            os.replace(tmp, self.index_path)
-            fsync_dir(self.root)
-        except BaseException:
-            unlink(tmp)
-            with self._lock:
-                self._dirty = True
-                self._retry_at = time.monotonic() + INDEX_RETRY_S  # no busy loop on a full disk
-            raise
-        with self._lock:
-            self._retry_at = 0.0
-
-    # -- errors --------------------------------------------------------------------------------
-    def _record_error(self, e: BaseException) -> None:
-        code = getattr(e, "errno", None)
-        msg = f"{type(e).__name__}: {e}"
-        with self._lock:
-            self.write_errors += 1
-            self.last_error = msg
-            if code in (errno.EROFS, errno.EACCES, errno.EPERM):
-                # These do not go away by themselves: stop writing for this session.
-                self.writable = False
-                self._queue.clear()
-                self._pending_bytes = 0
-        if code == errno.ENOSPC:
-            self._warn("enospc", f"The disk is full: prompt cache snapshots are not being saved to {self.root} "
-                                 "(replies are unaffected; the cache works in memory).")
-        elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-            self._warn("readonly", f"The prompt cache folder {self.root} is not writable ({os.strerror(code)}); "
-                                   "the cache works in memory only this session.")
-        else:
-            self._warn("write", f"Saving the prompt cache to disk failed ({msg}); replies are unaffected.")
-
-    def _warn(self, kind: str, message: str) -> None:
-        with self._lock:
-            if kind in self._warned:
-                return
-            self._warned.add(kind)
-            self.warnings.append(message)
-            self._unseen += 1
-        if self.on_warning is not None:
-            try:
-                self.on_warning(message)
-            except Exception:
-                pass
-

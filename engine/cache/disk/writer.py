@@ -1,0 +1,362 @@
+"""The disk tier's writer thread: every disk write of a `DiskCache` (engine/cache/disk/tier.py).
+
+One thread at the lowest priority takes tasks from a queue: save a snapshot (temp file,
+fsync, index, rename: the write order in tier.py's module doc), delete entries, clear, or
+sync the index and apply the budget. A generation holds writes (`hold_writes`) so that none
+competes with prefill and decode for the CPU; `flush` waits until the queue is empty. I/O
+errors are recorded and become one user-facing warning each (`pop_warnings`), never an
+exception on the engine's thread.
+
+`WriterThread` is the part of `DiskCache` that does this; `DiskCache.__init__` sets the state
+it shares with the rest of the class (the lock and its condition, the index, the counters).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import mlx.core as mx
+
+from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
+from engine.cache.disk.format import Entry, encode_snapshot
+from engine.cache.disk.hooks import WriterHooks
+from engine.cache.disk.index import Index
+from engine.cache.planner import SnapshotMeta, dominates
+from engine.cache.snapshot import Snapshot
+from engine.threads import lower_thread_priority
+
+WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI (0)
+TMP_PREFIX = ".tmp-"
+MAX_PENDING_BYTES = 1 << 30  # snapshots queued for writing; beyond this the oldest are dropped
+INDEX_RETRY_S = 5.0  # after a failed index write (disk full), wait this long before retrying
+
+
+@dataclass
+class WriteTask:
+    """One piece of work for the writer thread."""
+
+    kind: str  # "save" | "delete" | "clear" | "sync"
+    snapshot: Optional[Snapshot] = None
+    ids: list[str] = field(default_factory=list)
+    nbytes: int = 0
+
+
+
+class WriterThread:
+    """The writer thread of a `DiskCache` and what it writes (see the module doc)."""
+
+    # Set by DiskCache.__init__; `_lock` guards everything below it.
+    root: Path
+    snap_dir: Path
+    index_path: Path
+    env: str
+    hooks: WriterHooks
+    on_warning: Optional[Callable[[str], None]]
+    _lock: threading.RLock
+    _cond: threading.Condition
+    _thread: Optional[threading.Thread]
+    _queue: deque[WriteTask]
+    _pending_bytes: int
+    _busy: bool  # a task is being done
+    _holds: int  # generations in progress: the writer waits for them (see hold_writes)
+    _flushers: int  # callers in flush(): a hold must not make them wait for ever
+    _stop: bool
+    _dirty: bool  # the index on disk is behind the one in memory
+    _retry_at: float
+    _index: Index
+    budget_bytes: int
+    writable: bool
+    writes: int
+    write_errors: int
+    write_seconds: float
+    bytes_written: int
+    evictions: int
+    skipped: int
+    write_log: list[tuple[str, int, int, float]]  # (kind, tokens, bytes, seconds) of the last writes
+    last_error: Optional[str]
+    warnings: list[str]
+    _warned: set[str]
+    _unseen: int
+
+    # -- the queue and the holds ---------------------------------------------------------------
+    def _settled(self) -> bool:
+        """Nothing left for the writer (an index write that keeps failing counts as settled)."""
+        index_due = self._dirty and self.writable and time.monotonic() >= self._retry_at
+        return not self._queue and not self._busy and not index_due
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every queued write is on disk; False if `timeout` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._flushers += 1
+            self._cond.notify_all()
+            try:
+                while not self._settled():
+                    if self._thread is None or not self._thread.is_alive():
+                        return False
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(0.5 if left is None else min(left, 0.5))
+            finally:
+                self._flushers -= 1
+        return True
+
+    def hold_writes(self) -> None:
+        """A generation starts: queued writes wait until `release_writes` (a write already in
+        progress pauses between arrays). Disk writes then never compete with prefill and decode
+        for the CPU (docs/benchmarks.md, item 4, has the measurement)."""
+        with self._cond:
+            self._holds += 1
+
+    def _wait_while_held(self) -> None:
+        """Called by the writer between pieces of a write: a generation that started meanwhile
+        gets the CPU (and the GIL) back at once; the temp file simply waits to be finished."""
+        with self._cond:
+            if self._holds > 0 and not self._flushers and not self._stop:
+                self.hooks.point("paused")
+            while self._holds > 0 and not self._flushers and not self._stop:
+                self._cond.wait(0.1)
+
+    def release_writes(self) -> None:
+        with self._cond:
+            self._holds = max(0, self._holds - 1)
+            self._cond.notify_all()
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _next_task(self) -> Optional[WriteTask]:
+        with self._cond:
+            while True:
+                held = self._holds > 0 and not self._flushers and not self._stop
+                if self._queue and not held:
+                    task = self._queue.popleft()
+                    if task.kind == "save":
+                        self._pending_bytes -= task.nbytes
+                    break
+                index_due = self._dirty and self.writable and not held
+                if index_due and time.monotonic() >= self._retry_at:
+                    task = WriteTask("sync")
+                    break
+                if self._stop:
+                    return None
+                if held and self._queue:
+                    self.hooks.point("held")
+                self._cond.wait(max(0.05, self._retry_at - time.monotonic()) if index_due else None)
+            self._busy = True
+            return task
+
+    def _run(self) -> None:
+        # Writes are never urgent; decode is: the writer runs at the lowest priority, so on a
+        # machine with few cores it takes only what the engine leaves (docs/benchmarks.md, item 4).
+        lower_thread_priority(WRITER_NICE)
+        while (task := self._next_task()) is not None:
+            try:
+                if not self.writable:
+                    continue  # a read-only folder: drop the work, the memory tier has it all
+                if task.kind == "save" and task.snapshot is not None:
+                    self._save(task.snapshot)
+                elif task.kind == "delete":
+                    self._mark_dirty()
+                    self._write_index()  # forget first, then delete (see _evict)
+                    for sid in task.ids:
+                        unlink(self.snap_dir / f"{sid}.safetensors")
+                elif task.kind == "clear":
+                    self._clear_files()
+                elif task.kind == "sync":
+                    self._evict(0)
+                with self._lock:
+                    write_index = self._dirty and not self._queue and time.monotonic() >= self._retry_at
+                if write_index:
+                    self._write_index()
+            except Exception as e:  # never let the writer die: record, tell once, go on
+                self._record_error(e)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _mark_dirty(self) -> None:
+        with self._lock:
+            self._dirty = True
+
+    def _superseded(self, meta: SnapshotMeta) -> bool:
+        """True if the disk (or a save queued after this one) already serves every restore it could."""
+        with self._lock:
+            other = self._index.dominating(meta)
+            if other is not None:
+                other.last_used = time.time()
+                self._dirty = True
+                return True
+            for t in self._queue:
+                if t.kind == "save" and t.snapshot is not None:
+                    m = t.snapshot.meta
+                    if m.model_key == meta.model_key and dominates(m, meta):
+                        return True
+        return False
+
+    def _save(self, snap: Snapshot) -> None:
+        meta = snap.meta
+        if self._superseded(meta) or meta.nbytes > self.budget_bytes:
+            self.skipped += 1
+            return
+        self._evict(meta.nbytes)
+        t0 = time.perf_counter()
+        self.hooks.point("begin")
+        tensors, header_meta = encode_snapshot(snap, self.env)
+        final = self.snap_dir / f"{meta.id}.safetensors"
+        tmp = self.snap_dir / f"{TMP_PREFIX}{meta.id}-{os.getpid()}.safetensors"
+        writer: Optional[HashingWriter] = None
+        renamed = False
+        try:
+            with open(tmp, "wb") as f:
+
+                def on_write(n: int) -> None:
+                    if n == 2:  # header written, data not yet: a partial file
+                        if self.hooks.partial_file:
+                            f.flush()
+                        self.hooks.point("temp_partial")
+                    self._wait_while_held()  # MLX writes one array per call: pause between them
+
+                writer = HashingWriter(f, on_write)
+                mx.save_safetensors(writer, tensors, metadata=header_meta)
+                f.flush()
+                self._wait_while_held()
+                fsync(f.fileno())
+                size = f.tell()
+            sha = writer.hash.hexdigest() if writer.linear and writer.pos == size else file_sha256(tmp)
+            self.hooks.point("temp_synced")
+            now = time.time()
+            entry = Entry(meta, size, sha, now, now, self.env)
+            # The index lists the entry before the file appears under its final name (tier.py's doc);
+            # entries() shows it only once the file is there.
+            self._write_index(extra=entry)
+            self.hooks.point("index_written")
+            try:
+                os.replace(tmp, final)
+                renamed = True
+            except BaseException:
+                self._mark_dirty()  # the index on disk lists a file that is not there
+                raise
+            fsync_dir(self.snap_dir)
+            self.hooks.point("renamed")
+        except Exception as e:
+            if not renamed:
+                unlink(tmp)
+            if writer is not None and writer.error is not None and not isinstance(e, OSError):
+                e = writer.error  # the errno MLX wrapped away
+            self._record_error(e)
+            return
+        dt = time.perf_counter() - t0
+        with self._lock:
+            self._index.add(entry)
+            self.writes += 1
+            self.write_seconds += dt
+            self.bytes_written += size
+            self.write_log.append((meta.kind, meta.length, size, dt))
+            del self.write_log[:-64]
+            # Drop entries the new one makes redundant (same state, or a trimmable superset).
+            redundant = self._index.redundant(meta)
+            for sid in redundant:
+                self._index.drop(sid)
+            if redundant:
+                self._dirty = True
+        if redundant:
+            self._write_index()
+            for sid in redundant:
+                unlink(self.snap_dir / f"{sid}.safetensors")
+        self._evict(0)
+        self.hooks.point("done")
+
+    def _evict(self, incoming: int) -> None:
+        """Drop least recently used entries (any model) until `incoming` more bytes fit."""
+        with self._lock:
+            victims = self._index.lru_victims(self.budget_bytes, incoming)
+            self.evictions += len(victims)
+            if victims:
+                self._dirty = True
+        if victims:
+            # Forget first, then delete: a crash in between leaves unlisted files (removed on
+            # open), never an entry whose file is gone.
+            self._write_index()
+            for sid in victims:
+                unlink(self.snap_dir / f"{sid}.safetensors")
+
+    def _clear_files(self) -> None:
+        with self._lock:
+            self._index.clear()
+            self._dirty = True
+        self._write_index()
+        for name in os.listdir(self.snap_dir):
+            if name.endswith(".safetensors"):
+                unlink(self.snap_dir / name)
+
+    def _write_index(self, extra: Optional[Entry] = None) -> None:
+        """Atomically replace index.json with the in-memory index (plus `extra`)."""
+        with self._lock:
+            blob = self._index.to_json(extra)
+            self._dirty = False
+        tmp = self.root / f"{TMP_PREFIX}index-{os.getpid()}.json"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(blob)
+                f.flush()
+                fsync(f.fileno())
+            self.hooks.point("index_tmp")
+            os.replace(tmp, self.index_path)
+            fsync_dir(self.root)
+        except BaseException:
+            unlink(tmp)
+            with self._lock:
+                self._dirty = True
+                self._retry_at = time.monotonic() + INDEX_RETRY_S  # no busy loop on a full disk
+            raise
+        with self._lock:
+            self._retry_at = 0.0
+
+    # -- errors and warnings -------------------------------------------------------------------
+    def _record_error(self, e: BaseException) -> None:
+        code = getattr(e, "errno", None)
+        msg = f"{type(e).__name__}: {e}"
+        with self._lock:
+            self.write_errors += 1
+            self.last_error = msg
+            if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+                # These do not go away by themselves: stop writing for this session.
+                self.writable = False
+                self._queue.clear()
+                self._pending_bytes = 0
+        if code == errno.ENOSPC:
+            self._warn("enospc", f"The disk is full: prompt cache snapshots are not being saved to {self.root} "
+                                 "(replies are unaffected; the cache works in memory).")
+        elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+            self._warn("readonly", f"The prompt cache folder {self.root} is not writable ({os.strerror(code)}); "
+                                   "the cache works in memory only this session.")
+        else:
+            self._warn("write", f"Saving the prompt cache to disk failed ({msg}); replies are unaffected.")
+
+    def _warn(self, kind: str, message: str) -> None:
+        with self._lock:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+            self.warnings.append(message)
+            self._unseen += 1
+        if self.on_warning is not None:
+            try:
+                self.on_warning(message)
+            except Exception:
+                pass
+
+    def pop_warnings(self) -> list[str]:
+        """Warnings not yet shown to the user (each problem is reported once)."""
+        with self._lock:
+            new = self.warnings[len(self.warnings) - self._unseen :] if self._unseen else []
+            self._unseen = 0
+            return new
