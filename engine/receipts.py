@@ -275,6 +275,7 @@ class Verdict:
     environment_diff: list[str]  # "mlx 0.32.4 here, 0.30.0 in the receipt"
     notes: list[str] = field(default_factory=list)  # e.g. the prompt renders differently here
     cache_source: Optional[str] = None  # where the replay's prompt came from (memory/disk/None)
+    first_logprob_diff: Optional[int] = None  # same tokens: the first index whose logprob differs (if listed)
 
     def line(self) -> str:
         """The verdict in one line."""
@@ -284,7 +285,8 @@ class Verdict:
             return f"OK: the replay matches the receipt ({n} tokens, logprobs SHA-256 equal)"
         delta = f"{c.max_logprob_diff:.3g}" if self.logprobs_known else "unknown (the receipt lists no logprobs)"
         if c.first_diff is None:
-            return f"MISMATCH: same {n} tokens, logprobs differ (max |delta logprob| {delta})"
+            at = f" from index {self.first_logprob_diff}" if self.first_logprob_diff is not None else ""
+            return f"MISMATCH: same {n} tokens, logprobs differ{at} (max |delta logprob| {delta})"
         chars = f", {c.shared_chars} characters" if c.shared_chars is not None else ""
         return (f"MISMATCH: first divergent token at index {c.first_diff} (shared prefix {c.shared_tokens} tokens"
                 f"{chars}; receipt {c.lengths[0]} tokens, replay {c.lengths[1]}); max |delta logprob| over the "
@@ -345,8 +347,10 @@ def replay(receipt: Receipt, engine: Engine, use_cache: bool = True, cancel: Opt
     ok = result.tokens == receipt.tokens and digest == receipt.logprobs_sha256
     if receipt.logprobs is None and result.tokens == receipt.tokens and not ok:
         cmp = replace(cmp, identical=False, detail="same tokens, logprobs differ")
+    first_lp = next((i for i, (a, b) in enumerate(zip(ref_lps, result.logprobs)) if a != b), None) \
+        if receipt.logprobs is not None and result.tokens == receipt.tokens else None
     return Verdict(ok, cmp, list(result.tokens), digest, receipt.logprobs is not None,
-                   environment_diff(receipt.environment), notes, result.report.source)
+                   environment_diff(receipt.environment), notes, result.report.source, first_lp)
 
 
 def describe(receipt: Receipt) -> str:

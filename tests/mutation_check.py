@@ -1,27 +1,36 @@
-"""Mutation check: every deliberate engine bug in MUTATIONS must make the tests fail.
+"""Mutation check: every deliberate bug in MUTATIONS must make a named test fail on its assertion.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 CI=1 \
-        .venv/bin/python tests/mutation_check.py [-k NAME] [--keep]
+        .venv/bin/python tests/mutation_check.py [-k NAME] [--keep] [--timeout S] [--record]
 
 For each mutation: copy the working tree (tracked and untracked, not ignored files) to a
 temporary folder, apply the mutation's exact text replacements there (the checkout itself is
-never touched), run the tests named as its catchers, and record which failed. A replacement
-whose target text is not found exactly once stops the run (the code moved: update the list).
-The unmutated tree runs the same tests first; they must all pass, or no "caught" means anything.
+never touched), run the tests named as its catchers under a timeout, and read pytest's junit
+XML. A mutation is caught only when a catcher FAILS ON AN ASSERTION (a <failure> whose message
+is an assert, an AssertionError or pytest.fail / pytest.raises): an <error> (a fixture or
+collection error), any other exception the mutated code raises, or a timeout is reported as
+such and does not count. A replacement whose target text is not found exactly once stops the
+run, naming the mutation (the code moved: update the list). The unmutated tree runs all the
+chosen catchers first: every one must run and pass (none skipped, none missing), or no "caught"
+means anything.
 
-Prints a table (mutation -> caught? -> by which tests) and exits non-zero if any mutation
-survives. Not part of `make test` (minutes, not seconds); run it after every change to the
-cache path, and record the table in docs/testing.md. tests/test_mutation_targets.py checks on
-every `make test` that each target text still exists, so this list cannot rot silently.
-Run it with OpenBLAS preloaded (as `make test` does): several catchers are determinism tests
-that only bite with an optimized BLAS (README, "Linux: OpenBLAS").
+Prints a table (mutation -> outcome -> by which tests -> when) and exits non-zero if any
+mutation is not caught. `--record` writes the rows into the table in docs/testing.md (date and
+commit of this run). Not part of `make test` (minutes, not seconds); run it after every change
+to the code a mutation targets. tests/test_mutation_targets.py checks on every `make test`
+that each target text still exists, so this list cannot rot silently. Run it with OpenBLAS
+preloaded (as `make test` does): several catchers are determinism tests that only bite with an
+optimized BLAS (README, "Linux: OpenBLAS").
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +45,11 @@ EC = "tests/test_engine_cache.py::"
 DC = "tests/test_disk_cache.py::"
 PL = "tests/test_cache_planner.py::"
 FA = "tests/test_cache_families.py::"
+EP = "tests/test_edge_promises.py::"
+AP = "tests/test_app_edge_promises.py::"
+SS = "tests/test_stop_strings.py::"
+DOCS = ROOT / "docs" / "testing.md"
+DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,60 @@ MUTATIONS: list[Mutation] = [
         (("engine/cache/planner.py", "    if a.exact_cuts[: len(b.exact_cuts)] != b.exact_cuts:\n        return False\n", ""),),
         (PL + "test_dominates_keeps_exact_states",),
     ),
+    # -- around the core (issue 22): each target one line, each catcher a public-surface test ---------
+    Mutation(
+        "verify ignores the logprobs digest (tokens alone decide a match)",
+        (("engine/receipts.py", "    ok = result.tokens == receipt.tokens and digest == receipt.logprobs_sha256\n",
+          "    ok = result.tokens == receipt.tokens\n"),),
+        (EP + "test_verify_fails_when_only_one_logprobs_low_bit_differs",),
+    ),
+    Mutation(
+        "the server's cached_tokens reports the matched prefix, not what was restored",
+        (("engine/serve/schema.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
+        (EP + "test_server_cached_tokens_is_what_was_restored_not_what_matched",),
+    ),
+    Mutation(
+        "the KV-quantization group size left out of the model key",
+        (("engine/models/key.py", "    opts = {**engine_options(folder), **(options or {})}\n",
+          '    opts = {k: v for k, v in {**engine_options(folder), **(options or {})}.items() if k != "kv_group_size"}\n'),),
+        (EP + "test_kv_group_sizes_in_one_cache_dir_never_share_snapshots",),
+    ),
+    Mutation(
+        "the memory tier returns snapshots of any model, not only the loaded one",
+        (("engine/cache/memory.py", ' for s in self._items.values() if s.meta.model_key == model_key]',
+          ' for s in self._items.values()]'),),
+        (EP + "test_two_models_in_one_engine_never_share_snapshots",),
+    ),
+    Mutation(
+        "identical to an existing variant decided on tokens alone",
+        (("app/core/session.py", "\n                    and m.logprobs == list(result.logprobs)):", "):"),),
+        (AP + "test_a_regenerate_with_equal_tokens_but_other_logprobs_is_kept_as_a_variant",),
+    ),
+    Mutation(
+        "the context check off by one (prompt + max_tokens may pass the context by one)",
+        (("engine/generate/context.py", "    if limit is None or len(prompt) + max_tokens <= limit:\n",
+          "    if limit is None or len(prompt) + max_tokens <= limit + 1:\n"),),
+        (EP + "test_prompt_plus_max_tokens_equal_to_the_context_is_served_one_more_refused",),
+    ),
+    Mutation(
+        "regenerate uses the Settings' current mode instead of the reply's own",
+        (("app/core/session.py", "            mode = reply.report.mode if reply.report is not None else settings.mode\n",
+          "            mode = settings.mode\n"),),
+        (AP + "test_regenerate_repeats_the_replys_mode_whatever_the_settings_say",
+         AP + "test_window_regenerate_runs_in_the_replys_mode_after_settings_changed"),
+    ),
+    Mutation(
+        "the sampler reuses one random key for every step",
+        (("engine/generate/sampling.py", "        self._key, step_key = mx.random.split(self._key)\n",
+          "        step_key = self._key\n"),),
+        (EP + "test_sampled_tokens_follow_the_documented_key_schedule",),
+    ),
+    Mutation(
+        "stop strings not held back (the possible start of one is streamed)",
+        (("engine/generate/stops.py", "        return text[: len(text) - self.held_back(text)]\n", "        return text\n"),),
+        (SS + "test_the_reported_leak_is_gone",
+         SS + "test_engine_streams_exactly_the_final_text_for_random_stop_strings"),
+    ),
 ]
 
 
@@ -169,21 +237,68 @@ def copy_tree(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], tag: str) -> tuple[list[str], int]:
-    """(node ids that failed or errored, pytest's exit code), run in `tree`."""
+# A <failure> counts as the test's own verdict when pytest reports an assertion: `assert ...`
+# (rewritten), an AssertionError (assert with a message, pytest.raises(match=)), or pytest.fail /
+# "DID NOT RAISE" ("Failed: ..."). Anything else is the mutated code (or the test) crashing.
+ASSERTION_MESSAGES = ("assert ", "AssertionError", "Failed: ")
+
+
+@dataclass
+class Run:
+    """One pytest run of a tree's catchers, read from its junit XML."""
+
+    asserted: list[str]  # failed on an assertion
+    crashed: list[str]  # failed on another exception, or errored (setup, teardown, collection)
+    skipped: list[str]
+    ran: list[str]  # every test case reported
+    rc: int  # pytest's exit code; -1: killed at the timeout
+    tail: str = ""  # pytest's last output, when something went wrong
+
+    @property
+    def timed_out(self) -> bool:
+        return self.rc == -1
+
+    def verdict(self) -> str:
+        if self.asserted:
+            return "caught"
+        if self.timed_out:
+            return "TIMEOUT"
+        return "ERROR" if self.crashed or self.rc not in (0, 1) else "SURVIVED"
+
+
+def node_of(case: ET.Element) -> str:
+    module = case.get("classname", "").replace(".", "/") + ".py"
+    return f"{module}::{case.get('name')}"
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], tag: str, timeout: float) -> Run:
+    """Run `tests` in `tree` (killed, with its children, after `timeout` seconds)."""
     xml = tree / f".mutation-{tag}.xml"
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-                           *tests], cwd=tree, env=env, capture_output=True, text=True)
-    failed = []
-    if xml.exists():
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            if case.find("failure") is not None or case.find("error") is not None:
-                module = case.get("classname", "").replace(".", "/") + ".py"
-                failed.append(f"{module}::{case.get('name')}")
-    if proc.returncode not in (0, 1):  # 2+: interrupted, usage or collection error
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-    return failed, proc.returncode
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                             *tests], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        rc = -1
+    run = Run([], [], [], [], rc, out[-4000:] if rc not in (0, 1) else "")
+    if rc == -1 or not xml.exists():
+        return run
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        node = node_of(case)
+        run.ran.append(node)
+        failure, error, skipped = case.find("failure"), case.find("error"), case.find("skipped")
+        if failure is not None and (failure.get("message") or "").startswith(ASSERTION_MESSAGES):
+            run.asserted.append(node)
+        elif failure is not None or error is not None:
+            run.crashed.append(node)
+        elif skipped is not None:
+            run.skipped.append(node)
+    return run
 
 
 def check_imports(tree: Path) -> None:
@@ -196,21 +311,75 @@ def check_imports(tree: Path) -> None:
         raise SystemExit(f"`import engine` resolves to {out.stdout.strip()}, not the copy in {tree}")
 
 
+def baseline_problems(run: Run, catchers: tuple[str, ...]) -> list[str]:
+    """Why the unmutated tree's catcher run proves nothing (empty: every catcher ran and passed)."""
+    out = [f"failed: {n}" for n in run.asserted + run.crashed] + [f"skipped: {n}" for n in run.skipped]
+    if run.timed_out:
+        out.append("the run timed out")
+    elif run.rc != 0:
+        out.append(f"pytest exited with {run.rc}")
+    for node in catchers:  # a catcher that never ran (a typo, a deselected parameter) checks nothing
+        if not any(r == node or r.startswith(node + "[") for r in run.ran):
+            out.append(f"did not run: {node}")
+    return out
+
+
 def short(node: str) -> str:
     return node.split("/")[-1].replace(".py::", "::")
 
 
+def by_tests(nodes: list[str]) -> str:
+    return ", ".join(sorted({short(f).split("[")[0] + ("[...]" if "[" in f else "") for f in nodes})) or "-"
+
+
+def revision() -> str:
+    """The checkout's commit, marked when the working tree has changes the commit does not hold."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return (head.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+
+
+TABLE_HEAD = "| mutation | caught | by | last run |"
+
+
+def table_row(m: Mutation, run: Run, when: str) -> str:
+    outcome = {"caught": "yes"}.get(run.verdict(), "NO: " + run.verdict().lower())
+    by = by_tests(run.asserted) if run.asserted else "-"
+    return f"| {m.name} | {outcome} | {by} | {when} |"
+
+
+def record(rows: dict[str, str], docs: Path = DOCS) -> None:
+    """Put `rows` (mutation name -> table row) into the mutation table of `docs`: a row per
+    mutation, replaced when it exists, appended otherwise; rows of mutations no longer in the
+    list are dropped."""
+    lines = docs.read_text().splitlines()
+    try:
+        head = lines.index(TABLE_HEAD)
+    except ValueError:
+        raise SystemExit(f"no mutation table in {docs} (a line {TABLE_HEAD!r})") from None
+    end = head + 2
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    old = {re.split(r" \| ", line[2:], maxsplit=1)[0]: line for line in lines[head + 2 : end]}
+    lines[head + 2 : end] = [rows.get(m.name) or old.get(m.name) or f"| {m.name} | not run yet | - | - |"
+                             for m in MUTATIONS]
+    docs.write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-k", help="only mutations whose name contains this")
+    ap.add_argument("-k", action="append", help="only mutations whose name contains this (repeatable: any of them)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary trees")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per mutant's test run")
+    ap.add_argument("--record", action="store_true", help="write the results into the table in docs/testing.md")
     args = ap.parse_args()
-    chosen = [m for m in MUTATIONS if not args.k or args.k in m.name]
+    chosen = [m for m in MUTATIONS if not args.k or any(k in m.name for k in args.k)]
     if not chosen:
         raise SystemExit("no mutation matches")
     t_start = time.monotonic()
+    when = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} {revision()}"
     base = Path(tempfile.mkdtemp(prefix="verbatim-mutants-"))
-    rows = []
+    rows: list[tuple[Mutation, Run, float]] = []
     try:
         problems = target_problems(chosen)  # every target exists before anything runs
         if problems:
@@ -219,36 +388,45 @@ def main() -> int:
         copy_tree(clean)
         check_imports(clean)
         baseline = tuple(sorted({t for m in chosen for t in m.tests}))
-        failed, rc = run_tests(clean, baseline, "baseline")
-        if failed or rc != 0:
-            print("The unmutated tree fails its own catchers; fix that first:", *failed, sep="\n  ")
+        run = run_tests(clean, baseline, "baseline", args.timeout * len(chosen))
+        refused = baseline_problems(run, baseline)
+        if refused:
+            print("The unmutated tree does not pass all its catchers; fix that first:", *refused, sep="\n  ")
+            if run.tail:
+                print(run.tail)
             return 2
-        print(f"baseline: {len(baseline)} catcher tests pass on the unmutated tree")
+        print(f"baseline: {len(baseline)} catchers ({len(run.ran)} test cases) pass on the unmutated tree, none skipped")
         for i, m in enumerate(chosen):
             tree = base / f"m{i}"
             copy_tree(tree)
             apply(tree, m)
             check_imports(tree)
             t0 = time.monotonic()
-            failed, rc = run_tests(tree, m.tests, f"m{i}")
-            caught = bool(failed)
-            rows.append((m, caught, failed, time.monotonic() - t0))
-            print(f"[{'caught' if caught else 'SURVIVED'}] {m.name} ({time.monotonic() - t0:.0f} s)", flush=True)
+            run = run_tests(tree, m.tests, f"m{i}", args.timeout)
+            rows.append((m, run, time.monotonic() - t0))
+            print(f"[{run.verdict()}] {m.name} ({time.monotonic() - t0:.0f} s)", flush=True)
+            if run.verdict() != "caught":
+                for node in run.crashed:
+                    print(f"    crashed (not an assertion): {short(node)}")
+                if run.tail:
+                    print("    " + run.tail[-1500:].replace("\n", "\n    "))
             if not args.keep:
                 shutil.rmtree(tree, ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     print()
-    print("| mutation | caught | by |")
-    print("|---|---|---|")
-    for m, caught, failed, _ in rows:
-        by = ", ".join(sorted({short(f).split("[")[0] + ("[...]" if "[" in f else "") for f in failed})) or "-"
-        print(f"| {m.name} | {'yes' if caught else 'NO'} | {by} |")
-    survivors = [m.name for m, caught, _, _ in rows if not caught]
-    print(f"\n{len(rows) - len(survivors)}/{len(rows)} mutations caught in {time.monotonic() - t_start:.0f} s")
-    if survivors:
-        print("SURVIVED:", *survivors, sep="\n  ")
+    print(TABLE_HEAD)
+    print("|---|---|---|---|")
+    for m, run, _ in rows:
+        print(table_row(m, run, when))
+    if args.record:
+        record({m.name: table_row(m, run, when) for m, run, _ in rows})
+        print(f"\nrecorded in {DOCS}")
+    missed = [m.name for m, run, _ in rows if run.verdict() != "caught"]
+    print(f"\n{len(rows) - len(missed)}/{len(rows)} mutations caught in {time.monotonic() - t_start:.0f} s")
+    if missed:
+        print("NOT CAUGHT:", *missed, sep="\n  ")
         return 1
     return 0
 

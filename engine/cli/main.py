@@ -253,7 +253,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             else:
                 history.append({"role": "user", "content": line})
                 req = GenerationRequest(system + history, _sampler(args), mode=args.mode, use_cache=not args.no_cache,
-                                        context_policy=_policy(args))
+                                        stop=tuple(args.stop), context_policy=_policy(args))
             result = run(req)
             history.append({"role": "assistant", "content": result.text})
             last = (req, result)

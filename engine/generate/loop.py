@@ -48,6 +48,7 @@ from engine.cache.snapshot import (
     new_snapshot_id,
 )
 from engine.generate.sampling import Sampler, top_logprobs
+from engine.generate.stops import StopStrings
 from engine.generate.templating import TextStream, render_prompt
 from engine.types import (
     CacheReport,
@@ -386,12 +387,13 @@ def decode(
     use_history = settings.repetition_penalty != 1.0
     history = mx.array(prompt[-settings.repetition_context :]) if use_history else None
     text = TextStream(lm.tokenizer, lm.eos_ids)
+    stops = StopStrings(request.stop)
     tokens: list[int] = []
     logprobs: list[float] = []
     n_top = request.top_logprobs
     tops: list[list[tuple[int, float]]] = []
     forwarded = 0
-    sent = ""  # text already handed out in events
+    sent = ""  # text already handed out in events (never the possible start of a stop string)
     final_text: Optional[str] = None
     t_first: Optional[float] = None
     t_last: Optional[float] = None
@@ -441,22 +443,24 @@ def decode(
         text.add(token)
         if token in lm.eos_ids:
             ended = "stop"
-        elif (stop_at := _find_stop(text.text, request.stop)) is not None:
+        elif (stop_at := stops.find(text.text)) is not None:
             final_text = text.text[:stop_at]
             ended = "stop"
         else:
             # An event for every token, also one that completes no text yet (part of a
             # character, a held-back piece): listeners that batch text flush on events.
-            yield TokenEvent(len(tokens) - 1, token, logprob, text.text[len(sent) :], top_read)
-            sent = text.text
+            shown = stops.shown(text.text)
+            yield TokenEvent(len(tokens) - 1, token, logprob, shown[len(sent) :], top_read)
+            sent = shown
             ended = "cancelled" if is_cancelled() else None
         if queue_next:
             y, lp, top = next_y, next_lp, next_top
         elif ended is None and len(tokens) < max_tokens:
             y, lp, top = schedule(y)
     if final_text is None:
-        text.flush()
-        final_text = text.text
+        text.flush()  # the last characters, decoded as they are, may complete a stop string
+        final_text = text.text if (stop_at := stops.find(text.text)) is None else text.text[:stop_at]
+        ended = ended or ("stop" if stop_at is not None else None)
     if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
         yield TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :],
                          tops[-1] if tops else None)
@@ -474,11 +478,5 @@ def drain(events: Generator[Event, None, GenerationResult], on_event: Optional[C
             return done.value
         if on_event is not None:
             on_event(event)
-
-
-def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
-    hits = [text.find(s) for s in stops if s]
-    hits = [h for h in hits if h >= 0]
-    return min(hits) if hits else None
 
 

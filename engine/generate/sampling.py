@@ -3,6 +3,17 @@
 Never the global PRNG: MLX's global random state is per-thread and was seen to freeze inside
 `mx.compile` on worker threads (MLX 0.32.0). A generation owns `mx.random.key(seed)` and splits
 it once per step, so the same seed gives the same draws in any process or thread.
+
+The key schedule (tests/test_edge_promises.py recomputes sampled tokens from it):
+
+    key_0 = mx.random.key(seed)
+    key_{i+1}, step_key_i = mx.random.split(key_i)          # every step i, greedy or not
+    token_i = mx.random.categorical(truncate(logprobs_i / T), key=step_key_i)
+
+`logprobs_i` is the step's log-distribution [1, vocab] (after the repetition penalty) and
+`truncate` sets tokens outside top-k / min-p / top-p to -inf. Each step draws with a key of its
+own, never used before or again: consecutive draws are independent, and the draw at step i
+depends only on the seed and i.
 """
 
 from __future__ import annotations

@@ -250,17 +250,6 @@ async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.S
         job.abandon()
 
 
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """How many characters at the end of `text` could be the start of a stop string."""
-    keep = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), keep, -1):
-            if text.endswith(s[:n]):
-                keep = n
-                break
-    return keep
-
-
 async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str, job: Job) -> web.StreamResponse:
     # Headers wait for the first event: an error found before prefill (context too long, bad
     # template) is still answered with its status code rather than inside a 200 stream.
@@ -279,7 +268,7 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     if chat:
         await send(schema.chunk(parsed, name, "", None, role=True))
     text = ""  # everything the engine has decoded so far
-    sent = 0  # characters of it already sent (the rest may be the start of a stop string)
+    sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
     seen = 0  # tokens whose logprobs were sent
     while not isinstance(item, Done):
         if isinstance(item, Tokens):
@@ -288,11 +277,10 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
             if parsed.logprobs and item.event.index >= seen and item.entry is not None:
                 entries = [item.entry]
                 seen = item.event.index + 1
-            upto = len(text) - _held_back(text, parsed.request.stop)
-            delta = text[sent:upto] if upto > sent else ""
+            delta = text[sent:]
             if delta or entries:
                 await send(schema.chunk(parsed, name, delta, entries, text_offset=sent))
-                sent = max(sent, upto)
+                sent = len(text)
         item = await job.items.get()
     result = item.result
     if item.error is not None or result is None or result.finish_reason == "cancelled":
