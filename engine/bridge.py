@@ -13,8 +13,8 @@ Events cross threads with `loop.call_soon_threadsafe`, batched: the loop wakes a
 dropped. `engine_batches` yields the same events as lists, one per wake-up, for a consumer that
 redraws once per batch (the window).
 
-`observe`, when given, sees every event and the final `Done` on the engine thread, before they are
-posted: what must happen even if the loop never turns again (the app saves a reply there, so a
+`observe`, when given, sees every event and the final `Done` (or `Failed` when the engine raised)
+on the engine thread, before they are posted: what must happen even if the loop never turns again (the app saves a reply there, so a
 reply is saved when the window closes mid-reply).
 
 `engine_call(executor, fn)` runs any other job (`fn(engine)`: load, verify, cache stats) the same
@@ -100,13 +100,15 @@ class Done:
     result: GenerationResult
 
 
-StreamEvent = Union[PrefillProgress, TokenEvent, Done]
-Observer = Callable[[StreamEvent], None]
-
-
 @dataclass
-class _Failed:
+class Failed:
+    """What an observer sees when the engine raised (the consumer gets the error raised)."""
+
     error: BaseException
+
+
+StreamEvent = Union[PrefillProgress, TokenEvent, Done]
+Observer = Callable[[Union[StreamEvent, Failed]], None]
 
 
 class _Channel:
@@ -117,15 +119,15 @@ class _Channel:
         self.loop = loop
         self.interval = interval
         self._lock = threading.Lock()
-        self._items: list[Union[StreamEvent, _Failed]] = []
+        self._items: list[Union[StreamEvent, Failed]] = []
         self._scheduled = False
         self._last_flush = 0.0  # loop-thread clock of the last hand-over
-        self._batches: list[list[Union[StreamEvent, _Failed]]] = []  # loop thread only
+        self._batches: list[list[Union[StreamEvent, Failed]]] = []  # loop thread only
         self._waiter: Optional[asyncio.Future[None]] = None
 
     # -- engine thread ------------------------------------------------------------------------
-    def put(self, item: Union[StreamEvent, _Failed]) -> None:
-        final = isinstance(item, (Done, _Failed))
+    def put(self, item: Union[StreamEvent, Failed]) -> None:
+        final = isinstance(item, (Done, Failed))
         with self._lock:
             self._items.append(item)
             wake = not self._scheduled or final
@@ -155,7 +157,7 @@ class _Channel:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def batches(self) -> AsyncIterator[list[Union[StreamEvent, _Failed]]]:
+    async def batches(self) -> AsyncIterator[list[Union[StreamEvent, Failed]]]:
         while True:
             if not self._batches:
                 self._waiter = self.loop.create_future()
@@ -181,30 +183,35 @@ async def engine_batches(
     token = cancel if cancel is not None else CancelToken()
 
     def run(engine: EngineAPI) -> None:
-        gen = engine.stream(request, cancel=token)
-        while True:
-            try:
-                event: StreamEvent = next(gen)
-            except StopIteration as stop:
-                event = Done(stop.value)
+        try:
+            gen = engine.stream(request, cancel=token)
+            while True:
+                try:
+                    event: StreamEvent = next(gen)
+                except StopIteration as stop:
+                    event = Done(stop.value)
+                if observe is not None:
+                    observe(event)
+                channel.put(event)
+                if isinstance(event, Done):
+                    return
+        except BaseException as e:
             if observe is not None:
-                observe(event)
-            channel.put(event)
-            if isinstance(event, Done):
-                return
+                observe(Failed(e))
+            raise
 
     def finished(fut: Any) -> None:  # any thread: an error, or a job cancelled before it ran
         if fut.cancelled():
-            channel.put(_Failed(asyncio.CancelledError("the engine job was cancelled before it started")))
+            channel.put(Failed(asyncio.CancelledError("the engine job was cancelled before it started")))
         elif fut.exception() is not None:
-            channel.put(_Failed(fut.exception()))
+            channel.put(Failed(fut.exception()))
 
     executor.submit(run).add_done_callback(finished)
     try:
         async for batch in channel.batches():
             events: list[StreamEvent] = []
             for item in batch:
-                if isinstance(item, _Failed):
+                if isinstance(item, Failed):
                     if events:
                         yield events
                     raise item.error

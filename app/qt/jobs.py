@@ -26,8 +26,9 @@ import threading
 import time
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
+from app.core.chat import user_message  # noqa: F401 (the one wording, used by the widgets)
 from engine.engine import Engine
-from engine.errors import Cancelled, VerbatimError
+from engine.errors import Cancelled
 from engine.executor import EngineExecutor
 
 log = logging.getLogger(__name__)
@@ -89,14 +90,12 @@ class Relay:
         self._callback = callback
         self.interval = interval
         self._last = 0.0
-        self.sent = 0
 
     def __call__(self, *args: Any, force: bool = False) -> bool:
         now = time.perf_counter()
         if not force and now - self._last < self.interval:
             return False
         self._last = now
-        self.sent += 1
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._callback, *args)
         return True
@@ -104,15 +103,6 @@ class Relay:
     def progress(self, fraction: float, message: str) -> None:
         """An `engine.types.Progress` callback: the final step is never dropped."""
         self(float(fraction), str(message), force=fraction >= 1.0)
-
-
-def user_message(e: BaseException) -> str:
-    """One line for the window: the errors users cause carry their own message."""
-    from app.core.store import StoreError
-
-    if isinstance(e, (VerbatimError, StoreError, OSError)):
-        return str(e) or type(e).__name__
-    return f"{type(e).__name__}: {e}"
 
 
 def is_cancelled(e: BaseException) -> bool:

@@ -121,6 +121,38 @@ class ReplyOutcome:
 
 
 @dataclass(frozen=True)
+class Run:
+    """One generation of a reply: its first, or a regenerate that came out identical to it (which
+    adds no copy of the message, only this run). The report says what the cache did that time;
+    the outcome how it compared; tokens and logprobs are the message's (identical by definition)."""
+
+    id: int
+    message_id: int
+    created_at: float
+    seed: Optional[int]
+    finish_reason: Optional[str]
+    n_tokens: int
+    report: CacheReport
+    outcome: "ReplyOutcome"
+
+    @property
+    def mode(self) -> str:
+        return self.report.mode
+
+    @property
+    def action(self) -> str:
+        return self.outcome.action
+
+    @classmethod
+    def of_message(cls, m: "Message") -> Optional["Run"]:
+        """The run a reply's own row describes (rows imported, or from before runs were kept)."""
+        if not m.cache_report or m.cache_report.get("streamed"):  # saved mid-reply: not a finished run
+            return None
+        return cls(0, m.id, m.created_at, m.seed, m.finish_reason, len(m.tokens or []), CacheReport.from_dict(m.cache_report),
+                   ReplyOutcome.from_dict(m.cache_report))
+
+
+@dataclass(frozen=True)
 class VariantPosition:
     """Where a message sits among its siblings; str() gives the "2 / 3" the GUI shows."""
 
@@ -188,6 +220,12 @@ def _message(row: sqlite3.Row) -> Message:
         finish_reason=row["finish_reason"], cache_report=_load(row["cache_report"]),
         timings=_load(row["timings"]),
     )  # fmt: skip
+
+
+def _run(row: sqlite3.Row) -> Run:
+    report = json.loads(row["report"])
+    return Run(row["id"], row["message_id"], row["created_at"], row["seed"], row["finish_reason"], row["n_tokens"],
+               CacheReport.from_dict(report), ReplyOutcome.from_dict(report))
 
 
 def _encode_fields(fields: dict[str, Any]) -> dict[str, Any]:

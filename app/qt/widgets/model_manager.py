@@ -40,7 +40,7 @@ from engine.types import CancelToken
 
 
 class EngineJobs(Protocol):
-    """Where the import runs (app/qt/controller.py's ChatController)."""
+    """Where the import runs (app/core/chat.py's ChatModel: the engine thread and its cancel tokens)."""
 
     executor: EngineExecutor
 
