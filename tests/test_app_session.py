@@ -319,3 +319,59 @@ def test_sending_is_one_commit(tmp_path: Path) -> None:
     assert len(commits) == 1
     store._conn.set_trace_callback(None)
     store.close()
+
+
+CHILD = r"""
+import sys
+from app.core.chat import ReplyRecorder
+from app.core.session import ChatSession, ChatSettings
+from app.core.store import ConversationStore
+from engine.engine import Engine
+from engine.types import SamplerSettings
+
+db, model = sys.argv[1], sys.argv[2]
+session = ChatSession(ConversationStore(db))
+engine = Engine(use_disk=False, chunk=16)
+engine.load(model)
+settings = ChatSettings(sampler=SamplerSettings(temperature=0.0, max_tokens=4000), random_seed=False)
+conv = session.new_conversation(settings)
+pending = session.begin_send(conv, "Tell me everything.")
+pending.model_key, pending.chunk = engine.info.key, engine.chunk
+recorder = ReplyRecorder(session, pending, every=0.0)  # save after every token
+for event in engine.stream(pending.request):
+    recorder(event)
+    if len(recorder.tokens) == 6:
+        print(pending.reply_id, flush=True)  # saved: kill me now
+"""
+
+
+def test_a_reply_killed_mid_stream_keeps_its_tokens(tiny_model: Path, tmp_path: Path) -> None:
+    """A real process generating a reply, killed with SIGKILL mid-reply: what it had saved stays
+    (text with its tokens), marked interrupted when the store is opened again."""
+    import os
+    import signal
+    import subprocess
+
+    db = tmp_path / "db.sqlite3"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), str(tiny_model)], stdout=subprocess.PIPE,
+                            text=True, env=env, cwd=root)
+    try:
+        reply_id = int(proc.stdout.readline())  # blocks until the child saved six tokens
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with ConversationStore(db) as store:
+        m = store.get_message(reply_id)
+        assert m.status == "interrupted" and len(m.tokens) >= 6 and len(m.logprobs) == len(m.tokens)
+        assert m.content and m.cache_report["streamed"] and m.cache_report["chunk_size"] == 16
+        session = ChatSession(store)
+        request, tokens, _ = session.verify_inputs(reply_id)
+        engine = Engine(use_disk=False, chunk=16)
+        engine.load(str(tiny_model))
+        cold = engine.cold_run(request)
+        assert cold.tokens == tokens and cold.logprobs == m.logprobs  # what it saved is what it generated
+        engine.close()

@@ -528,8 +528,7 @@ class ChatView(QScrollArea):
         return self.widgets.get(message_id)
 
     def select(self, message_id: int) -> None:
-        self.selected_id = message_id
-        self._paint_selection()
+        """A click on a message: ask for it (the chat model decides; `show_selected` marks it)."""
         self.selected.emit(message_id)
 
     def show_selected(self, message_id: Optional[int]) -> None:
