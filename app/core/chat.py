@@ -31,6 +31,7 @@ from engine.executor import EngineExecutor
 from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEvent
 
 PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text and tokens are written to the store
+DRAFT_DEBOUNCE_S = 0.3  # a draft is counted once typing pauses this long
 
 # Events (emit name, arguments):
 PATH = "path"  # (vms): the active path changed (conversation opened, reply started or saved, variant)
@@ -45,6 +46,7 @@ BANNER = "banner"  # (text)
 CONVERSATIONS = "conversations"  # (): titles or the list changed
 RUN_SHOWN = "run_shown"  # (reply_id, Run): a reply's earlier run picked for the footer / debug panel
 STATS = "stats"  # (cache stats, MLX memory or None): after a reply, a load, a clear
+DRAFT = "draft"  # (text, prompt tokens with it or None, context limit in force or None)
 
 
 @dataclass
@@ -114,6 +116,10 @@ class ChatModel(Evented):
         self.cache_stats: dict[str, Any] = {}
         self.mlx_memory = 0
         self.verifying = False
+        self.draft = ""
+        self.draft_tokens: Optional[int] = None  # the prompt's tokens if the draft were sent now
+        self.context_limit: Optional[int] = None  # tokens a request may use (settings and model)
+        self._draft_timer: Optional[asyncio.TimerHandle] = None
         self.closed = False
         self._cancel = CancelToken()  # the pending reply's
         self._tokens: set[CancelToken] = set()  # every live engine job's
@@ -192,6 +198,37 @@ class ChatModel(Evented):
 
     def _fail(self, title: str, text: str) -> None:
         self.emit(ERROR, title, text)
+
+    # ----------------------------------------------------------------------------------- draft
+    def set_draft(self, text: str) -> None:
+        """The composer's text: counted on the engine thread once typing pauses (DRAFT_DEBOUNCE_S),
+        with the conversation before it, then told (DRAFT) with the context limit in force."""
+        self.draft = text
+        if self._draft_timer is not None:
+            self._draft_timer.cancel()
+        self._draft_timer = self.loop.call_later(DRAFT_DEBOUNCE_S, lambda: self.spawn(self._count_draft(text)))
+
+    async def _count_draft(self, text: str) -> None:
+        settings = self.settings()
+        messages = self.session.draft_messages(self.conv_id, text, settings)
+
+        def job(engine: Any) -> tuple[Optional[int], Optional[int]]:
+            limit = engine.context_limit
+            if settings.context_length:  # the conversation's own limit, never past the model's
+                limit = min(limit, settings.context_length) if limit else settings.context_length
+            try:
+                return len(engine.prompt_ids(messages)), limit
+            except Exception:  # no model loaded yet: nothing to count with
+                return None, limit
+
+        try:
+            tokens, limit = await self.call(job)
+        except Exception:
+            return
+        if self.closed or text != self.draft:  # typed on meanwhile: a newer count is coming
+            return
+        self.draft_tokens, self.context_limit = tokens, limit
+        self.emit(DRAFT, text, tokens, limit)
 
     # ----------------------------------------------------------------------------- one reply
     def _start(self, pending: PendingReply) -> None:

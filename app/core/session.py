@@ -193,6 +193,16 @@ class ChatSession:
     def message(self, message_id: int) -> Message:
         return self.store.get_message(message_id)
 
+    def draft_messages(self, conv_id: Optional[int], draft: str, settings: ChatSettings) -> list[dict[str, str]]:
+        """What a send of `draft` would give the engine: the active path and the draft (a new
+        conversation: the system prompt of `settings` and the draft)."""
+        path = self.store.active_path(conv_id) if conv_id is not None else []
+        if path:
+            messages = self.store.messages_for_prompt(conv_id, path[-1].id)  # type: ignore[arg-type]
+        else:
+            messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
+        return messages + [{"role": "user", "content": draft}]
+
     def view(self, conv_id: int) -> list[MessageVM]:
         """The active path as view models, each reply with its runs.
 
