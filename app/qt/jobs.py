@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
 from app.core.chat import user_message  # noqa: F401 (the one wording, used by the widgets)
+from engine.bridge import engine_call
 from engine.engine import Engine
 from engine.errors import Cancelled
 from engine.executor import EngineExecutor
@@ -62,7 +63,7 @@ def _log_failure(task: "asyncio.Task[Any]") -> None:
 
 async def on_engine(executor: EngineExecutor, fn: Callable[[Engine], T]) -> T:
     """Run fn(engine) on the engine thread and wait for it without blocking the GUI."""
-    return await asyncio.wrap_future(executor.submit(fn), loop=gui_loop())
+    return await engine_call(executor, fn, gui_loop())
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
