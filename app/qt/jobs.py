@@ -8,9 +8,10 @@
   network must not hold up the process's exit.
 
 Either way the coroutine resumes on the GUI thread, so code after an `await` may touch widgets,
-and there are no job ids to check: each flow awaits its own future. Updates while a job runs
-(tokens, progress) cross threads with `Relay`, through loop.call_soon_threadsafe. Cancelling is
-the job's `CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
+and there are no job ids to check: each flow awaits its own future. A generation's events come
+through engine/bridge.py (the chat model, app/core/chat.py); an import's or a download's progress
+crosses threads with `Relay`, through loop.call_soon_threadsafe. Cancelling is the job's
+`CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
 
 The loop is the qasync loop that `app.qt.main.ensure_application` installs with the
 QApplication. pytest-qt drives Qt's event loop without asyncio's "running loop" being set, so
