@@ -174,16 +174,22 @@ async def engine_batches(
     loop: Optional[asyncio.AbstractEventLoop] = None,
     interval: float = BATCH_INTERVAL,
     observe: Optional[Observer] = None,
+    start: Optional[Callable[[EngineAPI], None]] = None,
 ) -> AsyncIterator[list[StreamEvent]]:
     """`engine_events`, as lists of events: one list per wake-up of the loop (never empty; the
     last one ends with the `Done`). `loop`: the loop to deliver on (default: the running one;
-    pass it explicitly where Qt drives the loop without asyncio's running loop being set)."""
+    pass it explicitly where Qt drives the loop without asyncio's running loop being set).
+    `start(engine)` runs on the engine thread when the job's turn comes, before the generation
+    (e.g. the server checks the model is still the one the request was admitted for); what it
+    raises ends the stream with that error."""
     loop = loop or asyncio.get_running_loop()
     channel = _Channel(loop, interval)
     token = cancel if cancel is not None else CancelToken()
 
     def run(engine: EngineAPI) -> None:
         try:
+            if start is not None:
+                start(engine)
             gen = engine.stream(request, cancel=token)
             while True:
                 try:
@@ -232,9 +238,11 @@ async def engine_events(
     loop: Optional[asyncio.AbstractEventLoop] = None,
     interval: float = BATCH_INTERVAL,
     observe: Optional[Observer] = None,
+    start: Optional[Callable[[EngineAPI], None]] = None,
 ) -> AsyncIterator[StreamEvent]:
     """Generate `request` on the engine thread; yield its events in order, the last a `Done`."""
-    async for batch in engine_batches(executor, request, cancel, loop=loop, interval=interval, observe=observe):
+    async for batch in engine_batches(executor, request, cancel, loop=loop, interval=interval, observe=observe,
+                                      start=start):
         for event in batch:
             yield event
 

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from engine.bridge import Done, EngineAPI, engine_batches, engine_call, engine_events
+from engine.bridge import Done, EngineAPI, Failed, engine_batches, engine_call, engine_events
 from engine.engine import Engine
 from engine.errors import EngineError, RequestError
 from engine.executor import EngineExecutor
@@ -108,6 +108,14 @@ def test_an_engine_error_is_raised_at_the_consumer(executor: EngineExecutor, tmp
     with pytest.raises(EngineError, match="could not start"):
         asyncio.run(collect(dead, request()))
     assert dead.shutdown(timeout=30)
+    # What `start` raises on the engine thread (before any generation) ends the stream with it.
+    def changed(engine: Any) -> None:
+        raise EngineError("the model changed while the request waited")
+
+    observed: list[Any] = []
+    with pytest.raises(EngineError, match="model changed"):
+        asyncio.run(collect(executor, request(), start=changed, observe=observed.append))
+    assert len(observed) == 1 and isinstance(observed[0], Failed)  # no event: it never generated
     # The executor still serves the next request after an error.
     assert asyncio.run(engine_call_stats(executor))["memory_entries"] >= 0
 
