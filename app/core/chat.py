@@ -156,6 +156,10 @@ class ChatModel(Evented):
         self._tokens.add(token)
         return token
 
+    def release(self, token: CancelToken) -> None:
+        """The job of `token` is over: closing the window need not cancel it."""
+        self._tokens.discard(token)
+
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> "asyncio.Task[Any]":
         task = self._spawn_on_loop(coro)
         self._tasks.add(task)
@@ -195,9 +199,6 @@ class ChatModel(Evented):
         vm = next((vm for vm in self.vms if vm.id == reply_id), None)
         if vm is not None and 0 <= index < len(vm.runs):
             self.emit(RUN_SHOWN, reply_id, vm.runs[index])
-
-    def _fail(self, title: str, text: str) -> None:
-        self.emit(ERROR, title, text)
 
     # ----------------------------------------------------------------------------------- draft
     def set_draft(self, text: str) -> None:
@@ -257,10 +258,10 @@ class ChatModel(Evented):
             if not self.closed:
                 self._end()
                 self.reload()
-                self._fail("The reply could not be generated", user_message(e))
+                self.emit(ERROR, "The reply could not be generated", user_message(e))
             return
         finally:
-            self._tokens.discard(cancel)
+            self.release(cancel)
         if self.closed or result is None:
             return
         self._end()
@@ -300,6 +301,7 @@ class ChatModel(Evented):
         """One batch of events: the streamed text and progress, told once per batch."""
         s = self.stream
         pieces: list[str] = []
+        result: Optional[GenerationResult] = None
         for event in batch:
             if isinstance(event, TokenEvent):
                 pieces.append(event.text)
@@ -307,15 +309,15 @@ class ChatModel(Evented):
             elif isinstance(event, PrefillProgress):
                 s.prefill = (event.done, event.total)
             elif isinstance(event, Done):
-                return event.result
+                result = event.result
         if self.closed or self.pending is not pending:
-            return None
-        if pieces:
+            return result
+        if pieces:  # the last batch too: what streamed is what was generated
             s.text += "".join(pieces)
             self.emit(STREAM, pending.reply_id, s.text, s.tokens)
         elif s.prefill is not None and not s.text:
             self.emit(PREFILL, pending.reply_id, *s.prefill)
-        return None
+        return result
 
     def _end(self) -> None:
         pending = self.pending
@@ -367,12 +369,12 @@ def send(chat: ChatModel, text: str) -> bool:
     if not text.strip() or chat.generating:
         return False
     if chat.read_only:
-        chat._fail("Read-only", "Another Verbatim window owns this data folder.")
+        chat.emit(ERROR, "Read-only", "Another Verbatim window owns this data folder.")
         return False
     try:  # one transaction: the conversation (if new), the message and the reply's row
         pending = chat.session.begin_send(chat.conv_id, text, chat.model_name, chat.default_settings())
     except StoreError as e:
-        chat._fail("Cannot save the message", str(e))
+        chat.emit(ERROR, "Cannot save the message", str(e))
         return False
     chat._start(pending)
     return True
@@ -393,7 +395,7 @@ def regenerate(chat: ChatModel, fresh: bool = False) -> bool:
         else:
             return False
     except StoreError as e:
-        chat._fail("Cannot regenerate", str(e))
+        chat.emit(ERROR, "Cannot regenerate", str(e))
         return False
     chat._start(pending)
     return True
@@ -407,7 +409,7 @@ def edit(chat: ChatModel, user_id: int, text: str) -> bool:
     try:
         pending = chat.session.begin_edit(user_id, text, chat.model_name)
     except StoreError as e:
-        chat._fail("Cannot edit", str(e))
+        chat.emit(ERROR, "Cannot edit", str(e))
         return False
     chat._start(pending)
     return True

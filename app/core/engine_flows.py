@@ -5,13 +5,14 @@ on the engine thread through the bridge and tell the views by events.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from app.core.chat import ChatModel, mlx_memory, user_message
+from app.core.chat import ChatModel, mlx_memory, stop, user_message
 from app.core.models import model_label
 from app.core.session import ModelIdentity
 from app.core.store import StoreError
@@ -28,8 +29,7 @@ VERIFY = "verify"  # (reply_id, text): a cold run's verdict; text None while it 
 
 def load_model(chat: ChatModel, spec: str, name: Optional[str] = None) -> None:
     """Load a model on the engine thread (a reply in progress is stopped first)."""
-    if chat.pending is not None:
-        chat._cancel.cancel()
+    stop(chat)  # a reply in progress ends first (saved as interrupted)
     chat.model_spec = spec
     chat.model_name = name or model_label(spec)
     chat.model_ready = False
@@ -38,7 +38,8 @@ def load_model(chat: ChatModel, spec: str, name: Optional[str] = None) -> None:
 
 
 async def _load(chat: ChatModel, spec: str) -> None:
-    progress = Throttled(chat, lambda f, m: chat.emit(MODEL, "progress", f, m), chat.batch_interval)
+    progress = Throttled(chat.loop, lambda f, m: chat.closed or chat.emit(MODEL, "progress", f, m),
+                         chat.batch_interval)
     cancel = chat.cancel_token()
 
     def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int]:
@@ -54,7 +55,7 @@ async def _load(chat: ChatModel, spec: str) -> None:
             chat.emit(MODEL, "failed", "loading cancelled" if isinstance(e, Cancelled) else user_message(e))
         return
     finally:
-        chat._tokens.discard(cancel)
+        chat.release(cancel)
     if chat.closed:
         return
     chat.model_ready = True
@@ -69,11 +70,11 @@ async def _load(chat: ChatModel, spec: str) -> None:
 
 
 class Throttled:
-    """A progress callback (fraction, message) for the engine thread, handed to the loop at most
-    every `interval` seconds; the last step (fraction 1) always goes."""
+    """A progress callback (fraction, message) for a worker thread (an `engine.types.Progress`):
+    `fn` is called on `loop`, at most every `interval` seconds; the last step (fraction 1) always."""
 
-    def __init__(self, chat: ChatModel, fn: Callable[[float, str], None], interval: float) -> None:
-        self.chat, self.fn, self.interval = chat, fn, interval
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[float, str], Any], interval: float) -> None:
+        self.loop, self.fn, self.interval = loop, fn, interval
         self._last = 0.0
         self._lock = threading.Lock()
 
@@ -83,12 +84,10 @@ class Throttled:
             if fraction < 1.0 and now - self._last < self.interval:
                 return
             self._last = now
-        if not self.chat.loop.is_closed():
-            self.chat.loop.call_soon_threadsafe(self._deliver, float(fraction), str(message))
-
-    def _deliver(self, fraction: float, message: str) -> None:
-        if not self.chat.closed:
-            self.fn(fraction, message)
+        try:
+            self.loop.call_soon_threadsafe(self.fn, float(fraction), str(message))
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
 
 
 def verify(chat: ChatModel, reply_id: int) -> None:
@@ -112,7 +111,7 @@ async def _verify(chat: ChatModel, reply_id: int, request: GenerationRequest, st
     except Exception as e:
         text = f"failed: {user_message(e)}"
     finally:
-        chat._tokens.discard(cancel)
+        chat.release(cancel)
     chat.verifying = False
     if not chat.closed:
         chat.emit(VERIFY, reply_id, text)
@@ -163,5 +162,5 @@ async def cold_run(chat: ChatModel, reply_id: int) -> tuple[GenerationRequest, G
     try:
         result, pieces = await chat.call(job)
     finally:
-        chat._tokens.discard(cancel)
+        chat.release(cancel)
     return request, result, pieces
