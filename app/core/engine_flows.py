@@ -19,7 +19,7 @@ from app.core.store import StoreError
 from app.core.view_models import verify_text
 from engine.engine import ModelInfo
 from engine.errors import Cancelled
-from engine.types import CacheReport, GenerationRequest, GenerationResult
+from engine.types import GenerationRequest, GenerationResult
 
 # Events (emit name, arguments):
 MODEL = "model"  # ("loading", spec, name) | ("progress", fraction, message) | ("loaded", spec, name, info)
@@ -93,13 +93,13 @@ class Throttled:
 def verify(chat: ChatModel, reply_id: int) -> None:
     """Generate a stored reply again with no cache at all and compare token by token."""
     try:
-        request, tokens, logprobs = chat.session.verify_inputs(reply_id)
+        request, _, _ = chat.session.verify_inputs(reply_id)
+        stored = chat.session.message(reply_id).as_result()
     except StoreError as e:
         chat.emit(VERIFY, reply_id, str(e))
         return
     chat.verifying = True
     chat.emit(VERIFY, reply_id, None)
-    stored = GenerationResult("", tokens, logprobs, "stop", request.sampler.seed, [], CacheReport())
     chat.spawn(_verify(chat, reply_id, request, stored))
 
 

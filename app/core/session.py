@@ -400,9 +400,7 @@ class ChatSession:
         mode = report.mode if report.mode in ("exact", "fast") else "exact"
         request = GenerationRequest(self.store.messages_for_prompt(reply.conversation_id, reply.parent_id),
                                     sampler, mode=mode)  # type: ignore[arg-type]
-        finish = reply.finish_reason or ("cancelled" if reply.status == "interrupted" else "stop")
-        result = GenerationResult(reply.content, list(reply.tokens), list(reply.logprobs or []), finish,  # type: ignore[arg-type]
-                                  sampler.seed, [], report)
+        result = reply.as_result()
         key = reply.model_key or report.model_key
         same = bool(key) and key == model.key
         ident = ReceiptModel(model.spec if same else "", key or model.key, reply.model_name or model.name,

@@ -13,7 +13,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from engine.types import CacheReport, Comparison
+from engine.types import CacheReport, Comparison, GenerationResult
 
 DB_NAME = "verbatim.sqlite3"
 APPLICATION_ID = 0x56425442  # "VBTB": tells our file apart from any other SQLite database
@@ -75,6 +75,13 @@ class Message:
     @property
     def outcome(self) -> "ReplyOutcome":
         return ReplyOutcome.from_dict(self.cache_report)
+
+    def as_result(self) -> GenerationResult:
+        """The stored reply as the engine's result (what verify and a receipt compare against)."""
+        finish = self.finish_reason or ("cancelled" if self.status == "interrupted" else "stop")
+        seed = self.seed if self.seed is not None else int((self.sampler or {}).get("seed") or 0)
+        return GenerationResult(self.content, list(self.tokens or []), list(self.logprobs or []), finish,  # type: ignore[arg-type]
+                                seed, [], self.report or CacheReport())
 
 
 @dataclass(frozen=True)
