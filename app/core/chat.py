@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Optional
 
@@ -122,7 +123,7 @@ class ChatModel(Evented):
         self._draft_timer: Optional[asyncio.TimerHandle] = None
         self.closed = False
         self._cancel = CancelToken()  # the pending reply's
-        self._tokens: set[CancelToken] = set()  # every live engine job's
+        self._tokens: "weakref.WeakSet[CancelToken]" = weakref.WeakSet()  # every live engine job's
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------------------ state
