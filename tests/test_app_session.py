@@ -138,6 +138,10 @@ def test_footer_shows_the_latest_run_and_every_run_is_kept(chat) -> None:
     assert vm.report.restored == result.report.prompt_tokens - 1 and vm.outcome.duplicate_of == reply.id
     assert again.run is not None and again.run.message_id == reply.id and vm.runs[-1].id == again.run.id
     assert "Regenerate (Ctrl+R) repeats this reply's own settings" in vm.settings_note
+    # The engine's "identical to the last reply of the same prompt" and the session's comparison
+    # are kept apart in a run (in the message's JSON column they share the key "identical").
+    assert vm.runs[-1].report.identical is True and vm.runs[-1].outcome.comparison.identical is True
+    assert vm.runs[0].report.identical is None and vm.runs[0].outcome.comparison is None
     # The runs live in the store: a reopened store shows the same.
     assert [r.id for r in session.store.runs(conv)[reply.id]] == [r.id for r in vm.runs]
     session.delete_message(reply.id)  # and go with their reply

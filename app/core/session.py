@@ -336,8 +336,8 @@ class ChatSession:
                 if pending.model_name:
                     fields["model_name"] = pending.model_name
                 message = self.store.update_message(pending.reply_id, content=result.text, status=status, **fields)
-            report = {**result.report.to_dict(), **pending.outcome.to_dict()}
-            pending.run = self.store.add_run(message.id, result.seed, result.finish_reason, len(result.tokens), report)
+            pending.run = self.store.add_run(message.id, result.seed, result.finish_reason, len(result.tokens),
+                                             result.report.to_dict(), pending.outcome.to_dict())
         pending.message = message
         return message
 

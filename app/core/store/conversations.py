@@ -339,13 +339,16 @@ class ConversationStore(Database, Transfer):
     # ---- runs
 
     def add_run(self, message_id: int, seed: Optional[int], finish_reason: Optional[str], n_tokens: int,
-                report: dict[str, Any]) -> Run:
-        """Record one generation of a reply (its report and how it compared)."""
+                report: dict[str, Any], outcome: dict[str, Any]) -> Run:
+        """Record one generation of a reply: the engine's report (CacheReport.to_dict) and how it
+        compared (ReplyOutcome.to_dict)."""
         with self._tx() as c:
             self._get_message(message_id)
             run_id = c.execute(
-                "INSERT INTO runs (message_id, created_at, seed, finish_reason, n_tokens, report) VALUES (?, ?, ?, ?, ?, ?)",
-                (message_id, time.time(), seed, finish_reason, n_tokens, json.dumps(report, sort_keys=True)),
+                "INSERT INTO runs (message_id, created_at, seed, finish_reason, n_tokens, report, outcome)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (message_id, time.time(), seed, finish_reason, n_tokens, json.dumps(report, sort_keys=True),
+                 json.dumps(outcome, sort_keys=True)),
             ).lastrowid
             return _run(c.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
 

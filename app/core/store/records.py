@@ -230,9 +230,8 @@ def _message(row: sqlite3.Row) -> Message:
 
 
 def _run(row: sqlite3.Row) -> Run:
-    report = json.loads(row["report"])
     return Run(row["id"], row["message_id"], row["created_at"], row["seed"], row["finish_reason"], row["n_tokens"],
-               CacheReport.from_dict(report), ReplyOutcome.from_dict(report))
+               CacheReport.from_dict(json.loads(row["report"])), ReplyOutcome.from_dict(json.loads(row["outcome"])))
 
 
 def _encode_fields(fields: dict[str, Any]) -> dict[str, Any]:
