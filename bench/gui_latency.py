@@ -111,6 +111,10 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
     shutil.rmtree(data_dir, ignore_errors=True)
     w = build_main_window(C.model_spec(model), data_dir, use_disk=True)
     app = QApplication.instance()
+    errors: list[str] = []
+    updates = [0]  # text updates the chat view got, all replies together
+    w.chat.subscribe("error", lambda title, text: errors.append(text))
+    w.chat.subscribe("stream", lambda *_: updates.__setitem__(0, updates[0] + 1))
 
     def spin_until(cond, timeout: float) -> None:
         end = time.perf_counter() + timeout
@@ -118,9 +122,9 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
             app.processEvents()
             time.sleep(0.001)
 
-    spin_until(lambda: w.controller.model_ready, 300)
-    if not w.controller.model_ready:
-        raise RuntimeError(f"model did not load: {w.last_error}")
+    spin_until(lambda: w.chat.model_ready, 300)
+    if not w.chat.model_ready:
+        raise RuntimeError(f"model did not load: {errors[-1] if errors else 'timed out'}")
     from dataclasses import replace
 
     w.apply_settings(replace(w.current_settings(), random_seed=False,
@@ -140,7 +144,7 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
-            collections.append((info["generation"], threading.current_thread().name, w.controller.generating))
+            collections.append((info["generation"], threading.current_thread().name, w.chat.generating))
 
     gc.callbacks.append(on_gc)
     shown: dict[int, float] = {}
@@ -173,14 +177,14 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
         clock.restart()
         w.send()
         t0 = time.perf_counter()
-        spin_until(lambda: not w.controller.generating, 300)
+        spin_until(lambda: not w.chat.generating, 300)
         wall = time.perf_counter() - t0
         stalls = [g - TICK_MS for g in gaps[1:]]
         lat = [shown[i] - produced[i] for i in produced if i in shown]
         out.append({"tokens": len(produced), "wall_s": wall, "max_stall_ms": max(stalls) if stalls else 0.0,
                     "p99_stall_ms": sorted(stalls)[int(0.99 * (len(stalls) - 1))] if stalls else 0.0,
                     "ticks": len(stalls), "lat_ms": [x * 1000 for x in lat],
-                    "signals": w.controller.token_updates,
+                    "signals": updates[0],
                     "tail_ms": (returned[-1] - max(produced.values())) * 1000 if returned and produced else None})
         C.log(f"  {model} reply {k + 1}: {len(produced)} tokens in {wall:.1f} s, longest GUI stall "
               f"{out[-1]['max_stall_ms']:.1f} ms, token-to-screen median {C.median(out[-1]['lat_ms']):.1f} ms, "

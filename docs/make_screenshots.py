@@ -48,6 +48,7 @@ def main() -> int:
     from shots import wait_until  # docs/shots.py, beside this script
 
     from app import build_main_window
+    from app.core import chat as ops
     from app.core.session import ChatSettings
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings
@@ -63,9 +64,13 @@ def main() -> int:
     data = Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
     w = build_main_window(args.model, data, theme=args.theme)
     w.resize(1280, 820)
-    wait_until(lambda: w.controller.model_ready or w.last_error is not None)
-    if not w.controller.model_ready:
-        print(f"cannot load {args.model}: {w.last_error}", file=sys.stderr)
+    errors: list[str] = []
+    finished: list = []  # (pending, result) of each reply
+    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
+    w.chat.subscribe(ops.FINISHED, lambda pending, result: finished.append((pending, result)))
+    wait_until(lambda: w.chat.model_ready or bool(errors))
+    if not w.chat.model_ready:
+        print(f"cannot load {args.model}: {errors[-1]}", file=sys.stderr)
         return 1
     w.apply_settings(
         ChatSettings(
@@ -77,9 +82,9 @@ def main() -> int:
     def ask(text: str) -> None:
         w.composer.setPlainText(text)
         w.send()
-        wait_until(lambda: not w.controller.generating)
-        if w.last_error:
-            raise RuntimeError(w.last_error)
+        wait_until(lambda: not w.chat.generating)
+        if errors:
+            raise RuntimeError(errors[-1])
 
     for q in SIDE_CHATS:
         w.new_conversation()
@@ -87,15 +92,15 @@ def main() -> int:
     w.new_conversation()
     for q in MAIN_CHAT:
         ask(q)
-    first = w.message_vms()[-1]
-    w.controller.regenerate(fresh=False)
-    wait_until(lambda: not w.controller.generating)
-    again = w.message_vms()[-1]  # identical: no copy added, the same reply stays selected
-    outcome = w.controller.last_finished.pending.outcome
+    first = w.chat.vms[-1]
+    ops.regenerate(w.chat, fresh=False)
+    wait_until(lambda: not w.chat.generating)
+    again = w.chat.vms[-1]  # identical: no copy added, the same reply stays selected
+    outcome = finished[-1][0].outcome
     if outcome.comparison is None or not outcome.comparison.identical or again.id != first.id:
         print("regenerate was not identical: refusing to take screenshots of that", file=sys.stderr)
         return 1
-    w.chat_view.select(again.id)
+    w.chat.select(again.id)
     w.chat_view.scroll_to_bottom()
     settle()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -104,7 +109,7 @@ def main() -> int:
     w.resize(1560, 1080)
     w.debug_panel.show()
     w.debug_panel.verifyRequested.emit(again.id)
-    wait_until(lambda: not w.controller.verifying)
+    wait_until(lambda: not w.chat.verifying)
     w.chat_view.scroll_to_bottom()
     settle()
     w.grab().save(str(args.out / "screenshot-debug.png"))

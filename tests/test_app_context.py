@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
+from app.core import chat as ops
 from app.qt.window import MainWindow
+from tests.app_helpers import watch
 from tests.test_app_window import open_window, replies, send, wait_idle  # noqa: F401,F811 (a fixture)
 
 CONTEXT = 260
@@ -20,7 +22,7 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
     for i in range(6):
         send(qtbot, w, f"{i}: {TURN}")
-    vms = w.message_vms()
+    vms = w.chat.vms
     last = replies(w)[-1]
     ctx = last.report.context
     assert ctx.limit == CONTEXT and ctx.dropped_messages >= 2 and ctx.prompt_tokens + 8 <= CONTEXT
@@ -36,9 +38,9 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     w.debug_panel.show()  # the panel fills itself when shown
     assert "left out" in w.debug_panel.value("context") and f"of {CONTEXT:,} tokens" in w.debug_panel.value("context")
 
-    w.controller.regenerate(fresh=False)
+    ops.regenerate(w.chat, fresh=False)
     wait_idle(qtbot, w)
-    result = w.controller.last_finished.result  # identical: no copy is added, the reply stays
+    result = watch(w).finished.result  # identical: no copy is added, the reply stays
     assert replies(w)[-1].id == last.id
     assert result.report.restored == result.report.prompt_tokens - 1
     assert result.report.context.dropped_messages == ctx.dropped_messages
@@ -53,8 +55,8 @@ def test_refuse_setting_shows_the_numbers_and_keeps_the_message(
     w.apply_settings(replace(w.current_settings(), context_policy="refuse"))
     send(qtbot, w, "0: " + TURN)
     send(qtbot, w, "1: " + TURN * 3)  # ~150 more tokens: no longer fits
-    assert "prompt has" in (w.last_error or "") and f"the model's context is {CONTEXT}" in w.last_error
-    assert [vm.role for vm in w.message_vms()][-1] == "user"  # the message is kept, unanswered
+    assert "prompt has" in (watch(w).last_error or "") and f"the model's context is {CONTEXT}" in watch(w).last_error
+    assert [vm.role for vm in w.chat.vms][-1] == "user"  # the message is kept, unanswered
     assert not w.chat_view.marker.isVisible()
 
 

@@ -88,7 +88,7 @@ def test_window_regenerate_runs_in_the_replys_mode_after_settings_changed(qtbot:
     assert "fast" in w.settings_summary.text()
     w.findChild(QAction, "debugAction").trigger()
     w.findChild(QAction, "regenerateAction").trigger()
-    assert w.controller.generating
+    assert w.chat.generating
     wait_idle(qtbot, w)
     assert w.debug_panel.value("mode") == "exact"  # the run's own report, shown for the reply it matched
     assert replies(w)[-1].id == first.id  # identical: no copy added

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from app.core.markdown import render
-from app.core.session import ChatSession, ChatSettings, title_from
+from app.core.session import ChatSession, ChatSettings, ModelIdentity, title_from
 from app.core.store import ConversationStore, ReplyOutcome
-from app.core.view_models import footer_text, identity_text
+from app.core.view_models import identity_text
 from engine.engine import Engine
 from engine.types import Comparison, SamplerSettings
 
@@ -119,12 +119,66 @@ def test_settings_round_trip_and_labels() -> None:
     assert ReplyOutcome.from_dict(row).to_dict() == row and ReplyOutcome.from_dict(None) == ReplyOutcome()
 
 
-def test_footer_text_for_a_stored_reply(chat) -> None:
+def test_footer_shows_the_latest_run_and_every_run_is_kept(chat) -> None:
     session, engine = chat
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "hi"))
-    text = footer_text(reply)
-    assert text.startswith(f"{len(reply.tokens)} token") and "TTFT" in text and "cache: restored 0 / " in text
+    vm = session.view(conv)[-1]
+    assert vm.footer.startswith(f"{len(reply.tokens)} token") and "TTFT" in vm.footer
+    assert "cache: restored 0 / " in vm.footer and len(vm.runs) == 1
+    # A regenerate identical to it adds no message, only a run, with its own report: the footer
+    # shows that run (restored all but the last prompt token, from memory), the first stays listed.
+    again = session.begin_regenerate(reply.id)
+    result = engine.generate(again.request)
+    session.finish(again, result)
+    vm = session.view(conv)[-1]
+    assert vm.id == reply.id and [r.report.restored for r in vm.runs] == [0, result.report.prompt_tokens - 1]
+    assert vm.footer.startswith("run 2 of 2 · ") and f"cache: restored {result.report.prompt_tokens - 1} / " in vm.footer
+    assert "(memory)" in vm.footer and vm.run_lines[0].startswith("run 1 of 2 · ")
+    assert vm.report.restored == result.report.prompt_tokens - 1 and vm.outcome.duplicate_of == reply.id
+    assert again.run is not None and again.run.message_id == reply.id and vm.runs[-1].id == again.run.id
+    assert "Regenerate (Ctrl+R) repeats this reply's own settings" in vm.settings_note
+    # The engine's "identical to the last reply of the same prompt" and the session's comparison
+    # are kept apart in a run (in the message's JSON column they share the key "identical").
+    assert vm.runs[-1].report.identical is True and vm.runs[-1].outcome.comparison.identical is True
+    assert vm.runs[0].report.identical is None and vm.runs[0].outcome.comparison is None
+    # The runs live in the store: a reopened store shows the same.
+    assert [r.id for r in session.store.runs(conv)[reply.id]] == [r.id for r in vm.runs]
+    session.delete_message(reply.id)  # and go with their reply
+    assert session.store.runs(conv) == {}
+
+
+def test_a_reply_cut_short_keeps_its_tokens_across_a_crash(chat, tmp_path: Path) -> None:
+    """What a crash (kill -9) mid-reply leaves: the text and tokens of the last partial save. The
+    reopened store marks it interrupted; it can be verified, receipted and compared with its
+    regenerate (over the shared length)."""
+    session, engine = chat
+    conv = session.new_conversation(settings())
+    pending = session.begin_send(conv, "Tell me a story.")
+    pending.model_key, pending.chunk = engine.info.key, engine.chunk
+    full = engine.generate(pending.request)
+    cut = 5
+    text = "".join(engine.token_texts(full.tokens[:cut]))
+    session.save_partial(pending, text, full.tokens[:cut], full.logprobs[:cut])
+    path = session.store.path
+    session.store.close()  # the process dies here: nothing else is written
+    session = ChatSession(ConversationStore(path))
+    m = session.message(pending.reply_id)
+    assert m.status == "interrupted" and m.tokens == full.tokens[:cut] and m.logprobs == full.logprobs[:cut]
+    vm = session.view(conv)[-1]
+    assert vm.tokens == cut and vm.footer == f"{cut} tokens · stopped (not finished)" and vm.runs == ()
+    request, tokens, _ = session.verify_inputs(m.id)  # a cold run reproduces the part it got
+    assert tokens == full.tokens[:cut] and request.sampler.max_tokens == cut and request.mode == "exact"
+    assert engine.verify(request, engine.generate(request)).identical
+    receipt = session.receipt(m.id, ModelIdentity(str(engine.info.path), engine.info.key))
+    assert receipt.tokens == full.tokens[:cut] and receipt.chunk == engine.chunk and receipt.model.key == engine.info.key
+    # Its regenerate uses its seed and compares over the shared length: identical up to the cut.
+    again = session.begin_regenerate(m.id)
+    assert again.request.sampler.seed == m.seed
+    result = engine.generate(again.request)
+    session.finish(again, result)
+    assert again.outcome.comparison.identical and again.outcome.comparison.upto == cut
+    session.close()
 
 
 def test_markdown_is_safe_and_highlighted() -> None:
@@ -269,3 +323,59 @@ def test_sending_is_one_commit(tmp_path: Path) -> None:
     assert len(commits) == 1
     store._conn.set_trace_callback(None)
     store.close()
+
+
+CHILD = r"""
+import sys
+from app.core.chat import ReplyRecorder
+from app.core.session import ChatSession, ChatSettings
+from app.core.store import ConversationStore
+from engine.engine import Engine
+from engine.types import SamplerSettings
+
+db, model = sys.argv[1], sys.argv[2]
+session = ChatSession(ConversationStore(db))
+engine = Engine(use_disk=False, chunk=16)
+engine.load(model)
+settings = ChatSettings(sampler=SamplerSettings(temperature=0.0, max_tokens=4000), random_seed=False)
+conv = session.new_conversation(settings)
+pending = session.begin_send(conv, "Tell me everything.")
+pending.model_key, pending.chunk = engine.info.key, engine.chunk
+recorder = ReplyRecorder(session, pending, every=0.0)  # save after every token
+for event in engine.stream(pending.request):
+    recorder(event)
+    if len(recorder.tokens) == 6:
+        print(pending.reply_id, flush=True)  # saved: kill me now
+"""
+
+
+def test_a_reply_killed_mid_stream_keeps_its_tokens(tiny_model: Path, tmp_path: Path) -> None:
+    """A real process generating a reply, killed with SIGKILL mid-reply: what it had saved stays
+    (text with its tokens), marked interrupted when the store is opened again."""
+    import os
+    import signal
+    import subprocess
+
+    db = tmp_path / "db.sqlite3"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), str(tiny_model)], stdout=subprocess.PIPE,
+                            text=True, env=env, cwd=root)
+    try:
+        reply_id = int(proc.stdout.readline())  # blocks until the child saved six tokens
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with ConversationStore(db) as store:
+        m = store.get_message(reply_id)
+        assert m.status == "interrupted" and len(m.tokens) >= 6 and len(m.logprobs) == len(m.tokens)
+        assert m.content and m.cache_report["streamed"] and m.cache_report["chunk_size"] == 16
+        session = ChatSession(store)
+        request, tokens, _ = session.verify_inputs(reply_id)
+        engine = Engine(use_disk=False, chunk=16)
+        engine.load(str(tiny_model))
+        cold = engine.cold_run(request)
+        assert cold.tokens == tokens and cold.logprobs == m.logprobs  # what it saved is what it generated
+        engine.close()

@@ -20,10 +20,12 @@ from PySide6.QtGui import QAction  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QPushButton  # noqa: E402
 
 from app import build_main_window  # noqa: E402
+from app.core import chat as ops  # noqa: E402
 from app.core.session import ChatSettings  # noqa: E402
 from app.core.store import ConversationStore  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from engine.types import SamplerSettings  # noqa: E402
+from tests.app_helpers import watch  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -50,8 +52,9 @@ def open_window(qtbot: Any, tiny_model: Path, tmp_path: Path) -> Callable[..., M
         w = build_main_window(model or str(tiny_model), data_dir or tmp_path / "data", **kw)
         qtbot.addWidget(w)
         opened.append(w)
+        watch(w)  # what the chat model tells, from the start
         if wait:
-            qtbot.waitUntil(lambda: w.controller.model_ready, timeout=LONG)
+            qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
             w.activateWindow()  # window shortcuts (Esc, Ctrl+R, Ctrl+D) need the active window
             qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
             w.apply_settings(settings(max_tokens, temperature))
@@ -65,13 +68,13 @@ def open_window(qtbot: Any, tiny_model: Path, tmp_path: Path) -> Callable[..., M
 def send(qtbot: Any, w: MainWindow, text: str, wait: bool = True) -> None:
     w.composer.setPlainText(text)
     qtbot.mouseClick(w.findChild(QPushButton, "sendButton"), Qt.MouseButton.LeftButton)
-    assert w.controller.generating
+    assert w.chat.generating
     if wait:
         wait_idle(qtbot, w)
 
 
 def wait_idle(qtbot: Any, w: MainWindow) -> None:
-    qtbot.waitUntil(lambda: not w.controller.generating, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
 
 
 def click(qtbot: Any, w: MainWindow, name: str) -> None:
@@ -81,7 +84,7 @@ def click(qtbot: Any, w: MainWindow, name: str) -> None:
 
 
 def replies(w: MainWindow) -> list[Any]:
-    return [vm for vm in w.message_vms() if vm.role == "assistant"]
+    return [vm for vm in w.chat.vms if vm.role == "assistant"]
 
 
 def test_object_names_and_first_reply_streams(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
@@ -90,14 +93,14 @@ def test_object_names_and_first_reply_streams(qtbot: Any, open_window: Callable[
                  "regenerateButton", "newVariantButton", "debugPanel", "modelPicker"):  # fmt: skip
         assert w.findChild(QObject, name) is not None, name
     seen: list[str] = []
-    w.controller.streamed.connect(lambda text, n: seen.append(w.chat_view.widget_for(w.controller.pending.reply_id).text()))
+    w.chat.subscribe(ops.STREAM, lambda rid, text, n: seen.append(w.chat_view.widget_for(w.chat.pending.reply_id).text()))
     send(qtbot, w, "Why is the sky blue?")
     reply = replies(w)[-1]
     assert reply.status == "complete" and reply.content
     # Streamed: several growing updates before the end, each a batch of tokens, not one per token.
     assert len(seen) >= 2 and all(len(a) <= len(b) for a, b in zip(seen, seen[1:]))
     n_tokens = len(w.session.store.get_message(reply.id).tokens)
-    assert w.controller.token_updates < n_tokens
+    assert watch(w).stream_updates < n_tokens
     assert "tokens" in reply.footer and "cache: restored 0 / " in reply.footer and "tok/s" in reply.footer
     assert w.sidebar.list.count() == 1 and w.sidebar.list.item(0).text() == "Why is the sky blue?"
     assert re.fullmatch(r"Memory \d+(\.\d+)? [KMG]B \(MLX \d+(\.\d+)? [KMG]?B\)", w.memory_label.text()), w.memory_label.text()
@@ -163,20 +166,20 @@ def test_composer_enter_sends_shift_enter_newline(qtbot: Any, open_window: Calla
     qtbot.keyClick(w.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
     qtbot.keyClicks(w.composer, "line two")
     assert w.composer.toPlainText() == "line one\nline two"
-    assert not w.controller.generating
+    assert not w.chat.generating
     qtbot.keyClick(w.composer, Qt.Key.Key_Return)
-    assert w.controller.generating and w.composer.toPlainText() == ""
+    assert w.chat.generating and w.composer.toPlainText() == ""
     wait_idle(qtbot, w)
-    assert [vm.content for vm in w.message_vms() if vm.role == "user"] == ["line one\nline two"]
+    assert [vm.content for vm in w.chat.vms if vm.role == "user"] == ["line one\nline two"]
 
 
 def test_stop_mid_prefill(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window(chunk=4)  # ~250 small forwards: plenty of time to stop in the middle
     progress: list[tuple[int, int]] = []
-    w.controller.prefilled.connect(lambda done, total: progress.append((done, total)))
+    w.chat.subscribe(ops.PREFILL, lambda rid, done, total: progress.append((done, total)))
     send(qtbot, w, LONG_PROMPT, wait=False)
     qtbot.waitUntil(lambda: any(0 < d < t for d, t in progress), timeout=LONG)
-    assert w.controller.stream_text == ""  # still reading the prompt
+    assert w.chat.stream_text == ""  # still reading the prompt
     click(qtbot, w, "stopButton")
     wait_idle(qtbot, w)
     reply = w.session.store.get_message(replies(w)[-1].id)
@@ -195,7 +198,7 @@ def test_stop_mid_decode_with_escape(qtbot: Any, open_window: Callable[..., Main
     # tiny model runs to the token limit.
     w = open_window(max_tokens=2000, temperature=0.0)
     send(qtbot, w, "Tell me a long story.", wait=False)
-    qtbot.waitUntil(lambda: len(w.controller.stream_text) > 10, timeout=LONG)
+    qtbot.waitUntil(lambda: len(w.chat.stream_text) > 10, timeout=LONG)
     qtbot.keyClick(w.composer, Qt.Key.Key_Escape)
     wait_idle(qtbot, w)
     reply = w.session.store.get_message(replies(w)[-1].id)
@@ -211,12 +214,12 @@ def test_regenerate_is_identical_and_restores_all_but_last_token(
     send(qtbot, w, "Explain how a prompt cache works in two sentences.")
     first = replies(w)[-1]
     qtbot.keyClick(w, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)  # Ctrl/Cmd+R
-    assert w.controller.generating
+    assert w.chat.generating
     wait_idle(qtbot, w)
     # Identical: no copy is added; the existing reply stays selected and says so.
     second = replies(w)[-1]
     assert second.id == first.id and second.navigator == "1 / 1"
-    assert w.controller.last_finished.result.tokens == w.session.store.get_message(first.id).tokens
+    assert watch(w).finished.result.tokens == w.session.store.get_message(first.id).tokens
     assert "identical to an existing variant" in w.statusBar().currentMessage()
     widget = w.chat_view.widget_for(second.id)
     assert "identical to an existing variant" in widget.identity.text() and widget.identity.isVisible()
@@ -254,33 +257,33 @@ def test_new_variant_changes_seed_and_navigator(qtbot: Any, open_window: Callabl
 def test_edit_user_message_branches(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window()
     send(qtbot, w, "first question")
-    old_user, old_reply = w.message_vms()
+    old_user, old_reply = w.chat.vms
     widget = w.chat_view.widget_for(old_user.id)
     qtbot.mouseClick(widget.edit_button, Qt.MouseButton.LeftButton)
     assert widget.editor.isVisible() and widget.editor.toPlainText() == "first question"
     widget.editor.setPlainText("second question")
     qtbot.mouseClick(widget.save_edit, Qt.MouseButton.LeftButton)
     wait_idle(qtbot, w)
-    user, reply = w.message_vms()
+    user, reply = w.chat.vms
     assert user.content == "second question" and user.navigator == "2 / 2"
     assert reply.id != old_reply.id and reply.status == "complete"
     # The original branch, with its own reply, is one click away.
     qtbot.mouseClick(w.chat_view.widget_for(user.id).prev_button, Qt.MouseButton.LeftButton)
-    assert [vm.id for vm in w.message_vms()] == [old_user.id, old_reply.id]
+    assert [vm.id for vm in w.chat.vms] == [old_user.id, old_reply.id]
 
 
 def test_copy_and_delete_message(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window()
     send(qtbot, w, "copy me")
-    user, reply = w.message_vms()
+    user, reply = w.chat.vms
     qtbot.mouseClick(w.chat_view.widget_for(reply.id).copy_button, Qt.MouseButton.LeftButton)
     assert QApplication.clipboard().text() == reply.content
     w.delete_message(reply.id, confirm=False)
-    assert [vm.id for vm in w.message_vms()] == [user.id]
+    assert [vm.id for vm in w.chat.vms] == [user.id]
     # A trailing user message without a reply: Regenerate answers it.
     click(qtbot, w, "regenerateButton")
     wait_idle(qtbot, w)
-    assert [vm.role for vm in w.message_vms()] == ["user", "assistant"]
+    assert [vm.role for vm in w.chat.vms] == ["user", "assistant"]
 
 
 def test_code_block_copy_link_and_safe_rendering(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
@@ -308,16 +311,16 @@ def test_debug_panel_verify_and_clear_cache(qtbot: Any, open_window: Callable[..
     assert w.debug_panel.isVisible()
     qtbot.waitUntil(lambda: w.debug_panel.value("entries") not in ("–", "0"), timeout=LONG)
     qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not w.controller.verifying, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.verifying, timeout=LONG)
     assert w.debug_panel.value("verify").startswith("✓ identical")
     qtbot.mouseClick(w.debug_panel.clear_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.controller.cache_stats.get("memory_entries") == 0, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.cache_stats.get("memory_entries") == 0, timeout=LONG)
     assert w.debug_panel.value("entries") == "0"
     # After a clear, regenerate is a cold prefill but still reproduces the reply exactly.
     click(qtbot, w, "regenerateButton")
     wait_idle(qtbot, w)
-    assert w.controller.last_finished.pending.outcome.comparison.identical is True
-    assert w.controller.last_finished.pending.duplicate_of == replies(w)[-1].id
+    assert watch(w).finished.pending.outcome.comparison.identical is True
+    assert watch(w).finished.pending.duplicate_of == replies(w)[-1].id
     assert w.debug_panel.value("restored_stored").startswith("0 / ")  # this run's report
 
 
@@ -330,13 +333,13 @@ def test_restart_keeps_everything_and_regenerates_identically(
     send(qtbot, w1, "Regenerate the answer, please.")
     first = replies(w1)[-1]
     w1.close()
-    assert w1.controller.engine_closed  # the engine thread ended
+    assert w1.engine_closed  # the engine thread ended
     w2 = open_window(data)
     assert (w2.size().width(), w2.size().height()) == (720, 520)  # geometry remembered
-    assert [vm.id for vm in w2.message_vms()][-1] == first.id
+    assert [vm.id for vm in w2.chat.vms][-1] == first.id
     click(qtbot, w2, "regenerateButton")
     wait_idle(qtbot, w2)
-    finished = w2.controller.last_finished
+    finished = watch(w2).finished
     assert finished.result.text == first.content and finished.pending.outcome.comparison.identical is True
     assert finished.pending.duplicate_of == first.id and replies(w2)[-1].id == first.id
     report = finished.result.report
@@ -364,10 +367,10 @@ def test_close_mid_generation_saves_partial_reply(
     data = tmp_path / "data"
     w = open_window(data, max_tokens=3000, temperature=0.0)  # greedy: no early EOS
     send(qtbot, w, "Tell me everything.", wait=False)
-    qtbot.waitUntil(lambda: len(w.controller.stream_text) > 5, timeout=LONG)
-    reply_id = w.controller.pending.reply_id
+    qtbot.waitUntil(lambda: len(w.chat.stream_text) > 5, timeout=LONG)
+    reply_id = w.chat.pending.reply_id
     w.close()  # stops the reply (status "interrupted" below), not waits for its 3000 tokens
-    assert w.controller.engine_closed
+    assert w.engine_closed
     with ConversationStore(data / "verbatim.sqlite3", read_only=True) as store:
         reply = store.get_message(reply_id)
     assert reply.status == "interrupted" and reply.content and reply.tokens
@@ -378,17 +381,17 @@ def test_broken_model_shows_error(qtbot: Any, open_window: Callable[..., MainWin
     broken.mkdir()
     (broken / "config.json").write_text("{ this is not json")
     w = open_window(model=str(broken), wait=False)
-    qtbot.waitUntil(lambda: w.last_error is not None, timeout=LONG)
+    qtbot.waitUntil(lambda: watch(w).last_error is not None, timeout=LONG)
     box = w.findChild(QMessageBox, "errorDialog")
     assert box is not None and box.isVisible()
     assert "broken-model" in box.text() and "config.json" in box.text()
-    assert not w.controller.model_ready and w.model_label.text() == "No model"
+    assert not w.chat.model_ready and w.model_label.text() == "No model"
     box.close()
     # Sending without a model: the message is kept, the failure is explained.
-    w.last_error = None
+    watch(w).errors.clear()
     send(qtbot, w, "hello?")
-    assert w.last_error and "no model" in w.last_error.lower()
-    assert [vm.role for vm in w.message_vms()] == ["user"]
+    assert watch(w).last_error and "no model" in watch(w).last_error.lower()
+    assert [vm.role for vm in w.chat.vms] == ["user"]
 
 
 def test_conversations_new_rename_search_delete(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
@@ -396,7 +399,7 @@ def test_conversations_new_rename_search_delete(qtbot: Any, open_window: Callabl
     send(qtbot, w, "apples and pears")
     first = w.conv_id
     qtbot.keyClick(w, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
-    assert w.conv_id is None and w.message_vms() == []
+    assert w.conv_id is None and w.chat.vms == []
     send(qtbot, w, "bananas")
     assert w.conv_id != first and w.sidebar.list.count() == 2
     w.rename_conversation(first, "Fruit salad")
@@ -406,7 +409,7 @@ def test_conversations_new_rename_search_delete(qtbot: Any, open_window: Callabl
     w.sidebar.search.clear()
     qtbot.waitUntil(lambda: len(w.sidebar.ids()) == 2, timeout=LONG)
     w.sidebar.list.setCurrentRow(w.sidebar.ids().index(first))
-    assert w.conv_id == first and w.message_vms()[0].content == "apples and pears"
+    assert w.conv_id == first and w.chat.vms[0].content == "apples and pears"
     w.delete_conversation(first, confirm=False)
     assert w.conv_id is None and len(w.sidebar.ids()) == 1
 
@@ -459,7 +462,7 @@ def test_gui_thread_never_stalls_during_generation(
     w = open_window(max_tokens=200)
     send(qtbot, w, LONG_PROMPT[:600])  # warm-up: first paint, glyph caches, MLX kernels
     gc.set_threshold(300, 1, 1)  # a full collection due after every second young one
-    gc_collections.flag = lambda: w.controller.generating
+    gc_collections.flag = lambda: w.chat.generating
     raw: list[float] = []
     own: list[float] = []
     cpu: list[float] = []  # of each gap, the time the GUI thread ran (the rest it was blocked)
@@ -473,7 +476,7 @@ def test_gui_thread_never_stalls_during_generation(
             own.append(gap - (wait - state["wait"]))
             cpu.append(ran - state["cpu"])
         cycles(200)  # ~400 objects of garbage per beat: a young collection due every tick
-        state.update(last=now, wait=wait, cpu=time.thread_time(), was=w.controller.generating)
+        state.update(last=now, wait=wait, cpu=time.thread_time(), was=w.chat.generating)
 
     timer = QTimer()
     timer.setTimerType(Qt.TimerType.PreciseTimer)
@@ -549,7 +552,7 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     send(qtbot, w, "a long reply keeps the engine busy", wait=False)
     mgr.import_gguf(str(gguf))
     qtbot.mouseClick(mgr.cancel_button, Qt.MouseButton.LeftButton)
-    w.controller.stop()
+    ops.stop(w.chat)
     wait_idle(qtbot, w)
     qtbot.waitUntil(lambda: "Import cancelled" in mgr.status.text(), timeout=LONG)
     assert mgr.import_button.isEnabled() and not mgr.cancel_button.isVisible()
@@ -558,7 +561,7 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     row = next(i for i, e in enumerate(mgr.entries) if e.source == "gguf")
     mgr.table.selectRow(row)
     qtbot.mouseClick(mgr.use_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.controller.model_ready, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
     assert w.model_picker.currentData() == str(mgr.entries[row].path)
     send(qtbot, w, "hello")
     assert replies(w)[-1].status == "complete"
@@ -572,8 +575,8 @@ def test_second_window_on_the_same_data_is_read_only(
     send(qtbot, w1, "only the first window writes")
     w2 = open_window(data, wait=False)
     assert w2.read_only and w2.banner.isVisible() and "read-only" in w2.banner.text()
-    assert w2.message_vms()[0].content == "only the first window writes"  # it can read
-    qtbot.waitUntil(lambda: w2.controller.model_ready, timeout=LONG)
+    assert w2.chat.vms[0].content == "only the first window writes"  # it can read
+    qtbot.waitUntil(lambda: w2.chat.model_ready, timeout=LONG)
     assert not w2.findChild(QPushButton, "sendButton").isEnabled()
     assert not w2.findChild(QPushButton, "regenerateButton").isEnabled()
 
@@ -642,7 +645,7 @@ def test_search_runs_off_the_gui_thread_and_a_hit_scrolls_to_its_message(
     for i in range(6):
         send(qtbot, w, f"filler message {i} " + "words " * 40)
     first = w.conv_id
-    hit_id = w.message_vms()[0].id
+    hit_id = w.chat.vms[0].id
     w.new_conversation()
     send(qtbot, w, "something else")
     threads: list[str] = []

@@ -20,6 +20,7 @@ from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
 from app.qt.widgets.compare_view import columns  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
+from tests.app_helpers import wait_compared  # noqa: E402
 from tests.test_app_window import LONG, click, open_window, replies, send, wait_idle  # noqa: E402,F401
 
 pytestmark = pytest.mark.gui
@@ -40,9 +41,7 @@ def test_compare_diverging_variants_and_a_cold_run(qtbot: Any, open_window: Call
 
     widget = w.chat_view.widget_for(second.id)
     assert widget.compare_button.isVisible()
-    with qtbot.waitSignal(w.inspector.compared, timeout=LONG) as blocker:
-        qtbot.mouseClick(widget.compare_button, Qt.MouseButton.LeftButton)
-    data = blocker.args[0]
+    data = wait_compared(qtbot, w, lambda: qtbot.mouseClick(widget.compare_button, Qt.MouseButton.LeftButton))
     view = w.inspector.view
     assert view.isVisible() and data.a.message_id == second.id and data.b.message_id == first.id
     c = data.comparison
@@ -61,9 +60,7 @@ def test_compare_diverging_variants_and_a_cold_run(qtbot: Any, open_window: Call
     view.grab()  # paints
 
     # B = a cold run of A: exact mode reproduces it bit for bit.
-    with qtbot.waitSignal(w.inspector.compared, timeout=LONG) as blocker:
-        qtbot.mouseClick(view.cold_button, Qt.MouseButton.LeftButton)
-    cold = blocker.args[0]
+    cold = wait_compared(qtbot, w, lambda: qtbot.mouseClick(view.cold_button, Qt.MouseButton.LeftButton))
     assert cold.comparison.identical and cold.b.source is None and cold.b.tokens == ta
     assert view.verdict.text() == f"identical ({len(ta)} tokens, bit-equal logprobs)"
     assert view.plot.first_diff is None and set(view.plot.deltas) == {0.0}

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from array import array
 from pathlib import Path
 
 import pytest
@@ -337,6 +338,32 @@ def test_migration_from_v1_keeps_data_and_backs_up(db: Path) -> None:
         assert [h.message_id for h in s.search("hi")] == [1]  # v3's search index covers old rows
     backup = db.with_name(db.name + ".v1.bak")
     assert sqlite3.connect(backup).execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_migration_to_v4_gives_each_reply_its_one_run(db: Path) -> None:
+    """Replies stored before runs were kept get one run each, from the report stored with them."""
+    db.parent.mkdir(parents=True)
+    conn = sqlite3.connect(db, isolation_level=None)
+    assert migrate(conn, MIGRATIONS[:3]) == 3
+    report = {"prompt_tokens": 41, "restored": 40, "source": "memory", "ttft_s": 0.3, "mode": "exact",
+              "action": "regenerate", "previous_id": 2, "identical": True, "first_diff": None, "max_logprob_diff": 0.0}
+    conn.execute("INSERT INTO conversations (id, title, created_at, updated_at) VALUES (1, 'old', 1.0, 1.0)")
+    conn.execute("INSERT INTO messages (id, conversation_id, role, content, created_at) VALUES (1, 1, 'user', 'hi', 1.0)")
+    conn.execute(
+        "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, seed, tokens, finish_reason,"
+        " cache_report) VALUES (2, 1, 1, 'assistant', 'yo', 2.0, 7, ?, 'stop', ?)",
+        (array("i", [5, 6, 7]).tobytes(), json.dumps(report)),
+    )
+    conn.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, status)"
+                 " VALUES (3, 1, 1, 'assistant', 'cut', 3.0, 'interrupted')")  # no report: no run
+    conn.close()
+    with ConversationStore(db) as s:
+        runs = s.runs(1)
+        assert list(runs) == [2] and len(runs[2]) == 1
+        run = runs[2][0]
+        assert (run.message_id, run.seed, run.finish_reason, run.n_tokens, run.created_at) == (2, 7, "stop", 3, 2.0)
+        assert (run.report.restored, run.report.source, run.mode) == (40, "memory", "exact")
+        assert run.action == "regenerate" and run.outcome.comparison.identical is True
 
 
 def test_failed_migration_rolls_back(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox, QWidget  # noqa: E402
 
+from app.core import chat as ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.test_app_window import LONG, open_window, send  # noqa: E402,F401 (open_window: a fixture)
 
@@ -89,8 +90,8 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w = open_window(max_tokens=24)
     w.show()
     send(qtbot, w, LONG_WORDS)
-    w.controller.regenerate(fresh=False)  # an identity badge on the reply
-    qtbot.waitUntil(lambda: not w.controller.generating, timeout=LONG)
+    ops.regenerate(w.chat, fresh=False)  # an identity badge on the reply
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
     w.debug_panel.show()
     w.resize(*size)
     qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)

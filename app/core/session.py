@@ -18,6 +18,7 @@ from app.core.store import (
     ConversationStore,
     Message,
     ReplyOutcome,
+    Run,
     StoreError,
     assistant_fields_from_result,
 )
@@ -108,10 +109,17 @@ class PendingReply:
     action: str  # "send" | "regenerate" | "variant" | "edit" | "retry"
     previous_id: Optional[int] = None  # the variant this reply was made to replace
     model_name: Optional[str] = None
-    # Set by `finish`: how the reply compares, and the existing variant it turned out identical
-    # to (then the new row was dropped and that variant made active instead).
+    # What a reply saved before it ends needs to be replayed (a receipt, verify, a regenerate):
+    # the loaded model's key and the engine's chunk size, set by whoever starts the generation.
+    model_key: str = ""
+    chunk: int = 0
+    # Set by `finish`: how the reply compares, the existing variant it turned out identical to
+    # (then the new row was dropped and that variant made active instead), the message as saved
+    # and this generation's run.
     outcome: Optional[ReplyOutcome] = None
     duplicate_of: Optional[int] = None
+    message: Optional[Message] = None
+    run: Optional[Run] = None
 
 
 class ChatSession:
@@ -182,21 +190,39 @@ class ChatSession:
         """Delete a message and everything below it."""
         self.store.delete_message(message_id)
 
+    def message(self, message_id: int) -> Message:
+        return self.store.get_message(message_id)
+
+    def draft_messages(self, conv_id: Optional[int], draft: str, settings: ChatSettings) -> list[dict[str, str]]:
+        """What a send of `draft` would give the engine: the active path and the draft (a new
+        conversation: the system prompt of `settings` and the draft)."""
+        path = self.store.active_path(conv_id) if conv_id is not None else []
+        if path:
+            messages = self.store.messages_for_prompt(conv_id, path[-1].id)  # type: ignore[arg-type]
+        else:
+            messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
+        return messages + [{"role": "user", "content": draft}]
+
     def view(self, conv_id: int) -> list[MessageVM]:
-        """The active path as view models (what the chat view shows).
+        """The active path as view models, each reply with its runs.
 
         Siblings come from one read of the whole conversation (not one query per message): the
-        worker thread may delete a failed reply's placeholder meanwhile, and a message that is
+        engine thread may delete a failed reply's placeholder meanwhile, and a message that is
         gone by then simply counts as its own only variant."""
-        path = self.store.active_path(conv_id)
+        try:
+            path = self.store.active_path(conv_id)
+            messages = self.store.messages(conv_id)
+            runs = self.store.runs(conv_id)
+        except StoreError:  # the conversation was deleted meanwhile
+            return []
         siblings: dict[Optional[int], list[int]] = {}
-        for m in self.store.messages(conv_id):  # ordered by id, as store.siblings() is
+        for m in messages:  # ordered by id, as store.siblings() is
             siblings.setdefault(m.parent_id, []).append(m.id)
-        return [message_vm(m, siblings.get(m.parent_id) or [m.id]) for m in path]
-
-    def last_reply(self, conv_id: int) -> Optional[Message]:
-        path = self.store.active_path(conv_id)
-        return next((m for m in reversed(path) if m.role == "assistant"), None)
+        out = []
+        for m in path:
+            own = runs.get(m.id) or [r for r in [Run.of_message(m)] if r is not None]
+            out.append(message_vm(m, siblings.get(m.parent_id) or [m.id], own))
+        return out
 
     # -- starting a reply ----------------------------------------------------------------------
     def begin_send(
@@ -274,9 +300,16 @@ class ChatSession:
         return PendingReply(conv_id, user_id, reply.id, request, action, previous_id, model_name)
 
     # -- ending a reply ------------------------------------------------------------------------
-    def save_partial(self, pending: PendingReply, text: str) -> None:
-        """Streamed text so far (crash safety for long replies)."""
-        self.store.update_message(pending.reply_id, content=text)
+    def save_partial(self, pending: PendingReply, text: str, tokens: list[int], logprobs: list[float]) -> None:
+        """What streamed so far, text with its tokens and logprobs (crash safety for long replies):
+        a reply cut short by a crash keeps its tokens, so it can be inspected, verified and
+        compared with its regenerate. Its report says how to replay it (no run yet: "streamed")."""
+        req = pending.request
+        report = {"streamed": True, "mode": req.mode, "seed": req.sampler.seed, "sampler": req.sampler.to_dict(),
+                  "model_key": pending.model_key, "chunk_size": pending.chunk or CacheReport().chunk_size,
+                  "action": pending.action, "previous_id": pending.previous_id}
+        self.store.update_message(pending.reply_id, content=text, tokens=list(tokens), logprobs=list(logprobs),
+                                  model_key=pending.model_key or None, cache_report=report)
 
     def finish(self, pending: PendingReply, result: GenerationResult) -> Message:
         """Store the reply with its tokens, logprobs and report, and its identity with the variant
@@ -290,17 +323,23 @@ class ChatSession:
         outcome = ReplyOutcome(pending.action, pending.previous_id, comparison)
         pending.outcome = outcome
         twin = self.identical_variant(pending, result)
-        if twin is not None:
-            pending.duplicate_of = twin.id
-            pending.outcome = replace(outcome, duplicate_of=twin.id)
-            self.store.delete_message(pending.reply_id)
-            self.store.set_active(twin.id)
-            return twin
-        fields = assistant_fields_from_result(result, outcome)
-        status = "interrupted" if result.finish_reason == "cancelled" else "complete"
-        if pending.model_name:
-            fields["model_name"] = pending.model_name
-        return self.store.update_message(pending.reply_id, content=result.text, status=status, **fields)
+        with self.store.transaction():  # the reply and its run: one commit
+            if twin is not None:  # this generation becomes a run of the variant it equals
+                pending.duplicate_of = twin.id
+                pending.outcome = replace(outcome, duplicate_of=twin.id)
+                self.store.delete_message(pending.reply_id)
+                self.store.set_active(twin.id)
+                message = twin
+            else:
+                fields = assistant_fields_from_result(result, outcome)
+                status = "interrupted" if result.finish_reason == "cancelled" else "complete"
+                if pending.model_name:
+                    fields["model_name"] = pending.model_name
+                message = self.store.update_message(pending.reply_id, content=result.text, status=status, **fields)
+            pending.run = self.store.add_run(message.id, result.seed, result.finish_reason, len(result.tokens),
+                                             result.report.to_dict(), pending.outcome.to_dict())
+        pending.message = message
+        return message
 
     def identical_variant(self, pending: PendingReply, result: GenerationResult) -> Optional[Message]:
         """A complete sibling of a regenerate / new variant with the same tokens and bit-equal logprobs."""
@@ -361,9 +400,7 @@ class ChatSession:
         mode = report.mode if report.mode in ("exact", "fast") else "exact"
         request = GenerationRequest(self.store.messages_for_prompt(reply.conversation_id, reply.parent_id),
                                     sampler, mode=mode)  # type: ignore[arg-type]
-        finish = reply.finish_reason or ("cancelled" if reply.status == "interrupted" else "stop")
-        result = GenerationResult(reply.content, list(reply.tokens), list(reply.logprobs or []), finish,  # type: ignore[arg-type]
-                                  sampler.seed, [], report)
+        result = reply.as_result()
         key = reply.model_key or report.model_key
         same = bool(key) and key == model.key
         ident = ReceiptModel(model.spec if same else "", key or model.key, reply.model_name or model.name,

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from app.core.store import Message, ReplyOutcome
+from app.core.store import Message, ReplyOutcome, Run
 from engine.types import CacheReport, Comparison, GenerationResult
 
 
@@ -42,8 +42,12 @@ class MessageVM:
     seed: Optional[int] = None
     model_name: Optional[str] = None
     tokens: int = 0  # token ids stored with the reply (the context meter and the inspector)
+    # The latest run's report and outcome (what the footer and the debug panel show), every run.
     report: Optional[CacheReport] = field(default=None, compare=False, hash=False)
     outcome: ReplyOutcome = field(default_factory=ReplyOutcome, compare=False, hash=False)
+    runs: tuple[Run, ...] = field(default=(), compare=False, hash=False)
+    run_lines: tuple[str, ...] = ()  # one footer line per run, oldest first (the runs menu)
+    settings_note: str = ""  # what Regenerate and New variant use (the footer's tooltip)
 
     @property
     def navigator(self) -> str:
@@ -63,10 +67,14 @@ class MessageVM:
         return badge_state(self.outcome)
 
 
-def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
+def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = ()) -> MessageVM:
+    """A message as shown; a reply's footer, badge and report are its latest run's."""
     i = sibling_ids.index(m.id) if m.id in sibling_ids else 0
     assistant = m.role == "assistant"
-    outcome = m.outcome
+    latest = runs[-1] if runs else None
+    outcome = latest.outcome if latest is not None else m.outcome
+    report = latest.report if latest is not None else None
+    lines = tuple(run_text(m, r, k + 1, len(runs)) for k, r in enumerate(runs))
     return MessageVM(
         id=m.id,
         role=m.role,
@@ -76,14 +84,17 @@ def message_vm(m: Message, sibling_ids: list[int]) -> MessageVM:
         variants=max(len(sibling_ids), 1),
         prev_id=sibling_ids[i - 1] if i > 0 else None,
         next_id=sibling_ids[i + 1] if i + 1 < len(sibling_ids) else None,
-        footer=footer_text(m) if assistant else "",
-        identity=identity_text(outcome, mode=m.report.mode if m.report else "exact") if assistant else "",
+        footer=(lines[-1] if lines else footer_text(m)) if assistant else "",
+        identity=identity_text(outcome, mode=report.mode if report else "exact") if assistant else "",
         identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
         model_name=m.model_name,
         tokens=len(m.tokens or []),
-        report=m.report,
+        report=report,
         outcome=outcome,
+        runs=tuple(runs),
+        run_lines=lines,
+        settings_note=settings_note(m) if assistant else "",
     )
 
 
@@ -106,25 +117,43 @@ def format_bytes(n: Optional[float]) -> str:
 
 # ----------------------------------------------------------------------- under a reply, status
 def footer_text(m: Message) -> str:
-    """'64 tokens · TTFT 31 ms · 148.2 tok/s · cache: restored 170 / 171'."""
+    """The footer of a reply with no finished run: generating, or cut short (a crash keeps its
+    tokens: '12 tokens · stopped (not finished)')."""
     if m.status == "generating":
         return "generating…"
-    r = m.report
-    if r is None:
-        return "stopped" if m.status == "interrupted" else ""
+    if m.status != "interrupted":
+        return ""
     n = len(m.tokens or [])
-    parts = [f"{n} token{'s' if n != 1 else ''}"]
+    return f"{n} token{'s' if n != 1 else ''} · stopped (not finished)" if n else "stopped"
+
+
+def run_text(m: Message, run: Run, k: int = 1, runs: int = 1) -> str:
+    """One run under a reply: 'run 2 of 2 · 64 tokens · TTFT 31 ms · 148.2 tok/s · cache:
+    restored 170 / 171 (memory)'; the run number only when the reply has more than one."""
+    r = run.report
+    n = run.n_tokens
+    parts = [f"run {k} of {runs}"] if runs > 1 else []
+    parts.append(f"{n} token{'s' if n != 1 else ''}")
     if n:
         parts.append(f"TTFT {format_seconds(r.ttft_s)}")
         parts.append(f"{r.decode_tps or 0:.1f} tok/s")
-    parts.append(f"cache: restored {r.restored} / {r.prompt_tokens}")
-    if m.status == "interrupted":
+    parts.append(f"cache: restored {r.restored} / {r.prompt_tokens}" + (f" ({r.source})" if r.source else ""))
+    if run.finish_reason == "cancelled" or (k == runs and m.status == "interrupted"):
         parts.append("stopped" if n else "stopped before the first token")
-    elif m.finish_reason == "length":
+    elif run.finish_reason == "length":
         parts.append("max tokens reached")
-    elif m.finish_reason == "context":
+    elif run.finish_reason == "context":
         parts.append("the model's context is full")
     return " · ".join(parts)
+
+
+def settings_note(m: Message) -> str:
+    """What Regenerate and New variant will use for this reply (the footer's tooltip)."""
+    sampler = m.sampler or {}
+    mode = (m.cache_report or {}).get("mode") or "exact"
+    own = f"seed {m.seed if m.seed is not None else '–'}, {mode}, T {sampler.get('temperature', '–')}"
+    return (f"Regenerate (Ctrl+R) repeats this reply's own settings ({own}): the same tokens again.\n"
+            "New variant (Ctrl+Shift+R) uses the current settings and a fresh seed.")
 
 
 FAST_NOTE = "fast mode reuses decoded states; exact mode would not"
@@ -160,6 +189,17 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
         text = f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
         return text + (f" ({FAST_NOTE})" if long else " (fast mode)") if mode == "fast" else text
     return f"differs from previous at token {c.first_diff}"
+
+
+def settings_summary(s: Any, selected: Optional[MessageVM]) -> str:
+    """The bar above the composer: the settings a send or new variant uses, and what Regenerate
+    uses when the selected reply was made otherwise (it repeats the reply's own settings)."""
+    seed = "random seed" if s.random_seed else f"seed {s.sampler.seed}"
+    text = f"{s.mode} · T {s.sampler.temperature:g} · {seed} · max {s.sampler.max_tokens}"
+    own = selected.report.mode if selected is not None and selected.report is not None else None
+    if own is not None and own != s.mode:
+        return f"new: {text} · regenerate: {own}, as the reply"
+    return text
 
 
 def progress_text(action: str, seed: int) -> str:
@@ -300,13 +340,18 @@ class DebugVM:
     declines: str
 
 
-def debug_vm(vm: MessageVM) -> DebugVM:
-    r = vm.report
+def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
+    """The debug panel's reading of a reply's run: `run`, else its latest."""
+    r = run.report if run is not None else vm.report
+    outcome = run.outcome if run is not None else vm.outcome
     assert r is not None
-    how = ACTIONS.get(vm.outcome.action, "")
-    if vm.outcome.duplicate_of is not None:
-        how = f"{how or 'regenerated'} again: identical, no copy added (this run's report)"
-    title = f"<b>Reply {vm.navigator}</b>" + (f" · {how}" if how else "") + f" · message #{vm.id}"
+    n = len(vm.runs)
+    k = vm.runs.index(run) + 1 if run is not None and run in vm.runs else n
+    how = ACTIONS.get(outcome.action, "")
+    if outcome.duplicate_of is not None:
+        how = f"{how or 'regenerated'} again: identical, no copy added"
+    title = (f"<b>Reply {vm.navigator}</b>" + (f" · run {k} of {n}" if n > 1 else "") + (f" · {how}" if how else "")
+             + f" · message #{vm.id}")
     snaps = ", ".join(f"{s.get('kind')} @{s.get('length')} (canonical {s.get('canonical')})" for s in r.snapshots_stored)
     rows = {
         "prompt_tokens": str(r.prompt_tokens),
@@ -326,7 +371,7 @@ def debug_vm(vm: MessageVM) -> DebugVM:
         "ttft": format_seconds(r.ttft_s),
         "prefill_tps": f"{r.prefill_tps or 0:.1f} tok/s",
         "decode_tps": f"{r.decode_tps or 0:.1f} tok/s",
-        "identity": identity_text(vm.outcome, long=True, mode=r.mode),
+        "identity": identity_text(outcome, long=True, mode=r.mode),
     }
     layers = [
         [str(x.index), x.cache_class, "–" if x.offset is None else str(x.offset), str(x.size),

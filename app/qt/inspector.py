@@ -1,9 +1,10 @@
 """The determinism inspector's flows: the compare view, the per-token view, receipts.
 
 Wired to the chat view's footer buttons (Tokens, Compare, Receipt) and the debug panel's
-Compare button. Token texts and cold runs come from the engine thread (the loaded model's
-tokenizer and weights) as coroutines on the qasync loop, like the controller's flows; a reply
-made by another model than the loaded one is shown by token ids, and cannot be run cold.
+Compare button. Token texts and cold runs come from the engine thread through the chat model
+(app/core/engine_flows.py), as coroutines on the qasync loop; a reply made by another model than
+the loaded one is shown by token ids, and cannot be run cold. Stored replies are read through the
+session.
 """
 
 from __future__ import annotations
@@ -11,66 +12,42 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog
 
+from app.core import engine_flows as flows
 from app.core.compare import CompareData, Side, compare
 from app.core.session import ModelIdentity
 from app.core.store import StoreError
 from app.qt import jobs
 from app.qt.widgets.compare_view import CompareView
-from engine.engine import Engine
-from engine.types import GenerationRequest
 
-if TYPE_CHECKING:
-    from app.core.session import ChatSession
-    from app.qt.controller import ChatController, ChatWindow
-
-    class InspectedWindow(ChatWindow):  # app/qt/window.py's MainWindow (no import: no cycle)
-        session: ChatSession
-        controller: ChatController
+MainWindow = Any  # app/qt/window.py's (not imported: the window imports this module)
 
 log = logging.getLogger(__name__)
 
 
 class Inspector(QObject):
-    compared = Signal(object)  # CompareData, once shown
     tokensShown = Signal(int)  # reply id
     receiptWritten = Signal(str)  # path
 
-    def __init__(self, window: "InspectedWindow") -> None:
+    def __init__(self, window: MainWindow) -> None:
         super().__init__(window)  # type: ignore[arg-type]
         self.w = window
         self.view: Optional[CompareView] = None
-        self.last: Optional[CompareData] = None
+        self.last: Optional[CompareData] = None  # what the compare view shows
         window.chat_view.compareRequested.connect(lambda rid: self.open_compare(rid))
         window.chat_view.tokensToggled.connect(self.toggle_tokens)
         window.chat_view.receiptRequested.connect(lambda rid: self.export_receipt(rid))
         window.debug_panel.compareRequested.connect(lambda rid: self.open_compare(rid))
 
-    # ----------------------------------------------------------------------------- helpers
     def model_identity(self) -> Optional[ModelIdentity]:
-        c = self.w.controller
-        info = c.model_info
-        if info is None or not c.model_ready:
-            return None
-        return ModelIdentity(c.model_spec, info.key, info.name, info.dequantized)
-
-    def _loaded_key(self) -> Optional[str]:
-        model = self.model_identity()
-        return model.key if model is not None else None
+        return flows.model_identity(self.w.chat)
 
     async def pieces(self, tokens: list[int], model_key: Optional[str]) -> Optional[list[str]]:
-        """Each token's text, when the loaded model made the reply (else None: ids are shown)."""
-        if not tokens or model_key is None or model_key != self._loaded_key():
-            return None
-        try:
-            return await jobs.on_engine(self.w.controller.executor, lambda e: e.token_texts(tokens))
-        except Exception:
-            log.exception("cannot decode tokens")
-            return None
+        return await flows.token_pieces(self.w.chat, tokens, model_key)
 
     # ----------------------------------------------------------------------------- compare
     def open_compare(self, reply_id: int, other_id: Optional[int] = None) -> CompareView:
@@ -100,10 +77,10 @@ class Inspector(QObject):
         return self.view
 
     def _spawn(self, coro: Any) -> None:
-        self.w.controller._spawn(coro)
+        self.w.chat.spawn(coro)
 
     async def _side(self, message_id: int, label: str) -> Side:
-        m = self.w.session.store.get_message(message_id)
+        m = self.w.session.message(message_id)
         side = Side.of_message(m, label)
         pieces = await self.pieces(side.tokens, m.model_key or (m.report.model_key if m.report else None))
         return replace(side, pieces=pieces)
@@ -126,23 +103,9 @@ class Inspector(QObject):
         if self.view is view:
             view.set_data(data)
             self.last = data
-            self.compared.emit(data)
 
     async def _cold_side(self, a_id: int, a: Side) -> Side:
-        m = self.w.session.store.get_message(a_id)
-        key = m.model_key or (m.report.model_key if m.report else None)
-        if key != self._loaded_key():
-            raise StoreError("a cold run needs the model that made this reply loaded")
-        request, tokens, _ = self.w.session.verify_inputs(a_id)
-        if m.status == "interrupted":  # run cold as far as it got
-            request = GenerationRequest(request.messages, request.sampler, request.mode)
-        cancel = self.w.controller.cancel_token()
-
-        def job(engine: Engine) -> Any:
-            result = engine.cold_run(request, cancel)
-            return result, engine.token_texts(result.tokens)
-
-        result, pieces = await jobs.on_engine(self.w.controller.executor, job)
+        request, result, pieces = await flows.cold_run(self.w.chat, a_id)
         side = Side.of_result(result, f"cold run of {a.label}", request.mode, request.sampler.to_dict())
         return replace(side, pieces=pieces)
 
@@ -157,7 +120,7 @@ class Inspector(QObject):
         self._spawn(self._show_tokens(reply_id))
 
     async def _show_tokens(self, reply_id: int) -> None:
-        m = self.w.session.store.get_message(reply_id)
+        m = self.w.session.message(reply_id)
         pieces = await self.pieces(list(m.tokens or []), m.model_key)
         widget = self.w.chat_view.widget_for(reply_id)
         if widget is not None and widget.tokens_button.isChecked():

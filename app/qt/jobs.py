@@ -8,9 +8,10 @@
   network must not hold up the process's exit.
 
 Either way the coroutine resumes on the GUI thread, so code after an `await` may touch widgets,
-and there are no job ids to check: each flow awaits its own future. Updates while a job runs
-(tokens, progress) cross threads with `Relay`, through loop.call_soon_threadsafe. Cancelling is
-the job's `CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
+and there are no job ids to check: each flow awaits its own future. A generation's events come
+through engine/bridge.py (the chat model, app/core/chat.py); an import's or a download's progress
+crosses threads with `app.core.engine_flows.Throttled`, through loop.call_soon_threadsafe. Cancelling is the job's
+`CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
 
 The loop is the qasync loop that `app.qt.main.ensure_application` installs with the
 QApplication. pytest-qt drives Qt's event loop without asyncio's "running loop" being set, so
@@ -23,11 +24,12 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import time
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
+from app.core.chat import user_message  # noqa: F401 (the one wording, used by the widgets)
+from engine.bridge import engine_call
 from engine.engine import Engine
-from engine.errors import Cancelled, VerbatimError
+from engine.errors import Cancelled
 from engine.executor import EngineExecutor
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ def _log_failure(task: "asyncio.Task[Any]") -> None:
 
 async def on_engine(executor: EngineExecutor, fn: Callable[[Engine], T]) -> T:
     """Run fn(engine) on the engine thread and wait for it without blocking the GUI."""
-    return await asyncio.wrap_future(executor.submit(fn), loop=gui_loop())
+    return await engine_call(executor, fn, gui_loop())
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -78,41 +80,6 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
     threading.Thread(target=run, name="verbatim-task", daemon=True).start()
     return await asyncio.wrap_future(fut, loop=gui_loop())
-
-
-class Relay:
-    """Calls `callback(*args)` on the GUI thread from any thread, at most every `interval`
-    seconds; a call with `force=True` (the first text, the last progress step) always goes out."""
-
-    def __init__(self, callback: Callable[..., None], interval: float = 0.05) -> None:
-        self._loop = gui_loop()
-        self._callback = callback
-        self.interval = interval
-        self._last = 0.0
-        self.sent = 0
-
-    def __call__(self, *args: Any, force: bool = False) -> bool:
-        now = time.perf_counter()
-        if not force and now - self._last < self.interval:
-            return False
-        self._last = now
-        self.sent += 1
-        if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._callback, *args)
-        return True
-
-    def progress(self, fraction: float, message: str) -> None:
-        """An `engine.types.Progress` callback: the final step is never dropped."""
-        self(float(fraction), str(message), force=fraction >= 1.0)
-
-
-def user_message(e: BaseException) -> str:
-    """One line for the window: the errors users cause carry their own message."""
-    from app.core.store import StoreError
-
-    if isinstance(e, (VerbatimError, StoreError, OSError)):
-        return str(e) or type(e).__name__
-    return f"{type(e).__name__}: {e}"
 
 
 def is_cancelled(e: BaseException) -> bool:

@@ -1,14 +1,10 @@
-"""The main window: layout, menus, and what the window shows; no chat logic and no background work.
+"""The main window: layout, menus, and the wiring from the chat model's events to the widgets.
 
-User actions go to `ChatController` (app/qt/controller.py: generation state and the coroutines
-that wait on the engine) or, for conversations, to `ChatSession` (app/core/session.py: the only
-way to the store). Dialogs live in app/qt/dialogs.py, model discovery in the model picker.
-
-Over ~400 lines (~580), for now: the layout is built in one place (`_build_ui`, ~150 lines, so the
-widget tree reads top to bottom in the order it appears on screen), and the window still holds
-what the controller shows (`show_model_*`, `refresh_messages`) and the conversation actions
-(rename, delete, export, import: each a dialog plus one ChatSession call). Candidates to move
-next: the composer area into widgets/composer.py, the conversation actions into their own module.
+The chat's state lives in `ChatModel` (app/core/chat.py, Qt-free): the window sends it intents
+(send, regenerate, select a reply...) through the operations there and in app/core/engine_flows.py,
+and shows what it emits (`_wire`); it never reads state back from a widget. The conversation
+actions (rename, delete, export, import) are in app/qt/conversation_actions.py, dialogs in
+app/qt/dialogs.py, model discovery in the model picker.
 """
 
 from __future__ import annotations
@@ -19,22 +15,13 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-import psutil
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
-from PySide6.QtGui import (
-    QAction,
-    QActionGroup,
-    QCloseEvent,
-    QGuiApplication,
-    QKeySequence,
-)
+from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
     QHBoxLayout,
     QLabel,
     QMainWindow,
-    QMessageBox,
-    QProgressBar,
     QPushButton,
     QSizePolicy,
     QSplitter,
@@ -43,16 +30,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core import chat as ops
+from app.core import engine_flows as flows
 from app.core.cache_move import move_prompt_cache
+from app.core.chat import ChatModel
 from app.core.models import model_label
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
-from app.core.view_models import MessageVM, context_marker, context_vm, format_bytes
-from app.qt import dialogs, jobs
-from app.qt.controller import ChatController
+from app.core.view_models import MessageVM, context_marker, context_vm, settings_summary
+from app.qt import dialogs, jobs, menus, model_actions
 from app.qt.gc_pacer import GcPacer
 from app.qt.inspector import Inspector
-from app.qt.server_toggle import ServerToggle
 from app.qt.theme import Theme, apply_theme, theme_named
 from app.qt.widgets.chat_view import ChatView
 from app.qt.widgets.composer import Composer
@@ -61,9 +49,11 @@ from app.qt.widgets.debug_panel import DebugPanel
 from app.qt.widgets.elided_label import ElidedLabel
 from app.qt.widgets.model_picker import ModelPicker
 from app.qt.widgets.sidebar import Sidebar
-from engine.engine import ModelInfo
+from engine.engine import Engine
+from engine.executor import EngineExecutor
 
 log = logging.getLogger(__name__)
+SHUTDOWN_S = 30.0  # how long closing the window waits for the engine thread
 
 
 class MainWindow(QMainWindow):
@@ -95,12 +85,13 @@ class MainWindow(QMainWindow):
         self.cache_dir = Path(cache_dir) if cache_dir is not None else self.data_dir / "cache"
         if self.cache_dir != self.data_dir / "cache" and not self.read_only:  # the lock holder moves it
             move_prompt_cache(self.data_dir / "cache", self.cache_dir)
-        self.controller = ChatController(
-            self, self.session, self.cache_dir, chunk, use_disk, batch_interval, self.read_only,
-            context_length,
-        )
-        self.conv_id: Optional[int] = None
-        self.last_error: Optional[str] = None
+        cache_dir_ = self.cache_dir
+        executor = EngineExecutor(lambda: Engine(cache_dir=cache_dir_, use_disk=use_disk, chunk=chunk,
+                                                 context_length=context_length))
+        self.chat = ChatModel(self.session, executor, jobs.gui_loop(), jobs.spawn, self.default_settings, chunk,
+                              batch_interval, self.read_only)
+        self.engine_closed = False  # the engine thread ended in time when the window closed
+        self._streaming_id: Optional[int] = None  # the reply the chat view streams into
         self._closed = False
         self._search_seq = 0
         self._search_job: Optional[Any] = None
@@ -110,7 +101,8 @@ class MainWindow(QMainWindow):
 
         self._build_ui()
         self.inspector = Inspector(self)  # compare view, per-token view, receipts (app/qt/inspector.py)
-        self._build_menus()
+        menus.build_menus(self)
+        self._wire()
         self._apply_theme()
         QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _: self._apply_theme())
         self._restore_geometry()
@@ -126,15 +118,11 @@ class MainWindow(QMainWindow):
                 "(you can read conversations, not send)."
             )
         # Garbage collection on this thread, and a full one only between replies (gc_pacer.py).
-        self.gc_pacer = GcPacer(busy=lambda: self.controller.generating, parent=self)
+        self.gc_pacer = GcPacer(busy=lambda: self.chat.generating, parent=self)
         self.gc_pacer.start()
-        self.controller.load_model(model, model_label(model))
+        flows.load_model(self.chat, model, model_label(model))
         self.discover_models()
-        self._process = psutil.Process()
-        self._mem_timer = QTimer(self)
-        self._mem_timer.timeout.connect(self.update_memory)
-        self._mem_timer.start(2000)
-        self.update_memory()
+        self._mem_timer = model_actions.memory_timer(self)
         self._update_actions()
 
     # ------------------------------------------------------------------------------------ UI
@@ -158,7 +146,7 @@ class MainWindow(QMainWindow):
         tb = QHBoxLayout(top)
         tb.setContentsMargins(12, 8, 12, 8)
         self.model_picker = ModelPicker()
-        self.model_picker.chosen.connect(lambda spec, name: self.controller.load_model(spec, name))
+        self.model_picker.chosen.connect(lambda spec, name: flows.load_model(self.chat, spec, name))
         self.model_picker.manageRequested.connect(self.open_model_manager)
         tb.addWidget(self.model_picker)
         self.model_status = ElidedLabel("")  # "30 layers · loaded in 1.2 s" elides, never clips
@@ -187,9 +175,10 @@ class MainWindow(QMainWindow):
         col.addWidget(self.banner)
 
         self.chat_view = ChatView(self.theme.code)
-        self.chat_view.selected.connect(self._on_message_selected)
-        self.chat_view.navigate.connect(self.switch_variant)
-        self.chat_view.editSubmitted.connect(lambda mid, text: self.controller.edit(mid, text))
+        self.chat_view.selected.connect(lambda mid: self.chat.select(mid))
+        self.chat_view.runChosen.connect(lambda mid, k: self.chat.show_run(mid, k))
+        self.chat_view.navigate.connect(lambda mid: ops.switch_variant(self.chat, mid))
+        self.chat_view.editSubmitted.connect(lambda mid, text: ops.edit(self.chat, mid, text))
         self.chat_view.deleteRequested.connect(lambda mid: self.delete_message(mid, confirm=True))
         self.chat_view.copied.connect(lambda msg: self.statusBar().showMessage(msg, 2000))
         col.addWidget(self.chat_view, 1)
@@ -203,11 +192,11 @@ class MainWindow(QMainWindow):
         self.regenerate_button = QPushButton("↻ Regenerate")
         self.regenerate_button.setObjectName("regenerateButton")
         self.regenerate_button.setToolTip("Same seed and settings: reproduces the reply (Ctrl+R)")
-        self.regenerate_button.clicked.connect(lambda: self.controller.regenerate(fresh=False))
+        self.regenerate_button.clicked.connect(lambda: ops.regenerate(self.chat, fresh=False))
         self.new_variant_button = QPushButton("⤳ New variant")
         self.new_variant_button.setObjectName("newVariantButton")
         self.new_variant_button.setToolTip("A fresh seed with the current settings (Ctrl+Shift+R)")
-        self.new_variant_button.clicked.connect(lambda: self.controller.regenerate(fresh=True))
+        self.new_variant_button.clicked.connect(lambda: ops.regenerate(self.chat, fresh=True))
         actions.addWidget(self.regenerate_button)
         actions.addWidget(self.new_variant_button)
         self.settings_summary = ElidedLabel()
@@ -230,7 +219,7 @@ class MainWindow(QMainWindow):
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("stopButton")
         self.stop_button.setToolTip("Stop the reply (Esc)")
-        self.stop_button.clicked.connect(lambda: self.controller.stop())
+        self.stop_button.clicked.connect(lambda: ops.stop(self.chat))
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
         buttons.addStretch(1)
@@ -251,8 +240,8 @@ class MainWindow(QMainWindow):
 
 
         self.debug_panel = DebugPanel(self)
-        self.debug_panel.verifyRequested.connect(lambda rid: self.controller.verify(rid))
-        self.debug_panel.clearRequested.connect(lambda: self.controller.clear_cache())
+        self.debug_panel.verifyRequested.connect(lambda rid: flows.verify(self.chat, rid))
+        self.debug_panel.clearRequested.connect(lambda: flows.clear_cache(self.chat))
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.debug_panel)
         # Narrow enough that sidebar + chat + dock fit an 800 px window; opens at DOCK_WIDTH.
         self.debug_panel.setMinimumWidth(self.DOCK_MIN_WIDTH)
@@ -262,19 +251,7 @@ class MainWindow(QMainWindow):
         self.debug_panel.visibilityChanged.connect(self._size_dock)
         self.debug_button.toggled.connect(self.debug_panel.setVisible)
 
-        sb = self.statusBar()
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 1000)
-        self.progress.setMaximumWidth(180)
-        self.progress.setTextVisible(False)
-        self.progress.setVisible(False)
-        self.model_label = QLabel()
-        self.model_label.setObjectName("statusModel")
-        self.memory_label = QLabel()
-        self.memory_label.setObjectName("statusMemory")
-        sb.addPermanentWidget(self.progress)
-        sb.addPermanentWidget(self.model_label)
-        sb.addPermanentWidget(self.memory_label)
+        self.progress, self.model_label, self.memory_label = model_actions.status_widgets(self.statusBar())
         self.resize(1200, 800)
 
     DOCK_MIN_WIDTH, DOCK_WIDTH = 260, 360
@@ -288,57 +265,6 @@ class MainWindow(QMainWindow):
         room = self.width() - self.sidebar.width() - self.splitter.widget(1).minimumSizeHint().width() - 16
         width = max(self.DOCK_MIN_WIDTH, min(self.DOCK_WIDTH, room))
         self.resizeDocks([self.debug_panel], [width], Qt.Orientation.Horizontal)
-
-    def _build_menus(self) -> None:
-        def act(menu: Any, text: str, slot: Any, shortcut: Any = None, name: str = "") -> QAction:
-            a = QAction(text, self)
-            if shortcut is not None:
-                a.setShortcuts(shortcut if isinstance(shortcut, list) else [QKeySequence(shortcut)])
-            a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-            a.triggered.connect(slot)
-            if name:
-                a.setObjectName(name)
-            menu.addAction(a)
-            return a
-
-        mb = self.menuBar()
-        f = mb.addMenu("&File")
-        self.new_action = act(f, "New chat", self.new_conversation, "Ctrl+N", "newChatAction")
-        act(f, "Import conversation…", self.import_conversation)
-        act(f, "Export conversation…", lambda: self.conv_id and self.export_conversation(self.conv_id), "Ctrl+E")
-        f.addSeparator()
-        act(f, "Quit", self.close, "Ctrl+Q")
-        c = mb.addMenu("&Chat")
-        self.regenerate_action = act(c, "Regenerate", lambda: self.controller.regenerate(False), "Ctrl+R", "regenerateAction")
-        self.variant_action = act(c, "New variant", lambda: self.controller.regenerate(True), "Ctrl+Shift+R", "variantAction")
-        self.stop_action = act(c, "Stop", lambda: self.controller.stop(), "Esc", "stopAction")
-        c.addSeparator()
-        # Every shortcut spelled out, never a QKeySequence.StandardKey: those are other chords on
-        # other platforms, sometimes two (Delete is also Ctrl+D on X11), and clash unseen.
-        act(c, "Settings…", self.open_settings, "Ctrl+,")
-        v = mb.addMenu("&View")
-        self.debug_action = self.debug_panel.toggleViewAction()
-        self.debug_action.setText("Debug panel")
-        self.debug_action.setObjectName("debugAction")
-        self.debug_action.setShortcut(QKeySequence("Ctrl+D"))
-        v.addAction(self.debug_action)
-        themes = v.addMenu("Theme")
-        group = QActionGroup(self)
-        for key, label in (("system", "Follow system"), ("light", "Light"), ("dark", "Dark")):
-            a = QAction(label, self, checkable=True)
-            a.setChecked(self.theme_option == key)
-            a.triggered.connect(lambda _=False, k=key: self.set_theme(k))
-            group.addAction(a)
-            themes.addAction(a)
-        m = mb.addMenu("&Models")
-        act(m, "Manage models…", self.open_model_manager, "Ctrl+Shift+M", "manageModelsAction")
-        # The local OpenAI-compatible server: the loaded model, through this window's worker.
-        m.addSeparator()
-        self.server_toggle = ServerToggle(self.controller.executor, self)
-        self.server_toggle.failed.connect(lambda msg: self.show_error("Cannot start the local server", msg))
-        m.addAction(self.server_toggle.action)
-        m.addAction(self.server_toggle.share_action)  # off by default: API clients get a cache of their own
-        self.statusBar().addPermanentWidget(self.server_toggle.label)
 
     # ---------------------------------------------------------------------------- theme, geometry
     def set_theme(self, option: str) -> None:
@@ -370,6 +296,60 @@ class MainWindow(QMainWindow):
         self.qsettings.setValue("window/splitter", self.splitter.saveState())
         self.qsettings.sync()
 
+    # ------------------------------------------------------------------- the chat model's events
+    def _wire(self) -> None:
+        """What the window shows of each change the chat model tells (app/core/chat.py)."""
+        c = self.chat
+        c.subscribe(ops.PATH, self._show_path)
+        c.subscribe(ops.SELECTED, self._show_selected)
+        c.subscribe(ops.PENDING, self._show_pending)
+        c.subscribe(ops.STREAM, lambda rid, text, n: (self.chat_view.stream(rid, text, n),
+                                                      self.status(f"Generating… {n} tokens")))
+        c.subscribe(ops.PREFILL, lambda rid, done, total: (self.chat_view.prefill(rid, done, total),
+                                                           self.status(f"Reading the prompt: {done} / {total} tokens")))
+        c.subscribe(ops.STATUS, self.status)
+        c.subscribe(ops.ERROR, self._show_error)
+        c.subscribe(ops.BANNER, self.banner_text)
+        c.subscribe(ops.CONVERSATIONS, self.refresh_conversations)
+        c.subscribe(ops.RUN_SHOWN, lambda rid, run: self.debug_panel.show_reply(self._vm(rid), run))
+        c.subscribe(ops.STATS, lambda stats, memory: (self.debug_panel.show_stats(stats), self.update_memory()))
+        c.subscribe(flows.MODEL, lambda what, *args: model_actions.show_model(self, what, *args))
+        c.subscribe(flows.VERIFY, self._show_verify)
+
+    @property
+    def conv_id(self) -> Optional[int]:
+        return self.chat.conv_id
+
+    def _vm(self, message_id: Optional[int]) -> Optional[MessageVM]:
+        return next((vm for vm in self.chat.vms if vm.id == message_id), None)
+
+    def _show_path(self, vms: list[MessageVM]) -> None:
+        self.chat_view.set_messages(vms, context_marker(vms))
+        self.context_meter.show_context(context_vm(vms))
+        pending = self.chat.pending
+        if pending is not None and pending.conversation_id == self.conv_id:
+            self.chat_view.stream(pending.reply_id, self.chat.stream.text, self.chat.stream.tokens)
+        self._update_title()
+        self._update_actions()
+
+    def _show_selected(self, vm: Optional[MessageVM]) -> None:
+        self.chat_view.show_selected(vm.id if vm is not None else None)
+        self.debug_panel.show_reply(vm)
+        self._update_actions()
+
+    def _show_pending(self, pending: Any) -> None:
+        if pending is None and self._streaming_id is not None:
+            self.chat_view.end_stream(self._streaming_id)
+        self._streaming_id = pending.reply_id if pending is not None else None
+        if pending is not None:
+            self.chat_view.scroll_to_bottom()
+        self._update_actions()
+
+    def _show_verify(self, reply_id: int, text: Optional[str]) -> None:
+        self.debug_panel.set_verifying(text is None)  # None: the cold run is under way
+        if text is not None:
+            self.debug_panel.show_verify(reply_id, text)
+
     # ------------------------------------------------------------------------- what is shown
     def status(self, text: str, ms: int = 0) -> None:
         self.statusBar().showMessage(text, ms)
@@ -378,25 +358,29 @@ class MainWindow(QMainWindow):
         self.banner.setText(text)
         self.banner.setVisible(bool(text))
 
-    def show_error(self, title: str, text: str) -> QMessageBox:
-        self.last_error = text
+    def show_error(self, title: str, text: str) -> None:
+        """Tell the user (through the chat model, so every error is one event)."""
+        self.chat.emit(ops.ERROR, title, text)
+
+    def _show_error(self, title: str, text: str) -> None:
+        if self._closed:
+            return
         self.status(f"{title}: {text}", 10000)
-        return dialogs.error_box(self, title, text)
+        dialogs.error_box(self, title, text)
 
     def _update_actions(self) -> None:
-        busy = self.controller.generating
+        busy = self.chat.generating
         can_write = not self.read_only
         has_conv = self.conv_id is not None
-        path_has_user = any(w.vm.role == "user" for w in self.chat_view.message_widgets())
+        path_has_user = any(vm.role == "user" for vm in self.chat.vms)
         self.send_button.setEnabled(can_write and not busy)
         self.stop_button.setEnabled(busy)
         self.stop_action.setEnabled(True)  # Esc must always reach stop(); it ignores idle presses
         for b in (self.regenerate_button, self.new_variant_button, self.regenerate_action, self.variant_action):
             b.setEnabled(can_write and not busy and has_conv and path_has_user)
         self.composer.setReadOnly(not can_write)
-        s = self.current_settings()
-        seed = "random seed" if s.random_seed else f"seed {s.sampler.seed}"
-        self.settings_summary.setText(f"{s.mode} · T {s.sampler.temperature:g} · {seed} · max {s.sampler.max_tokens}")
+        self.settings_summary.setText(settings_summary(self.current_settings(), self.chat.selected))
+        self.settings_summary.setToolTip(self.chat.selected.settings_note if self.chat.selected else "")
 
     def _update_title(self) -> None:
         title = "Verbatim"
@@ -437,122 +421,34 @@ class MainWindow(QMainWindow):
     def reveal_message(self, message_id: int) -> None:
         """Scroll to a message and flash it (a search hit); one in another variant or branch is
         made active first."""
-        if self.chat_view.widget_for(message_id) is None:
-            if self.controller.generating:
-                self.status("Stop the current reply before switching variants", 3000)
-                return
-            self.session.show_variant(message_id)
-            self.refresh_messages()
+        if self._vm(message_id) is None and not ops.switch_variant(self.chat, message_id):
+            return
         self.chat_view.reveal(message_id)
 
     def show_conversation(self, conv_id: Optional[int]) -> None:
-        self.conv_id = conv_id
         self.sidebar.set_current(conv_id)  # also after a restart: the open chat is highlighted
-        self.chat_view.selected_id = None
-        self._update_title()
-        self.refresh_messages()
+        self.chat.open(conv_id)
         self.chat_view.scroll_to_bottom()
 
-    def refresh_messages(self) -> list[MessageVM]:
-        vms = self.session.view(self.conv_id) if self.conv_id is not None else []
-        self.chat_view.set_messages(vms, context_marker(vms))
-        self.context_meter.show_context(context_vm(vms))
-        pending = self.controller.pending
-        if pending is not None and pending.conversation_id == self.conv_id:
-            self.chat_view.stream(pending.reply_id, self.controller.stream_text, 0)
-        self.debug_panel.show_reply(self.debug_target(vms))
-        self._update_actions()
-        return vms
-
-    def debug_target(self, vms: list[MessageVM]) -> Optional[MessageVM]:
-        """The selected reply, else the last one: what the debug panel shows and Ctrl+R redoes."""
-        sel = self.chat_view.selected_id
-        for vm in vms:
-            if vm.id == sel and vm.role == "assistant":
-                return vm
-        return next((vm for vm in reversed(vms) if vm.role == "assistant"), None)
-
-    def _on_message_selected(self, message_id: int) -> None:
-        vm = next((vm for vm in self.message_vms() if vm.id == message_id), None)
-        if vm is not None and vm.role == "assistant":
-            self.debug_panel.show_reply(vm)
-
-    def message_vms(self) -> list[MessageVM]:
-        return [w.vm for w in self.chat_view.message_widgets()]
-
-    def show_model_loading(self, spec: str, name: str) -> None:
-        self.model_label.setText(f"Loading {name}…")
-        self.model_status.setText("loading…")
-        self.model_picker.select(spec, name)
-
-    def show_load_progress(self, fraction: float, message: str) -> None:
-        if self._closed:
-            return
-        self.progress.setVisible(True)
-        self.progress.setValue(int(fraction * 1000))
-        self.model_status.setText(f"{message} {fraction:.0%}")
-
-    def show_model_loaded(self, spec: str, name: str, info: ModelInfo) -> None:
-        self.server_toggle.set_model(info, spec)
-        self.progress.setVisible(False)
-        self.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
-        self.model_label.setText(name)
-        self.chat_view.set_assistant_name(name)
-        self.qsettings.setValue("model/last", spec)
-        self.model_picker.select(spec, name)
-        self.status(f"Loaded {name}", 4000)
-        log.info("model loaded: %s (%d layers, %.1f s)", name, info.layers, info.load_s)
-
-    def show_model_failed(self, message: str) -> None:
-        self.server_toggle.set_model(None)
-        self.progress.setVisible(False)
-        self.model_status.setText("no model loaded")
-        self.model_label.setText("No model")
-        self.show_error("Cannot load the model", message)
-
     def update_memory(self) -> None:
-        """The process's resident size (psutil) and, once a job reported it, MLX's active memory."""
-        try:
-            rss = self._process.memory_info().rss
-        except psutil.Error:  # e.g. /proc unreadable in a sandbox
-            rss = 0
-        text = f"Memory {format_bytes(rss)}" if rss else "Memory –"
-        if self.controller.mlx_memory:
-            text += f" (MLX {format_bytes(self.controller.mlx_memory)})"
-        self.memory_label.setText(text)
+        model_actions.update_memory(self)
 
     # -------------------------------------------------------------------------- user actions
     def send(self) -> None:
-        if self.controller.send(self.composer.toPlainText()):
+        if ops.send(self.chat, self.composer.toPlainText()):
             self.composer.clear()
 
-    def switch_variant(self, message_id: int) -> None:
-        if self.controller.generating:
-            self.status("Stop the current reply before switching variants", 3000)
-            return
-        self.session.show_variant(message_id)
-        if self.chat_view.selected_id is not None:
-            self.chat_view.selected_id = message_id
-        self.refresh_messages()
-
     def delete_message(self, message_id: int, confirm: bool = True) -> None:
-        if self.controller.generating:
+        if self.chat.generating:
             self.status("Stop the current reply first", 3000)
             return
         if confirm and self.session.has_followers(message_id):
             if not dialogs.confirm(self, "Delete message", "Delete this message and everything that follows it?"):
                 return
-        self.session.delete_message(message_id)
-        self.refresh_messages()
-        self.refresh_conversations()
+        ops.delete_message(self.chat, message_id)
 
     def current_settings(self) -> ChatSettings:
-        if self.conv_id is not None:
-            try:
-                return self.session.settings(self.conv_id)
-            except StoreError:
-                pass
-        return self.default_settings()
+        return self.chat.settings()
 
     def default_settings(self) -> ChatSettings:
         raw = self.qsettings.value("chat/defaults")
@@ -592,7 +488,7 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
 
     def delete_conversation(self, conv_id: int, confirm: bool = True) -> None:
-        pending = self.controller.pending
+        pending = self.chat.pending
         if pending is not None and pending.conversation_id == conv_id:
             self.show_error("Cannot delete", "Stop the reply being generated in this conversation first.")
             return
@@ -610,7 +506,7 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            text = self.session.export(conv_id, as_json=path.endswith(".json"), model=self.inspector.model_identity())
+            text = self.session.export(conv_id, as_json=path.endswith(".json"), model=flows.model_identity(self.chat))
             Path(path).write_text(text, encoding="utf-8")
         except (OSError, StoreError) as e:
             self.show_error("Export failed", str(e))
@@ -630,27 +526,11 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
 
     # ---------------------------------------------------------------------------------- models
-    def extra_model_dirs(self) -> list[str]:
-        raw = self.qsettings.value("model/dirs", "[]")
-        try:
-            dirs = json.loads(raw) if isinstance(raw, str) else []
-        except ValueError:
-            dirs = []
-        return [d for d in dirs if isinstance(d, str)]
-
     def discover_models(self) -> None:
-        self._discovery = jobs.spawn(self.model_picker.refresh(self.extra_model_dirs()))
+        self._discovery = jobs.spawn(self.model_picker.refresh(model_actions.extra_model_dirs(self.qsettings)))
 
     def open_model_manager(self) -> Any:
-        from app.qt.widgets.model_manager import ModelManager
-
-        dlg = ModelManager(self.controller, self.extra_model_dirs(), self.controller.model_spec, self)
-        dlg.modelChosen.connect(lambda spec, name: self.controller.load_model(spec, name))
-        dlg.dirsChanged.connect(lambda dirs: self.qsettings.setValue("model/dirs", json.dumps(dirs)))
-        dlg.finished.connect(lambda _: self.discover_models())
-        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dlg.open()
-        return dlg
+        return model_actions.open_model_manager(self)
 
     # -------------------------------------------------------------------------------- shutdown
     def closeEvent(self, event: QCloseEvent) -> None:  # type: ignore[override]
@@ -673,7 +553,9 @@ class MainWindow(QMainWindow):
         if self._discovery is not None:
             self._discovery.cancel()
         self.server_toggle.shutdown()  # its requests' generations stop before the engine thread does
-        if self.controller.shutdown():  # a stuck engine thread may still write: leave the store to exit
+        self.engine_closed = self.chat.shutdown(SHUTDOWN_S)
+        if self.engine_closed:  # a stuck engine thread may still write: leave the store to exit
             self.session.close()
         if self.lock is not None:
             self.lock.release()
+

@@ -1,6 +1,6 @@
 """The conversation store: every conversation and every variant of every reply, in SQLite.
 
-    records.py        rows (Conversation, Message, ReplyOutcome, ...) and their column encoding
+    records.py        rows (Conversation, Message, Run, ReplyOutcome, ...) and their column encoding
     schema.py         migrations and the connection (open, check, upgrade, one transaction at a time)
     conversations.py  ConversationStore: conversations, the message tree, search; open_app_store
     transfer.py       export / import (Verbatim JSON, Markdown) and the tree checks
@@ -19,6 +19,7 @@ from app.core.store.records import (
     Conversation,
     Message,
     ReplyOutcome,
+    Run,
     SearchHit,
     StoreError,
     VariantPosition,
@@ -28,6 +29,6 @@ from app.core.store.schema import MIGRATIONS, SCHEMA_VERSION, default_path, migr
 
 __all__ = [
     "APPLICATION_ID", "ASSISTANT_FIELDS", "DB_NAME", "EXPORT_FORMAT", "EXPORT_VERSION", "MIGRATIONS",
-    "SCHEMA_VERSION", "STATUSES", "Conversation", "ConversationStore", "Message", "ReplyOutcome", "SearchHit",
+    "SCHEMA_VERSION", "STATUSES", "Conversation", "ConversationStore", "Message", "ReplyOutcome", "Run", "SearchHit",
     "StoreError", "VariantPosition", "assistant_fields_from_result", "default_path", "migrate", "open_app_store",
 ]  # fmt: skip

@@ -40,12 +40,14 @@ from app.core.store.records import (
     STATUSES,
     Conversation,
     Message,
+    Run,
     SearchHit,
     StoreError,
     VariantPosition,
     _conversation,
     _encode_fields,
     _message,
+    _run,
 )
 from app.core.store.schema import Database, default_path
 from app.core.store.transfer import Transfer
@@ -333,6 +335,33 @@ class ConversationStore(Database, Transfer):
             c.execute(f"UPDATE messages SET active_child_id = NULL WHERE id IN ({marks})", ids)
             c.execute(f"DELETE FROM messages WHERE id IN ({marks})", ids)
             self._touch(msg.conversation_id)
+
+    # ---- runs
+
+    def add_run(self, message_id: int, seed: Optional[int], finish_reason: Optional[str], n_tokens: int,
+                report: dict[str, Any], outcome: dict[str, Any]) -> Run:
+        """Record one generation of a reply: the engine's report (CacheReport.to_dict) and how it
+        compared (ReplyOutcome.to_dict)."""
+        with self._tx() as c:
+            self._get_message(message_id)
+            run_id = c.execute(
+                "INSERT INTO runs (message_id, created_at, seed, finish_reason, n_tokens, report, outcome)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (message_id, time.time(), seed, finish_reason, n_tokens, json.dumps(report, sort_keys=True),
+                 json.dumps(outcome, sort_keys=True)),
+            ).lastrowid
+            return _run(c.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
+
+    def runs(self, conv_id: int) -> dict[int, list[Run]]:
+        """Every run of the conversation's replies, by message id, oldest first."""
+        with self._tx(write=False) as c:
+            rows = c.execute(
+                """SELECT r.* FROM runs r JOIN messages m ON m.id = r.message_id
+                   WHERE m.conversation_id = ? ORDER BY r.id""", (conv_id,))
+            out: dict[int, list[Run]] = {}
+            for row in rows:
+                out.setdefault(row["message_id"], []).append(_run(row))
+            return out
 
     def messages_for_prompt(self, conv_id: int, upto_message_id: int) -> list[dict[str, str]]:
         """The OpenAI-style list for the engine: the system prompt (if set), then root .. upto_message_id

@@ -13,7 +13,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from engine.types import CacheReport, Comparison
+from engine.types import CacheReport, Comparison, GenerationResult
 
 DB_NAME = "verbatim.sqlite3"
 APPLICATION_ID = 0x56425442  # "VBTB": tells our file apart from any other SQLite database
@@ -76,6 +76,13 @@ class Message:
     def outcome(self) -> "ReplyOutcome":
         return ReplyOutcome.from_dict(self.cache_report)
 
+    def as_result(self) -> GenerationResult:
+        """The stored reply as the engine's result (what verify and a receipt compare against)."""
+        finish = self.finish_reason or ("cancelled" if self.status == "interrupted" else "stop")
+        seed = self.seed if self.seed is not None else int((self.sampler or {}).get("seed") or 0)
+        return GenerationResult(self.content, list(self.tokens or []), list(self.logprobs or []), finish,  # type: ignore[arg-type]
+                                seed, [], self.report or CacheReport())
+
 
 @dataclass(frozen=True)
 class ReplyOutcome:
@@ -118,6 +125,38 @@ class ReplyOutcome:
         dup = d.get("duplicate_of")
         return cls(str(d.get("action") or ""), previous if isinstance(previous, int) else None, comparison,
                    dup if isinstance(dup, int) else None)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One generation of a reply: its first, or a regenerate that came out identical to it (which
+    adds no copy of the message, only this run). The report says what the cache did that time;
+    the outcome how it compared; tokens and logprobs are the message's (identical by definition)."""
+
+    id: int
+    message_id: int
+    created_at: float
+    seed: Optional[int]
+    finish_reason: Optional[str]
+    n_tokens: int
+    report: CacheReport
+    outcome: "ReplyOutcome"
+
+    @property
+    def mode(self) -> str:
+        return self.report.mode
+
+    @property
+    def action(self) -> str:
+        return self.outcome.action
+
+    @classmethod
+    def of_message(cls, m: "Message") -> Optional["Run"]:
+        """The run a reply's own row describes (rows imported, or from before runs were kept)."""
+        if not m.cache_report or m.cache_report.get("streamed"):  # saved mid-reply: not a finished run
+            return None
+        return cls(0, m.id, m.created_at, m.seed, m.finish_reason, len(m.tokens or []), CacheReport.from_dict(m.cache_report),
+                   ReplyOutcome.from_dict(m.cache_report))
 
 
 @dataclass(frozen=True)
@@ -188,6 +227,11 @@ def _message(row: sqlite3.Row) -> Message:
         finish_reason=row["finish_reason"], cache_report=_load(row["cache_report"]),
         timings=_load(row["timings"]),
     )  # fmt: skip
+
+
+def _run(row: sqlite3.Row) -> Run:
+    return Run(row["id"], row["message_id"], row["created_at"], row["seed"], row["finish_reason"], row["n_tokens"],
+               CacheReport.from_dict(json.loads(row["report"])), ReplyOutcome.from_dict(json.loads(row["outcome"])))
 
 
 def _encode_fields(fields: dict[str, Any]) -> dict[str, Any]:

@@ -73,6 +73,27 @@ MIGRATIONS: list[Sequence[str]] = [
         END""",
         "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
     ),
+    # v4: a reply's runs. Each generation of a reply is a run with its own report (the first one,
+    # and every regenerate that came out identical to it, which adds no copy of the message): the
+    # engine's CacheReport and the session's ReplyOutcome in columns of their own (in a message's
+    # cache_report they share one JSON object, where both have an "identical"). Existing replies
+    # get their one run from the report stored with them.
+    (
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            created_at REAL NOT NULL,
+            seed INTEGER,
+            finish_reason TEXT,
+            n_tokens INTEGER NOT NULL DEFAULT 0,
+            report TEXT NOT NULL,
+            outcome TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX runs_message ON runs(message_id)",
+        """INSERT INTO runs (message_id, created_at, seed, finish_reason, n_tokens, report, outcome)
+           SELECT id, created_at, seed, finish_reason, COALESCE(length(tokens) / 4, 0), cache_report, cache_report
+           FROM messages WHERE role = 'assistant' AND cache_report IS NOT NULL ORDER BY id""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -2,11 +2,7 @@
 
 `set_messages` diffs by message id and re-renders only what changed, so finishing a reply or
 switching a variant does not re-render a long conversation. Streaming text arrives already
-batched by the reply job (app/qt/controller.py); each batch re-renders only the streaming message.
-
-Over ~400 lines (~440): three widget classes that only make sense together (MessageBody, the
-rendered text; MessageWidget, one message with its buttons, editor and footer, ~200 lines of
-it; ChatView, the list); splitting MessageWidget out is the next step if it grows.
+batched by the chat model (app/core/chat.py); each batch re-renders only the streaming message.
 """
 
 from __future__ import annotations
@@ -33,6 +29,7 @@ from PySide6.QtWidgets import (
 from app.core.markdown import Palette, Rendered, render
 from app.core.view_models import MessageVM
 from app.qt.widgets.elided_label import ElidedLabel
+from app.qt.widgets.runs_button import RunsButton
 
 
 class MessageBody(QTextBrowser):
@@ -106,6 +103,7 @@ class MessageWidget(QFrame):
     """One message: role line with navigator and actions, body, footer (assistant replies)."""
 
     selected = Signal(int)
+    runChosen = Signal(int, int)  # reply id, run index (0: the first): show that run
     navigate = Signal(int)  # sibling id to make active
     editSubmitted = Signal(int, str)
     deleteRequested = Signal(int)
@@ -149,6 +147,7 @@ class MessageWidget(QFrame):
 
         self.body = MessageBody()
         self.body.copyCode.connect(lambda code: self.copied.emit("Code block copied"))
+        self.body.viewport().installEventFilter(self)  # a click on the text selects the reply too
         lay.addWidget(self.body)
 
         self.editor = QPlainTextEdit()
@@ -179,6 +178,9 @@ class MessageWidget(QFrame):
         self._footer_line.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(self._footer_line)
         self._set_footer_inline(True)
+        self.runs_button = RunsButton()  # a reply regenerated to the same tokens: its other runs
+        self.runs_button.chosen.connect(self.show_run)
+        foot.addWidget(self.runs_button)
         self.identity = ElidedLabel()
         self.identity.setObjectName("identityBadge")
         foot.addWidget(self.identity, 0, Qt.AlignmentFlag.AlignVCenter)
@@ -214,7 +216,7 @@ class MessageWidget(QFrame):
     def _place_footer(self) -> None:
         """The footer inline (one row with the badge and buttons) when all of it fits the width,
         else on its own line above them. Decided from the width and the texts only: stable."""
-        row = [w for w in (self.identity, self.tokens_button, self.compare_button, self.receipt_button)
+        row = [w for w in (self.runs_button, self.identity, self.tokens_button, self.compare_button, self.receipt_button)
                if not w.isHidden()]  # fmt: skip
         spacing = max(self._foot.spacing(), 0)
         text = self.footer.fontMetrics().horizontalAdvance(self.footer.text()) + 8
@@ -262,6 +264,8 @@ class MessageWidget(QFrame):
         is_reply = vm.role == "assistant"
         self.footer.setVisible(is_reply and bool(vm.footer))
         self.footer.setText(vm.footer)
+        self.footer.setToolTip(vm.settings_note)
+        self.runs_button.set_runs(vm.run_lines)
         inspectable = is_reply and vm.tokens > 0 and vm.status != "generating"
         for w in (self.tokens_button, self.compare_button, self.receipt_button):
             w.setVisible(inspectable)
@@ -279,6 +283,12 @@ class MessageWidget(QFrame):
             # Only when the text changed: a new sibling elsewhere only changes the navigator.
             self._render(vm.content)
             self._shown = (vm.content, vm.status, False)
+
+    def show_run(self, k: int, line: str) -> None:
+        """Run `k` (0: the first) in the footer; the debug panel is asked to show it too."""
+        self.footer.setText(line)
+        self._place_footer()
+        self.runChosen.emit(self.vm.id, k)
 
     def show_tokens(self, tokens: list[int], pieces: Optional[list[str]], logprobs: list[float]) -> None:
         """The per-token view in place of the rendered text (app/qt/widgets/token_view.py)."""
@@ -298,14 +308,6 @@ class MessageWidget(QFrame):
         if self.token_view is not None:
             self.token_view.setVisible(False)
         self.body.setVisible(True)
-
-    def show_identity(self, text: str, state: str) -> None:
-        """A note on the badge until the reply changes (e.g. a regenerate that added no copy)."""
-        self.identity.setText(("✓ " if state == "same" else "") + text)
-        self.identity.setVisible(bool(text))
-        self.identity.setProperty("state", state)
-        self.identity.style().unpolish(self.identity)
-        self.identity.style().polish(self.identity)
 
     def _render(self, text: str, streaming: bool = False) -> None:
         if self.vm.role == "user":
@@ -388,6 +390,11 @@ class MessageWidget(QFrame):
         self.selected.emit(self.vm.id)
         super().mousePressEvent(event)
 
+    def eventFilter(self, watched: object, event: QEvent) -> bool:  # type: ignore[override]
+        if watched is self.body.viewport() and event.type() == QEvent.Type.MouseButtonPress:
+            self.selected.emit(self.vm.id)
+        return False  # the text still gets the click (selection, links)
+
     def set_flash(self, on: bool) -> None:
         self.setProperty("flash", on)
         self.style().unpolish(self)
@@ -402,6 +409,7 @@ class MessageWidget(QFrame):
 
 class ChatView(QScrollArea):
     selected = Signal(int)
+    runChosen = Signal(int, int)
     navigate = Signal(int)
     editSubmitted = Signal(int, str)
     deleteRequested = Signal(int)
@@ -477,6 +485,7 @@ class ChatView(QScrollArea):
             if w is None:
                 w = MessageWidget(vm, self.palette_, self.assistant_name)
                 w.selected.connect(self.select)
+                w.runChosen.connect(self.runChosen)
                 w.navigate.connect(self.navigate)
                 w.editSubmitted.connect(self.editSubmitted)
                 w.deleteRequested.connect(self.deleteRequested)
@@ -512,9 +521,6 @@ class ChatView(QScrollArea):
                 + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth())  # fmt: skip
         return QSize(max(s.width(), need), s.height())
 
-    def clear(self) -> None:
-        self.set_messages([])
-
     def message_widgets(self) -> list[MessageWidget]:
         return [self.widgets[i] for i in self.order]
 
@@ -522,9 +528,13 @@ class ChatView(QScrollArea):
         return self.widgets.get(message_id)
 
     def select(self, message_id: int) -> None:
+        """A click on a message: ask for it (the chat model decides; `show_selected` marks it)."""
+        self.selected.emit(message_id)
+
+    def show_selected(self, message_id: Optional[int]) -> None:
+        """Mark the reply Regenerate acts on (the chat model's selection), without a signal."""
         self.selected_id = message_id
         self._paint_selection()
-        self.selected.emit(message_id)
 
     def _paint_selection(self) -> None:
         for mid, w in self.widgets.items():

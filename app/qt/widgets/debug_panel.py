@@ -1,12 +1,12 @@
 """The debug panel: everything the prompt cache did for the selected reply, and the store totals.
 
-Shows a reply's `CacheReport` (rebuilt from what was saved with it, so also after a restart) and
-the session's `ReplyOutcome`, as worded by `view_models.debug_vm`; this module only lays them out.
+Shows a reply's run: its `CacheReport` and `ReplyOutcome` (the latest run, or one picked from the
+reply's runs; stored, so also after a restart), as worded by `view_models.debug_vm`; this module
+only lays them out.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Optional
 
 from PySide6.QtCore import Qt, Signal
@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.store import Run
 from app.core.view_models import (
     IDENTITY_FIELDS,
     LAYER_COLUMNS,
@@ -72,10 +73,8 @@ class DebugPanel(QDockWidget):
         self.reply_id: Optional[int] = None
         self.values: dict[str, QLabel] = {}
         self._pending_vm: Optional[MessageVM] = None
+        self._pending_run: Optional[Run] = None
         self._dirty = False
-        # Runs that added no row (a regenerate identical to an existing variant): reply id ->
-        # (that run's report, its outcome); shown instead of the variant's stored report.
-        self.runs: dict[int, tuple[Any, Any]] = {}
 
         inner = QWidget()
         inner.setObjectName("debugInner")
@@ -157,32 +156,23 @@ class DebugPanel(QDockWidget):
         return self.values[key].text()
 
     # -- the selected reply ----------------------------------------------------------------------
-    def show_reply(self, vm: Optional[MessageVM]) -> None:
-        """Show `vm`'s report; while the panel is hidden only remember it (filled when shown)."""
-        self._pending_vm = vm
+    def show_reply(self, vm: Optional[MessageVM], run: Optional[Run] = None) -> None:
+        """Show `vm`'s report (its latest run, or `run`); while the panel is hidden only remember
+        it (filled when shown)."""
+        self._pending_vm, self._pending_run = vm, run
         if not self.isVisible():
             self._dirty = True
             return
         self._dirty = False
-        self._fill(vm)
+        self._fill(vm, run)
 
     def showEvent(self, event: Any) -> None:  # type: ignore[override]
         super().showEvent(event)
         if self._dirty:
             self._dirty = False
-            self._fill(self._pending_vm)
+            self._fill(self._pending_vm, self._pending_run)
 
-    def record_run(self, reply_id: int, report: Any, outcome: Any) -> None:
-        """A regenerate that turned out identical to the existing variant `reply_id`: keep its
-        report (no row holds it) and show it whenever that variant is shown."""
-        self.runs[reply_id] = (report, outcome)
-        if self._pending_vm is not None and self._pending_vm.id == reply_id:
-            self.show_reply(self._pending_vm)
-
-    def _fill(self, vm: Optional[MessageVM]) -> None:
-        if vm is not None and vm.id in self.runs:
-            report, outcome = self.runs[vm.id]
-            vm = replace(vm, report=report, outcome=outcome)
+    def _fill(self, vm: Optional[MessageVM], run: Optional[Run] = None) -> None:
         same = vm is not None and vm.id == self.reply_id
         self.reply_id = vm.id if vm is not None else None
         has_report = vm is not None and vm.report is not None
@@ -197,7 +187,7 @@ class DebugPanel(QDockWidget):
             self.layers.setRowCount(0)
             self.declines.setText("none")
             return
-        d = debug_vm(vm)
+        d = debug_vm(vm, run)
         self.title.setText(d.title)
         for key, text in d.rows.items():
             self.values[key].setText(text)

@@ -33,14 +33,14 @@ from shiboken6 import isValid
 
 from app.core.models import discover, entry_name, entry_spec, source_label
 from app.core.view_models import format_bytes
+from app.core.engine_flows import Throttled
 from app.qt import jobs
-from app.qt.jobs import Relay
 from engine.executor import EngineExecutor
 from engine.types import CancelToken
 
 
 class EngineJobs(Protocol):
-    """Where the import runs (app/qt/controller.py's ChatController)."""
+    """Where the import runs (app/core/chat.py's ChatModel: the engine thread and its cancel tokens)."""
 
     executor: EngineExecutor
 
@@ -231,8 +231,8 @@ class ModelManager(QDialog):
         from engine.paths import models_dir
 
         cancel = self._cancel = self.controller.cancel_token()
-        progress = Relay(self._on_progress, 0.05)
-        return jobs.on_engine(self.controller.executor, lambda _engine: import_gguf(path, models_dir(), progress.progress, cancel))
+        progress = Throttled(jobs.gui_loop(), self._on_progress, 0.05)
+        return jobs.on_engine(self.controller.executor, lambda _engine: import_gguf(path, models_dir(), progress, cancel))
 
     # -- download (background thread: network only) -------------------------------------------
     def download(self, repo_id: str) -> None:
@@ -244,8 +244,8 @@ class ModelManager(QDialog):
         self._importing = ""
         self._busy(True, f"Downloading {repo_id}…")
         cancel = self._cancel = self.controller.cancel_token()
-        progress = Relay(self._on_progress, 0.05)
-        jobs.spawn(self._run("Download", jobs.in_thread(download_model, repo_id, progress.progress, cancel), repo_id))
+        progress = Throttled(jobs.gui_loop(), self._on_progress, 0.05)
+        jobs.spawn(self._run("Download", jobs.in_thread(download_model, repo_id, progress, cancel), repo_id))
 
     async def _run(self, what: str, job: Any, name: str) -> None:
         """Await an import or a download, then say how it went and list the models again."""

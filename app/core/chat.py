@@ -1,0 +1,448 @@
+"""The chat's state in one Qt-free model, and the operations on it (send, regenerate, new
+variant, edit, stop, select), each a function over the model and the engine bridge.
+
+`ChatModel` holds what the window shows: the open conversation and its active path (as view
+models, with each reply's runs), the *selected reply* (what Regenerate, Compare and Receipt act
+on: the one clicked, else the last), the pending reply and its streamed text, the loaded model.
+It emits what changed (app/core/evented.py); widgets subscribe and send intents; nothing is
+read back from a widget. One reply:
+
+    send(chat, text)      session.begin_send (user message + placeholder committed first)
+    -> _generate          engine_batches(executor, request, observe=ReplyRecorder)
+                            engine thread: ReplyRecorder saves text + tokens every few seconds,
+                            then the reply and its run (session.finish)
+                            loop: each batch -> emit STREAM / PREFILL; the Done -> emit PATH
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Coroutine, Optional
+
+from app.core.evented import Evented
+from app.core.session import ChatSession, ChatSettings, PendingReply
+from app.core.store import StoreError
+from app.core.view_models import MessageVM, finished_text, progress_text
+from engine.bridge import Done, Failed, engine_batches, engine_call
+from engine.engine import ModelInfo
+from engine.executor import EngineExecutor
+from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEvent
+
+PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text and tokens are written to the store
+DRAFT_DEBOUNCE_S = 0.3  # a draft is counted once typing pauses this long
+
+# Events (emit name, arguments):
+PATH = "path"  # (vms): the active path changed (conversation opened, reply started or saved, variant)
+SELECTED = "selected"  # (vm or None): the reply Regenerate / Compare / Receipt act on
+PENDING = "pending"  # (PendingReply or None): a reply started / ended
+STREAM = "stream"  # (reply_id, text, tokens): the pending reply's text so far (one per batch)
+PREFILL = "prefill"  # (reply_id, done, total): prompt tokens in the cache so far
+FINISHED = "finished"  # (PendingReply, GenerationResult): a reply ended and was saved
+STATUS = "status"  # (text, ms)
+ERROR = "error"  # (title, text)
+BANNER = "banner"  # (text)
+CONVERSATIONS = "conversations"  # (): titles or the list changed
+RUN_SHOWN = "run_shown"  # (reply_id, Run): a reply's earlier run picked for the footer / debug panel
+STATS = "stats"  # (cache stats, MLX memory or None): after a reply, a load, a clear
+DRAFT = "draft"  # (text, prompt tokens with it or None, context limit in force or None)
+
+
+@dataclass
+class StreamState:
+    """The pending reply as it streams (GUI thread)."""
+
+    text: str = ""
+    tokens: int = 0
+    prefill: Optional[tuple[int, int]] = None
+
+
+class ReplyRecorder:
+    """Saves one reply on the engine thread (an `engine.bridge` observer): the text with its
+    tokens every PARTIAL_SAVE_S, then the reply and its run; what streamed if the engine raised.
+    On the engine thread so a reply is saved even when the window closes mid-reply."""
+
+    def __init__(self, session: ChatSession, pending: PendingReply, every: float = PARTIAL_SAVE_S) -> None:
+        self.session, self.pending, self.every = session, pending, every
+        self.pieces: list[str] = []
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.saved = time.perf_counter()
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, TokenEvent):
+            self.pieces.append(event.text)
+            self.tokens.append(event.token)
+            self.logprobs.append(event.logprob)
+            now = time.perf_counter()
+            if now - self.saved >= self.every:
+                self.saved = now
+                self.session.save_partial(self.pending, "".join(self.pieces), self.tokens, self.logprobs)
+        elif isinstance(event, Done):
+            self.session.finish(self.pending, event.result)
+        elif isinstance(event, Failed):
+            self.session.fail(self.pending, "".join(self.pieces))
+
+
+class ChatModel(Evented):
+    """One window's chat: state, events, and the flows that wait on the engine.
+
+    `spawn` runs a coroutine on the GUI's asyncio loop (`loop`); `default_settings` gives the
+    settings of a conversation made by a first message."""
+
+    def __init__(self, session: ChatSession, executor: EngineExecutor, loop: asyncio.AbstractEventLoop,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"],
+                 default_settings: Callable[[], ChatSettings] = ChatSettings, chunk: int = 512,
+                 batch_interval: float = 0.05, read_only: bool = False) -> None:  # fmt: skip
+        super().__init__()
+        self.session = session
+        self.executor = executor
+        self.loop = loop
+        self._spawn_on_loop = spawn
+        self.default_settings = default_settings
+        self.chunk = chunk
+        self.batch_interval = batch_interval
+        self.read_only = read_only
+        self.conv_id: Optional[int] = None
+        self.vms: list[MessageVM] = []  # the active path
+        self.selected_id: Optional[int] = None  # a reply the user picked (None: the last reply)
+        self.pending: Optional[PendingReply] = None
+        self.stream = StreamState()
+        self.model_spec = ""
+        self.model_name = ""
+        self.model_info: Optional[ModelInfo] = None
+        self.model_ready = False
+        self.cache_stats: dict[str, Any] = {}
+        self.mlx_memory = 0
+        self.verifying = False
+        self.draft = ""
+        self.draft_tokens: Optional[int] = None  # the prompt's tokens if the draft were sent now
+        self.context_limit: Optional[int] = None  # tokens a request may use (settings and model)
+        self._draft_timer: Optional[asyncio.TimerHandle] = None
+        self.closed = False
+        self._cancel = CancelToken()  # the pending reply's
+        self._tokens: "weakref.WeakSet[CancelToken]" = weakref.WeakSet()  # every live engine job's
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------------------ state
+    @property
+    def generating(self) -> bool:
+        return self.pending is not None
+
+    @property
+    def stream_text(self) -> str:
+        return self.stream.text
+
+    @property
+    def selected(self) -> Optional[MessageVM]:
+        """The reply Regenerate / Compare / Receipt act on: the one picked, else the last one."""
+        replies = [vm for vm in self.vms if vm.role == "assistant"]
+        picked = next((vm for vm in replies if vm.id == self.selected_id), None)
+        return picked or (replies[-1] if replies else None)
+
+    def settings(self) -> ChatSettings:
+        """The settings in force for the next send or new variant."""
+        if self.conv_id is not None:
+            try:
+                return self.session.settings(self.conv_id)
+            except StoreError:
+                pass
+        return self.default_settings()
+
+    def cancel_token(self) -> CancelToken:
+        """A token for a job on the engine thread; closing the window cancels it."""
+        token = CancelToken()
+        self._tokens.add(token)
+        return token
+
+    def release(self, token: CancelToken) -> None:
+        """The job of `token` is over: closing the window need not cancel it."""
+        self._tokens.discard(token)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> "asyncio.Task[Any]":
+        task = self._spawn_on_loop(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Await `fn(engine)` on the engine thread (after every job before it)."""
+        return engine_call(self.executor, fn, self.loop)
+
+    # ------------------------------------------------------------------------------ changes
+    def reload(self) -> list[MessageVM]:
+        """Read the active path (and its replies' runs) from the store and tell the views."""
+        self.vms = self.session.view(self.conv_id) if self.conv_id is not None else []
+        if self.selected_id is not None and not any(vm.id == self.selected_id for vm in self.vms):
+            self.selected_id = None
+        self.emit(PATH, self.vms)
+        self.emit(SELECTED, self.selected)
+        return self.vms
+
+    def open(self, conv_id: Optional[int]) -> None:
+        """Show a conversation (None: a new, empty one, made by its first message)."""
+        self.conv_id = conv_id
+        self.selected_id = None
+        self.reload()
+
+    def select(self, message_id: Optional[int]) -> None:
+        """Pick the reply Regenerate / Compare / Receipt act on (a user message: ignored)."""
+        vm = next((vm for vm in self.vms if vm.id == message_id), None)
+        if vm is None or vm.role != "assistant" or self.selected_id == vm.id:
+            return
+        self.selected_id = vm.id
+        self.emit(SELECTED, vm)
+
+    def show_run(self, reply_id: int, index: int) -> None:
+        """Show one of a reply's runs (0: the first) in the debug panel."""
+        vm = next((vm for vm in self.vms if vm.id == reply_id), None)
+        if vm is not None and 0 <= index < len(vm.runs):
+            self.emit(RUN_SHOWN, reply_id, vm.runs[index])
+
+    # ----------------------------------------------------------------------------------- draft
+    def set_draft(self, text: str) -> None:
+        """The composer's text: counted on the engine thread once typing pauses (DRAFT_DEBOUNCE_S),
+        with the conversation before it, then told (DRAFT) with the context limit in force."""
+        self.draft = text
+        if self._draft_timer is not None:
+            self._draft_timer.cancel()
+        self._draft_timer = self.loop.call_later(DRAFT_DEBOUNCE_S, lambda: self.spawn(self._count_draft(text)))
+
+    async def _count_draft(self, text: str) -> None:
+        settings = self.settings()
+        messages = self.session.draft_messages(self.conv_id, text, settings)
+
+        def job(engine: Any) -> tuple[Optional[int], Optional[int]]:
+            limit = engine.context_limit
+            if settings.context_length:  # the conversation's own limit, never past the model's
+                limit = min(limit, settings.context_length) if limit else settings.context_length
+            try:
+                return len(engine.prompt_ids(messages)), limit
+            except Exception:  # no model loaded yet: nothing to count with
+                return None, limit
+
+        try:
+            tokens, limit = await self.call(job)
+        except Exception:
+            return
+        if self.closed or text != self.draft:  # typed on meanwhile: a newer count is coming
+            return
+        self.draft_tokens, self.context_limit = tokens, limit
+        self.emit(DRAFT, text, tokens, limit)
+
+    # ----------------------------------------------------------------------------- one reply
+    def _start(self, pending: PendingReply) -> None:
+        pending.model_key = self.model_info.key if self.model_info is not None else ""
+        pending.chunk = self.chunk
+        self.pending = pending
+        self.stream = StreamState()
+        self._cancel = self.cancel_token()
+        self.conv_id = pending.conversation_id
+        self.selected_id = pending.reply_id  # the new reply is the one shown and acted on
+        self.spawn(self._generate(pending, self._cancel))
+        self.emit(PENDING, pending)
+        self.emit(CONVERSATIONS)
+        self.reload()
+        self.emit(STATUS, progress_text(pending.action, pending.request.sampler.seed), 0)
+
+    async def _generate(self, pending: PendingReply, cancel: CancelToken) -> None:
+        """Generate `pending` on the engine thread (saved there), showing it as it streams."""
+        recorder = ReplyRecorder(self.session, pending)
+        result: Optional[GenerationResult] = None
+        try:
+            async for batch in engine_batches(self.executor, pending.request, cancel, loop=self.loop,
+                                              interval=self.batch_interval, observe=recorder):
+                result = self._apply(pending, batch)
+        except Exception as e:
+            if not self.closed:
+                self._end()
+                self.reload()
+                self.emit(ERROR, "The reply could not be generated", user_message(e))
+            return
+        finally:
+            self.release(cancel)
+        if self.closed or result is None:
+            return
+        self._end()
+        twin = pending.duplicate_of
+        self.selected_id = twin if twin is not None else pending.reply_id
+        self.reload()
+        self.emit(FINISHED, pending, result)
+        self.emit(STATUS, finished_text(result, pending.outcome or pending.message.outcome), 8000)  # type: ignore[union-attr]
+        if result.report.warnings:  # the engine hands each disk problem over once: keep it in view
+            self.emit(BANNER, "Prompt cache: " + "; ".join(result.report.warnings)
+                      + " Replies still work; the cache is kept in memory only.")  # fmt: skip
+        await self.refresh_stats()
+
+    async def refresh_stats(self, clear: bool = False) -> None:
+        """The prompt cache's numbers and MLX's memory, from the engine thread (after `clear`ing
+        the cache when asked)."""
+        def job(engine: Any) -> tuple[dict[str, Any], int]:
+            if clear:
+                engine.clear_cache()
+            return engine.cache_stats(), mlx_memory()
+
+        try:
+            stats, memory = await self.call(job)
+        except Exception:
+            return  # no engine (it could not start, or it is closing): nothing to show
+        self.show_stats(stats, memory)
+
+    def show_stats(self, stats: dict[str, Any], memory: Optional[int]) -> None:
+        if self.closed:
+            return
+        self.cache_stats = stats
+        if memory is not None:
+            self.mlx_memory = memory
+        self.emit(STATS, stats, memory)
+
+    def _apply(self, pending: PendingReply, batch: list[Any]) -> Optional[GenerationResult]:
+        """One batch of events: the streamed text and progress, told once per batch."""
+        s = self.stream
+        pieces: list[str] = []
+        result: Optional[GenerationResult] = None
+        for event in batch:
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+                s.tokens = event.index + 1
+            elif isinstance(event, PrefillProgress):
+                s.prefill = (event.done, event.total)
+            elif isinstance(event, Done):
+                result = event.result
+        if self.closed or self.pending is not pending:
+            return result
+        if pieces:  # the last batch too: what streamed is what was generated
+            s.text += "".join(pieces)
+            self.emit(STREAM, pending.reply_id, s.text, s.tokens)
+        elif s.prefill is not None and not s.text:
+            self.emit(PREFILL, pending.reply_id, *s.prefill)
+        return result
+
+    def _end(self) -> None:
+        pending = self.pending
+        self.pending = None
+        self.stream = StreamState()
+        self.emit(PENDING, None)
+        if pending is not None:
+            self.emit(CONVERSATIONS)
+
+    # ----------------------------------------------------------------------------- shutdown
+    def shutdown(self, timeout: float) -> bool:
+        """Cancel every engine job (a reply in progress is saved as interrupted on the engine
+        thread), wait for the engine thread and close the Engine. False if it did not end in time."""
+        self.closed = True
+        for token in list(self._tokens):
+            token.cancel()
+        ended = self.executor.shutdown(timeout)
+        for task in list(self._tasks):  # their jobs are over: let the coroutines go
+            task.cancel()
+        return ended
+
+
+def mlx_memory() -> int:
+    """MLX active memory in bytes (engine thread), 0 if unknown."""
+    try:
+        import mlx.core as mx
+
+        return int(mx.get_active_memory())
+    except Exception:
+        return 0
+
+
+def user_message(e: BaseException) -> str:
+    """One line for the window: the errors users cause carry their own message."""
+    from engine.errors import VerbatimError
+
+    if isinstance(e, (VerbatimError, StoreError, OSError)):
+        return str(e) or type(e).__name__
+    return f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------------------------- operations
+# Each operation is a function over the model: it checks it may run, changes the store through
+# the session, and starts the flow; it returns whether it did.
+
+
+def send(chat: ChatModel, text: str) -> bool:
+    """Send what the user typed (True if a reply started)."""
+    if not text.strip() or chat.generating:
+        return False
+    if chat.read_only:
+        chat.emit(ERROR, "Read-only", "Another Verbatim window owns this data folder.")
+        return False
+    try:  # one transaction: the conversation (if new), the message and the reply's row
+        pending = chat.session.begin_send(chat.conv_id, text, chat.model_name, chat.default_settings())
+    except StoreError as e:
+        chat.emit(ERROR, "Cannot save the message", str(e))
+        return False
+    chat._start(pending)
+    return True
+
+
+def regenerate(chat: ChatModel, fresh: bool = False) -> bool:
+    """Regenerate the selected reply (its own seed and settings: it must come out the same) or,
+    `fresh`, make a new variant of it (a fresh seed, the current settings). A trailing user message
+    that has no reply (its generation failed) is answered instead, unless a reply was picked."""
+    if chat.generating or chat.conv_id is None or chat.read_only:
+        return False
+    target = chat.selected
+    try:
+        if chat.vms and chat.vms[-1].role == "user" and (target is None or target.id != chat.selected_id):
+            pending = chat.session.begin_reply_to(chat.vms[-1].id, chat.model_name)
+        elif target is not None:
+            pending = chat.session.begin_regenerate(target.id, fresh=fresh, model_name=chat.model_name)
+        else:
+            return False
+    except StoreError as e:
+        chat.emit(ERROR, "Cannot regenerate", str(e))
+        return False
+    chat._start(pending)
+    return True
+
+
+def edit(chat: ChatModel, user_id: int, text: str) -> bool:
+    """Edit a user message as a branch and answer the edit."""
+    if chat.generating or chat.read_only:
+        chat.emit(STATUS, "Stop the current reply first", 3000)
+        return False
+    try:
+        pending = chat.session.begin_edit(user_id, text, chat.model_name)
+    except StoreError as e:
+        chat.emit(ERROR, "Cannot edit", str(e))
+        return False
+    chat._start(pending)
+    return True
+
+
+def stop(chat: ChatModel) -> bool:
+    """Stop the reply being generated: it ends with what it has, saved as interrupted."""
+    if chat.pending is None:
+        return False
+    chat._cancel.cancel()
+    chat.emit(STATUS, "Stopping…", 2000)
+    return True
+
+
+def switch_variant(chat: ChatModel, message_id: int) -> bool:
+    """Make a sibling (a reply variant or an edit branch) the active one; a picked reply follows."""
+    if chat.generating:
+        chat.emit(STATUS, "Stop the current reply before switching variants", 3000)
+        return False
+    chat.session.show_variant(message_id)
+    if chat.selected_id is not None:
+        chat.selected_id = message_id
+    chat.reload()
+    return True
+
+
+def delete_message(chat: ChatModel, message_id: int) -> bool:
+    """Delete a message and everything below it."""
+    if chat.generating:
+        chat.emit(STATUS, "Stop the current reply first", 3000)
+        return False
+    chat.session.delete_message(message_id)
+    chat.reload()
+    chat.emit(CONVERSATIONS)
+    return True

@@ -1,0 +1,166 @@
+"""The chat model's other engine work: load a model, verify a reply cold, clear the cache, the
+inspector's token texts and cold runs. Functions over `ChatModel` (app/core/chat.py) that wait
+on the engine thread through the bridge and tell the views by events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Optional
+
+from app.core.chat import ChatModel, mlx_memory, stop, user_message
+from app.core.models import model_label
+from app.core.session import ModelIdentity
+from app.core.store import StoreError
+from app.core.view_models import verify_text
+from engine.engine import ModelInfo
+from engine.errors import Cancelled
+from engine.types import GenerationRequest, GenerationResult
+
+# Events (emit name, arguments):
+MODEL = "model"  # ("loading", spec, name) | ("progress", fraction, message) | ("loaded", spec, name, info)
+#                  | ("failed", message)
+VERIFY = "verify"  # (reply_id, text): a cold run's verdict; text None while it runs
+
+
+def load_model(chat: ChatModel, spec: str, name: Optional[str] = None) -> None:
+    """Load a model on the engine thread (a reply in progress is stopped first)."""
+    stop(chat)  # a reply in progress ends first (saved as interrupted)
+    chat.model_spec = spec
+    chat.model_name = name or model_label(spec)
+    chat.model_ready = False
+    chat.emit(MODEL, "loading", spec, chat.model_name)
+    chat.spawn(_load(chat, spec))
+
+
+async def _load(chat: ChatModel, spec: str) -> None:
+    progress = Throttled(chat.loop, lambda f, m: chat.closed or chat.emit(MODEL, "progress", f, m),
+                         chat.batch_interval)
+    cancel = chat.cancel_token()
+
+    def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int]:
+        info = engine.load(spec, progress=progress, cancel=cancel)
+        return info, engine.cache_stats(), mlx_memory()
+
+    try:
+        info, stats, memory = await chat.call(job)
+    except Exception as e:
+        if not chat.closed:
+            chat.model_ready = False
+            chat.model_info = None
+            chat.emit(MODEL, "failed", "loading cancelled" if isinstance(e, Cancelled) else user_message(e))
+        return
+    finally:
+        chat.release(cancel)
+    if chat.closed:
+        return
+    chat.model_ready = True
+    chat.model_info = info
+    # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
+    # reach, so the full collections the GC pacer runs between replies stay short. Collect first
+    # (once, while nothing is streaming) so the loader's garbage is freed rather than frozen.
+    gc.collect()
+    gc.freeze()
+    chat.emit(MODEL, "loaded", spec, chat.model_name, info)
+    chat.show_stats(stats, memory)
+
+
+class Throttled:
+    """A progress callback (fraction, message) for a worker thread (an `engine.types.Progress`):
+    `fn` is called on `loop`, at most every `interval` seconds; the last step (fraction 1) always."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[float, str], Any], interval: float) -> None:
+        self.loop, self.fn, self.interval = loop, fn, interval
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, fraction: float, message: str) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            if fraction < 1.0 and now - self._last < self.interval:
+                return
+            self._last = now
+        try:
+            self.loop.call_soon_threadsafe(self.fn, float(fraction), str(message))
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+def verify(chat: ChatModel, reply_id: int) -> None:
+    """Generate a stored reply again with no cache at all and compare token by token."""
+    try:
+        request, _, _ = chat.session.verify_inputs(reply_id)
+        stored = chat.session.message(reply_id).as_result()
+    except StoreError as e:
+        chat.emit(VERIFY, reply_id, str(e))
+        return
+    chat.verifying = True
+    chat.emit(VERIFY, reply_id, None)
+    chat.spawn(_verify(chat, reply_id, request, stored))
+
+
+async def _verify(chat: ChatModel, reply_id: int, request: GenerationRequest, stored: GenerationResult) -> None:
+    cancel = chat.cancel_token()
+    try:
+        cmp = await chat.call(lambda engine: engine.verify(request, stored, cancel=cancel))
+        text = "failed: verification cancelled" if cancel.cancelled else verify_text(cmp)
+    except Exception as e:
+        text = f"failed: {user_message(e)}"
+    finally:
+        chat.release(cancel)
+    chat.verifying = False
+    if not chat.closed:
+        chat.emit(VERIFY, reply_id, text)
+
+
+def clear_cache(chat: ChatModel) -> None:
+    chat.spawn(chat.refresh_stats(clear=True))
+    chat.emit("status", "Prompt cache cleared", 3000)
+
+
+# ------------------------------------------------------------------------------- the inspector
+def model_identity(chat: ChatModel) -> Optional[ModelIdentity]:
+    """The loaded model as a receipt names it (None while none is loaded)."""
+    info = chat.model_info
+    if info is None or not chat.model_ready:
+        return None
+    return ModelIdentity(chat.model_spec, info.key, info.name, info.dequantized)
+
+
+async def token_pieces(chat: ChatModel, tokens: list[int], model_key: Optional[str]) -> Optional[list[str]]:
+    """Each token's text, when the loaded model made the reply (else None: ids are shown)."""
+    model = model_identity(chat)
+    if not tokens or model_key is None or model is None or model_key != model.key:
+        return None
+    try:
+        return await chat.call(lambda e: e.token_texts(tokens))
+    except Exception:
+        return None
+
+
+async def cold_run(chat: ChatModel, reply_id: int) -> tuple[GenerationRequest, GenerationResult, list[str]]:
+    """A stored reply's request run with no cache at all (as far as a stopped reply got), and
+    its token texts. Needs the model that made the reply."""
+    m = chat.session.message(reply_id)
+    key = m.model_key or (m.report.model_key if m.report else None)
+    model = model_identity(chat)
+    if model is None or key != model.key:
+        raise StoreError("a cold run needs the model that made this reply loaded")
+    request, _, _ = chat.session.verify_inputs(reply_id)
+    if m.status == "interrupted":  # run cold as far as it got
+        request = replace(request, context_policy="refuse", context_length=None)
+    cancel = chat.cancel_token()
+
+    def job(engine: Any) -> tuple[GenerationResult, list[str]]:
+        result = engine.cold_run(request, cancel)
+        return result, engine.token_texts(result.tokens)
+
+    try:
+        result, pieces = await chat.call(job)
+    finally:
+        chat.release(cancel)
+    return request, result, pieces

@@ -1,0 +1,253 @@
+"""The one way from an asyncio loop to the engine thread and back, and the engine's interface.
+
+`EngineAPI` is what a front end (the window, the inspector, the model manager, the server) may
+ask of an engine: `engine.engine.Engine` implements it in process, and a remote engine may
+implement it over a connection, on the same `EngineExecutor` (one thread, jobs in order).
+
+`engine_events(executor, request, cancel=...)` runs one generation on the engine thread and
+yields its events on the loop, in order: `PrefillProgress`, `TokenEvent`, then always one final
+`Done` carrying the `GenerationResult` (a cancelled generation ends with its partial result,
+finish reason "cancelled"); an error the engine raises is raised at the consumer instead.
+Events cross threads with `loop.call_soon_threadsafe`, batched: the loop wakes at most once per
+`interval` seconds for tokens (the first event and the final one go at once), and nothing is ever
+dropped. `engine_batches` yields the same events as lists, one per wake-up, for a consumer that
+redraws once per batch (the window).
+
+`observe`, when given, sees every event and the final `Done` (or `Failed` when the engine raised)
+on the engine thread, before they are posted: what must happen even if the loop never turns again (the app saves a reply there, so a
+reply is saved when the window closes mid-reply).
+
+`engine_call(executor, fn)` runs any other job (`fn(engine)`: load, verify, cache stats) the same
+way and awaits its value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, TypeVar, Union, runtime_checkable
+
+from engine.engine import ModelInfo
+from engine.executor import EngineExecutor
+from engine.types import (
+    CancelToken,
+    Comparison,
+    Event,
+    GenerationRequest,
+    GenerationResult,
+    PrefillProgress,
+    Progress,
+    TokenEvent,
+)
+
+T = TypeVar("T")
+BATCH_INTERVAL = 0.05  # seconds: at most ~20 wake-ups of the loop per second while tokens stream
+
+
+@runtime_checkable
+class EngineAPI(Protocol):
+    """What the app and the server use of an engine (all calls on the engine thread).
+
+    `info` is the loaded model (None before a load succeeds); `context_limit` the tokens one
+    request may use (prompt + reply), None when unknown."""
+
+    info: Optional[ModelInfo]
+
+    @property
+    def context_limit(self) -> Optional[int]: ...
+
+    def load(self, spec: str, progress: Optional[Progress] = None,
+             cancel: Optional[CancelToken] = None) -> ModelInfo:
+        """Load a model by spec (a folder, a .gguf file, "demo", a repo id); replaces the current one."""
+        ...
+
+    def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
+               ) -> Generator[Event, None, GenerationResult]:
+        """Generate: yield PrefillProgress and TokenEvents, return the GenerationResult."""
+        ...
+
+    def verify(self, request: GenerationRequest, result: GenerationResult,
+               cancel: Optional[CancelToken] = None) -> Comparison:
+        """Run `request` again with no cache at all and compare with `result`."""
+        ...
+
+    def cold_run(self, request: GenerationRequest, cancel: Optional[CancelToken] = None) -> GenerationResult:
+        """`request` with no cache at all (neither looked up nor stored)."""
+        ...
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt tokens of a conversation (chat template applied): what a draft will cost."""
+        ...
+
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """The text each token adds (display only)."""
+        ...
+
+    def cache_stats(self) -> dict[str, Any]: ...
+
+    def clear_cache(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Done:
+    """The final event of a generation: always delivered, after every other event."""
+
+    result: GenerationResult
+
+
+@dataclass
+class Failed:
+    """What an observer sees when the engine raised (the consumer gets the error raised)."""
+
+    error: BaseException
+
+
+StreamEvent = Union[PrefillProgress, TokenEvent, Done]
+Observer = Callable[[Union[StreamEvent, Failed]], None]
+
+
+class _Channel:
+    """Events from the engine thread to the loop: appended under a lock on the engine thread,
+    handed over in batches by a flush scheduled on the loop (at most one pending at a time)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop = loop
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._items: list[Union[StreamEvent, Failed]] = []
+        self._scheduled = False
+        self._last_flush = 0.0  # loop-thread clock of the last hand-over
+        self._batches: list[list[Union[StreamEvent, Failed]]] = []  # loop thread only
+        self._waiter: Optional[asyncio.Future[None]] = None
+
+    # -- engine thread ------------------------------------------------------------------------
+    def put(self, item: Union[StreamEvent, Failed]) -> None:
+        final = isinstance(item, (Done, Failed))
+        with self._lock:
+            self._items.append(item)
+            wake = not self._scheduled or final
+            self._scheduled = True
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._schedule, final)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    # -- loop thread --------------------------------------------------------------------------
+    def _schedule(self, final: bool) -> None:
+        delay = 0.0 if final else self._last_flush + self.interval - time.perf_counter()
+        if delay <= 0:
+            self._flush()
+        else:
+            self.loop.call_later(delay, self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        if not items:
+            return
+        self._last_flush = time.perf_counter()
+        self._batches.append(items)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def batches(self) -> AsyncIterator[list[Union[StreamEvent, Failed]]]:
+        while True:
+            if not self._batches:
+                self._waiter = self.loop.create_future()
+                await self._waiter
+                continue
+            yield self._batches.pop(0)
+
+
+async def engine_batches(
+    executor: EngineExecutor,
+    request: GenerationRequest,
+    cancel: Optional[CancelToken] = None,
+    *,
+    loop: Optional[asyncio.AbstractEventLoop] = None,
+    interval: float = BATCH_INTERVAL,
+    observe: Optional[Observer] = None,
+    start: Optional[Callable[[EngineAPI], None]] = None,
+) -> AsyncIterator[list[StreamEvent]]:
+    """`engine_events`, as lists of events: one list per wake-up of the loop (never empty; the
+    last one ends with the `Done`). `loop`: the loop to deliver on (default: the running one;
+    pass it explicitly where Qt drives the loop without asyncio's running loop being set).
+    `start(engine)` runs on the engine thread when the job's turn comes, before the generation
+    (e.g. the server checks the model is still the one the request was admitted for); what it
+    raises ends the stream with that error."""
+    loop = loop or asyncio.get_running_loop()
+    channel = _Channel(loop, interval)
+    token = cancel if cancel is not None else CancelToken()
+
+    def run(engine: EngineAPI) -> None:
+        try:
+            if start is not None:
+                start(engine)
+            gen = engine.stream(request, cancel=token)
+            while True:
+                try:
+                    event: StreamEvent = next(gen)
+                except StopIteration as stop:
+                    event = Done(stop.value)
+                if observe is not None:
+                    observe(event)
+                channel.put(event)
+                if isinstance(event, Done):
+                    return
+        except BaseException as e:
+            if observe is not None:
+                observe(Failed(e))
+            raise
+
+    def finished(fut: Any) -> None:  # any thread: an error, or a job cancelled before it ran
+        if fut.cancelled():
+            channel.put(Failed(asyncio.CancelledError("the engine job was cancelled before it started")))
+        elif fut.exception() is not None:
+            channel.put(Failed(fut.exception()))
+
+    executor.submit(run).add_done_callback(finished)
+    try:
+        async for batch in channel.batches():
+            events: list[StreamEvent] = []
+            for item in batch:
+                if isinstance(item, Failed):
+                    if events:
+                        yield events
+                    raise item.error
+                events.append(item)
+            yield events
+            if isinstance(events[-1], Done):
+                return
+    finally:
+        # The consumer stopped early (or was cancelled): stop the generation too.
+        token.cancel()
+
+
+async def engine_events(
+    executor: EngineExecutor,
+    request: GenerationRequest,
+    cancel: Optional[CancelToken] = None,
+    *,
+    loop: Optional[asyncio.AbstractEventLoop] = None,
+    interval: float = BATCH_INTERVAL,
+    observe: Optional[Observer] = None,
+    start: Optional[Callable[[EngineAPI], None]] = None,
+) -> AsyncIterator[StreamEvent]:
+    """Generate `request` on the engine thread; yield its events in order, the last a `Done`."""
+    async for batch in engine_batches(executor, request, cancel, loop=loop, interval=interval, observe=observe,
+                                      start=start):
+        for event in batch:
+            yield event
+
+
+async def engine_call(executor: EngineExecutor, fn: Callable[[Any], T],
+                      loop: Optional[asyncio.AbstractEventLoop] = None) -> T:
+    """Run `fn(engine)` on the engine thread, after every job submitted before it; await its value."""
+    return await asyncio.wrap_future(executor.submit(fn), loop=loop or asyncio.get_running_loop())
