@@ -166,6 +166,24 @@ class Engine:
             return self.context_length
         return self.info.context_length if self.info is not None else None
 
+    def limit_for(self, request: GenerationRequest) -> Optional[int]:
+        """The context `request` may use: its own limit (a per-conversation setting), never past
+        the model's (or the engine's override); None when neither is known."""
+        limit = self.context_limit
+        if request.context_length:
+            limit = min(limit, request.context_length) if limit else request.context_length
+        return limit
+
+    def measure(self, request: GenerationRequest) -> ContextInfo:
+        """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the
+        limit in force for it: what a context meter counts before Send; prepare() then fits it."""
+        lm = self._lm()
+        if request.prompt is not None:
+            prompt = render_text(lm.tokenizer, request.prompt)
+        else:
+            prompt = render_prompt(lm.tokenizer, validate_messages(request.messages))
+        return ContextInfo(self.limit_for(request), len(prompt))
+
     def prepare(self, request: GenerationRequest) -> Prepared:
         """The request as it will run: validated, its prompt rendered (the chat through the
         template, or raw text as is), fitted into the context (or refused with a one-line error
@@ -173,9 +191,7 @@ class Engine:
         lm = self._lm()
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
-        limit = self.context_limit
-        if request.context_length:  # the user's limit for this request, never past the model's
-            limit = min(limit, request.context_length) if limit else request.context_length
+        limit = self.limit_for(request)
         if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries
             prompt = render_text(lm.tokenizer, request.prompt)
             fit_to_context(lambda m: prompt, [], request.sampler.max_tokens, limit, "refuse")

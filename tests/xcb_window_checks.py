@@ -18,7 +18,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
-from PySide6.QtWidgets import QMessageBox, QWidget  # noqa: E402
+from PySide6.QtWidgets import QLabel, QMessageBox, QWidget  # noqa: E402
 
 from app.qt.window import MainWindow  # noqa: E402
 from tests.test_app_window import LONG, open_window, send  # noqa: E402,F401 (open_window: a fixture)
@@ -64,6 +64,35 @@ def _problems(w: MainWindow) -> list[str]:
     return bad
 
 
+def _cut_text(label: Any) -> str:
+    """Why `label` does not show all of its text ('' when it does): an elided label that elides,
+    a one-line label narrower than its text, a wrapped one shorter than its wrapped text."""
+    from PySide6.QtGui import QFontMetrics
+
+    from app.qt.widgets.elided_label import ElidedLabel
+
+    name = f"{label.objectName() or type(label).__name__} {label.text()!r}"
+    if isinstance(label, ElidedLabel):
+        return f"{name} elided to {QLabel.text(label)!r} in {label.width()} px" if label.is_elided() else ""
+    fm, room = QFontMetrics(label.font()), label.contentsRect()
+    room.adjust(label.margin(), label.margin(), -label.margin(), -label.margin())
+    if label.wordWrap():
+        need = fm.boundingRect(QRect(0, 0, room.width(), 100_000), int(Qt.TextFlag.TextWordWrap), label.text())
+        if need.width() > room.width() or need.height() > room.height():
+            return f"{name} needs {need.width()}x{need.height()} px, has {room.width()}x{room.height()}"
+        return ""
+    need_w = fm.horizontalAdvance(label.text())
+    return f"{name} needs {need_w} px, has {room.width()}" if need_w > room.width() else ""
+
+
+def _cut_labels(w: MainWindow) -> list[str]:
+    """Every visible label of a reply (role, navigator, footer, identity badge), the context
+    meter's label and its warning that does not show its whole text."""
+    labels = [c for mw in w.chat_view.message_widgets() for c in mw.findChildren(QLabel)]
+    labels += w.context_meter.findChildren(QLabel) + [getattr(w.context_meter, "warning", w.context_meter.label)]
+    return [cut for c in labels if c.isVisibleTo(w) and c.text() and (cut := _cut_text(c))]
+
+
 def _settle(qtbot: Any, w: MainWindow) -> None:
     """Wait until the window's layout stops changing: the same geometry twice in a row."""
     last: list[Any] = [None]
@@ -95,7 +124,8 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w.resize(*size)
     qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)
     _settle(qtbot, w)
-    problems = _problems(w)
+    w.grab().save(str(Path(os.environ.get("VERBATIM_SHOTS", tmp_path)) / f"window-{size[0]}x{size[1]}.png"))
+    problems = _problems(w) + _cut_labels(w)
     assert not problems, "\n".join(problems)
     # The dock's contents fit its width (values wrap below their labels): no sideways scrolling.
     inner = w.findChild(QWidget, "debugInner")

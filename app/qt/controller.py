@@ -306,8 +306,9 @@ class ChatController(QObject):
     def _show_prefill(self, done: int, total: int) -> None:
         if self.pending is None or self.closed:
             return
-        self.w.chat_view.prefill(self.pending.reply_id, done, total)
-        self.w.status(f"Reading the prompt: {done} / {total} tokens")
+        # issue 19 (ui): the reply's prefill line (with its rate and time left) on the status bar too.
+        line = self.w.chat_view.prefill(self.pending.reply_id, done, total)
+        self.w.status(line or f"Reading the prompt: {done:,} / {total:,}")
         self.prefilled.emit(done, total)
 
     def _end_reply(self) -> None:

@@ -47,9 +47,13 @@ from app.core.cache_move import move_prompt_cache
 from app.core.models import model_label
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
-from app.core.view_models import MessageVM, context_marker, context_vm, format_bytes
+from app.core.context_budget import BudgetRequests, budget_requests
+from app.core.drafts import Drafts
+from app.core.import_hint import import_error_text
+from app.core.view_models import MessageVM, context_marker, format_bytes
 from app.qt import dialogs, jobs
 from app.qt.controller import ChatController
+from app.qt.draft_counter import DraftCounter
 from app.qt.gc_pacer import GcPacer
 from app.qt.inspector import Inspector
 from app.qt.server_toggle import ServerToggle
@@ -109,6 +113,12 @@ class MainWindow(QMainWindow):
         self.theme: Theme = theme_named(self.theme_option)
 
         self._build_ui()
+        # issue 19 (ui): each conversation keeps its draft; the meter counts the draft as it is
+        # typed, on the engine thread, debounced (app/qt/draft_counter.py).
+        self.drafts = Drafts()
+        self.draft_counter = DraftCounter(self.controller.executor, self.budget_requests, self)
+        self.draft_counter.counted.connect(self.context_meter.show_budget)
+        self.composer.textChanged.connect(self.draft_counter.schedule)
         self.inspector = Inspector(self)  # compare view, per-token view, receipts (app/qt/inspector.py)
         self._build_menus()
         self._apply_theme()
@@ -218,6 +228,7 @@ class MainWindow(QMainWindow):
         self.context_meter = ContextMeter()  # right above the composer, in line with Send
         actions.addWidget(self.context_meter)
         bl.addLayout(actions)
+        bl.addWidget(self.context_meter.warning)  # issue 19 (ui): what Send will do when it does not fit
         row = QHBoxLayout()
         self.composer = Composer()
         self.composer.submitted.connect(self.send)
@@ -316,6 +327,8 @@ class MainWindow(QMainWindow):
         # Every shortcut spelled out, never a QKeySequence.StandardKey: those are other chords on
         # other platforms, sometimes two (Delete is also Ctrl+D on X11), and clash unseen.
         act(c, "Settings…", self.open_settings, "Ctrl+,")
+        # issue 19 (ui): Ctrl+F goes to the conversation search from anywhere in the window.
+        act(c, "Search conversations", self.focus_search, "Ctrl+F", "searchAction")
         v = mb.addMenu("&View")
         self.debug_action = self.debug_panel.toggleViewAction()
         self.debug_action.setText("Debug panel")
@@ -445,6 +458,9 @@ class MainWindow(QMainWindow):
         self.chat_view.reveal(message_id)
 
     def show_conversation(self, conv_id: Optional[int]) -> None:
+        draft = self.drafts.switch(self.conv_id, self.composer.toPlainText(), conv_id)  # issue 19 (ui)
+        if draft != self.composer.toPlainText():
+            self.composer.setPlainText(draft)
         self.conv_id = conv_id
         self.sidebar.set_current(conv_id)  # also after a restart: the open chat is highlighted
         self.chat_view.selected_id = None
@@ -455,13 +471,17 @@ class MainWindow(QMainWindow):
     def refresh_messages(self) -> list[MessageVM]:
         vms = self.session.view(self.conv_id) if self.conv_id is not None else []
         self.chat_view.set_messages(vms, context_marker(vms))
-        self.context_meter.show_context(context_vm(vms))
+        self.draft_counter.schedule()  # issue 19 (ui): the meter counts this path + the draft
         pending = self.controller.pending
         if pending is not None and pending.conversation_id == self.conv_id:
             self.chat_view.stream(pending.reply_id, self.controller.stream_text, 0)
         self.debug_panel.show_reply(self.debug_target(vms))
         self._update_actions()
         return vms
+
+    def budget_requests(self) -> Optional[BudgetRequests]:
+        """issue 19 (ui): what the context meter counts: the path shown, the draft, the settings."""
+        return budget_requests(self.message_vms(), self.composer.toPlainText(), self.current_settings())
 
     def debug_target(self, vms: list[MessageVM]) -> Optional[MessageVM]:
         """The selected reply, else the last one: what the debug panel shows and Ctrl+R redoes."""
@@ -499,6 +519,7 @@ class MainWindow(QMainWindow):
         self.chat_view.set_assistant_name(name)
         self.qsettings.setValue("model/last", spec)
         self.model_picker.select(spec, name)
+        self.draft_counter.schedule()  # issue 19 (ui): the new model's tokenizer and context
         self.status(f"Loaded {name}", 4000)
         log.info("model loaded: %s (%d layers, %.1f s)", name, info.layers, info.load_s)
 
@@ -566,6 +587,7 @@ class MainWindow(QMainWindow):
         if as_default or self.conv_id is None:
             self.qsettings.setValue("chat/defaults", json.dumps(s.to_dict()))
         self._update_actions()
+        self.draft_counter.schedule()  # issue 19 (ui): the context limit or max tokens may have changed
 
     def open_settings(self) -> None:
         from app.qt.widgets.settings_dialog import SettingsDialog
@@ -574,10 +596,16 @@ class MainWindow(QMainWindow):
         if dlg.exec():
             self.apply_settings(dlg.value(), dlg.as_default.isChecked())
 
+    def focus_search(self) -> None:
+        """issue 19 (ui): Ctrl+F: the sidebar's search field, its text selected to type over."""
+        self.sidebar.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.sidebar.search.selectAll()
+
     def new_conversation(self) -> None:
         """An empty chat; the conversation row is created by the first message."""
         self.sidebar.list.clearSelection()
         self.show_conversation(None)
+        self.composer.clear()  # issue 19 (ui): a new chat starts empty
         self.refresh_conversations()
         self.composer.setFocus()
 
@@ -600,6 +628,7 @@ class MainWindow(QMainWindow):
         ):
             return
         self.session.delete_conversation(conv_id)
+        self.drafts.forget(conv_id)  # issue 19 (ui)
         if conv_id == self.conv_id:
             self.show_conversation(None)
         self.refresh_conversations()
@@ -621,9 +650,13 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            conv_id = self.session.import_conversation(Path(path).read_bytes())
-        except (OSError, StoreError) as e:
+            data = Path(path).read_bytes()
+            conv_id = self.session.import_conversation(data)
+        except OSError as e:
             self.show_error("Import failed", str(e))
+            return
+        except StoreError as e:  # issue 19 (ui): a receipt says what it is and how to verify it
+            self.show_error("Import failed", import_error_text(path, data, str(e)))
             return
         self.show_conversation(conv_id)
         self.refresh_conversations()
@@ -665,6 +698,7 @@ class MainWindow(QMainWindow):
         self._closed = True
         self._mem_timer.stop()
         self.gc_pacer.stop()
+        self.draft_counter.close()  # issue 19 (ui)
         try:
             self._save_geometry()
         except Exception:
