@@ -89,7 +89,7 @@ def _cut_labels(w: MainWindow) -> list[str]:
     """Every visible label of a reply (role, navigator, footer, identity badge), the context
     meter's label and its warning that does not show its whole text."""
     labels = [c for mw in w.chat_view.message_widgets() for c in mw.findChildren(QLabel)]
-    labels += w.context_meter.findChildren(QLabel) + [getattr(w.context_meter, "warning", w.context_meter.label)]
+    labels += w.context_meter.findChildren(QLabel) + [w.context_meter.warning]
     return [cut for c in labels if c.isVisibleTo(w) and c.text() and (cut := _cut_text(c))]
 
 
@@ -115,16 +115,22 @@ def _settle(qtbot: Any, w: MainWindow) -> None:
 def test_messages_fit_the_viewport_with_the_dock_open(
     qtbot: Any, open_window: Callable[..., MainWindow], size: tuple[int, int], tmp_path: Path
 ) -> None:
+    from dataclasses import replace
+
     w = open_window(max_tokens=24)
     w.show()
     send(qtbot, w, LONG_WORDS)
     w.controller.regenerate(fresh=False)  # an identity badge on the reply
     qtbot.waitUntil(lambda: not w.controller.generating, timeout=LONG)
+    # A per-conversation limit and a draft past it: the meter and its warning are shown too.
+    w.apply_settings(replace(w.current_settings(), context_length=512))
+    w.composer.setPlainText(LONG_WORDS)
+    qtbot.waitUntil(lambda: w.context_meter.warning.isVisibleTo(w), timeout=LONG)
+    assert w.context_meter.label.text().endswith(" / 512")
     w.debug_panel.show()
     w.resize(*size)
     qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)
     _settle(qtbot, w)
-    w.grab().save(str(Path(os.environ.get("VERBATIM_SHOTS", tmp_path)) / f"window-{size[0]}x{size[1]}.png"))
     problems = _problems(w) + _cut_labels(w)
     assert not problems, "\n".join(problems)
     # The dock's contents fit its width (values wrap below their labels): no sideways scrolling.
@@ -214,3 +220,36 @@ def test_every_shortcut_is_unambiguous_and_the_status_bar_shows_memory(
     assert shortcut_clashes(w) == []
     assert re.match(r"Memory \d+(\.\d+)? [KMG]B", w.memory_label.text()), w.memory_label.text()
     assert w.memory_label.isVisible()
+
+
+def test_ctrl_f_goes_to_the_conversation_search_from_anywhere(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
+    w = _ready(qtbot, open_window)
+    send(qtbot, w, "hello")
+    w.sidebar.search.setText("old query")
+    body = w.chat_view.message_widgets()[-1].body
+    for target in (w.composer, body, w.sidebar.list, w.chat_view):
+        target.setFocus()
+        qtbot.waitUntil(target.hasFocus, timeout=LONG)
+        qtbot.keyClick(target, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+        qtbot.waitUntil(w.sidebar.search.hasFocus, timeout=LONG)
+        assert w.sidebar.search.selectedText() == "old query"  # typing replaces the old search
+    assert w.composer.toPlainText() == ""
+
+
+def test_window_geometry_and_dock_are_restored_as_saved(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    data = tmp_path / "geometry"
+    w = open_window(data_dir=data, max_tokens=4)
+    w.show()
+    qtbot.waitExposed(w)
+    w.debug_panel.show()
+    w.setGeometry(140, 90, 1010, 690)
+    qtbot.waitUntil(lambda: w.geometry().getRect() == (140, 90, 1010, 690), timeout=LONG)
+    saved = (w.geometry().getRect(), w.debug_panel.width(), w.sidebar.width())
+    w.close()
+    w2 = open_window(data_dir=data, max_tokens=4)
+    qtbot.waitExposed(w2)
+    qtbot.waitUntil(lambda: (w2.geometry().getRect(), w2.debug_panel.width(), w2.sidebar.width()) == saved,
+                    timeout=LONG)  # fmt: skip
+    assert w2.debug_panel.isVisible()

@@ -225,31 +225,24 @@ class MessageWidget(QFrame):
         row = sum(w.sizeHint().width() + spacing for w in buttons)
         badge_inline = badge + row <= room
         footer_inline = badge_inline and foot + badge + row <= room
-        # Inline widths as stretch factors (below): the row's spare width is shared in proportion,
-        # so each inline label gets at least its text (they are inline only when all of it fits).
         placed = (footer_inline, badge_inline, foot > room, badge > room)
         if placed != self._placed:
             self._placed = placed
             self._set_inline(self.footer, 0, footer_inline, placed[2])
             self._set_inline(self.identity, 1 if footer_inline else 0, badge_inline, placed[3])
-        for label, width in ((self.footer, foot), (self.identity, badge)):
-            if self._foot.indexOf(label) >= 0:
-                self._foot.setStretchFactor(label, max(width, 1))
 
-    def _set_inline(self, label: QLabel, index: int, inline: bool, wrap: bool) -> None:
-        """Inline: one line with no minimum width (it is inline only when it fits, and must never
-        hold the message wider); on its own line: one line, or wrapped when still too wide."""
+    def _set_inline(self, label: WrapLabel, index: int, inline: bool, wrap: bool) -> None:
+        """Inline, or on its own line as wide as its text: one line (a one-line WrapLabel has no
+        minimum width: it is placed so only when it fits, and must never hold the message
+        wider); on its own line and still too wide: wrapped, the whole width."""
         self._foot.removeWidget(label)
         self._footer_line.removeWidget(label)
         label.setWordWrap(wrap and not inline)
-        horizontal = QSizePolicy.Policy.Preferred if label.wordWrap() else QSizePolicy.Policy.Ignored
-        label.setSizePolicy(horizontal, QSizePolicy.Policy.Minimum)
         if inline:
-            self._foot.insertWidget(index, label)
+            self._foot.insertWidget(index, label)  # the row's stretch takes the spare width
         else:
-            self._footer_line.insertWidget(0 if label is self.footer else self._footer_line.count(), label)
-        if isinstance(label, WrapLabel):
-            label.setText(label.text())  # refit its height for the new wrap mode
+            left = Qt.AlignmentFlag(0) if label.wordWrap() else Qt.AlignmentFlag.AlignLeft
+            self._footer_line.insertWidget(0 if label is self.footer else self._footer_line.count(), label, 0, left)
 
     # -- content -----------------------------------------------------------------------------------
     def update_vm(self, vm: MessageVM, force: bool = False) -> None:

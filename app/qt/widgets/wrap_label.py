@@ -3,16 +3,19 @@
 A plain QLabel with word wrap gets its height from a size hint computed for some other width,
 and inside a scroll area (the conversation) the layout does not ask height-for-width: a footer
 or badge that wraps to two lines got one line's height and was cut. This label sets its own
-minimum height from its width on every resize and text change.
+height from its width on every resize and text change. On one line (word wrap off) it
+has no minimum width: see minimumSizeHint.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from PySide6.QtCore import QEvent, QRect, Qt
+from PySide6.QtCore import QEvent, QRect, QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+
+QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's 'no maximum'
 
 
 class WrapLabel(QLabel):
@@ -20,12 +23,23 @@ class WrapLabel(QLabel):
         super().__init__(parent)
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setWordWrap(True)
-        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.setText(text)
 
     def setText(self, text: str) -> None:  # type: ignore[override]
         super().setText(text)
         self._fit()
+
+    def setWordWrap(self, on: bool) -> None:  # type: ignore[override]
+        super().setWordWrap(on)
+        self._fit()
+        self.updateGeometry()
+
+    def minimumSizeHint(self) -> QSize:
+        """One line: no minimum width (whoever places it on one line checked that it fits, and
+        it must not hold a row wider than the window when that shrinks); wrapped: QLabel's."""
+        s = super().minimumSizeHint()
+        return s if self.wordWrap() else QSize(0, s.height())
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # type: ignore[override]
         super().resizeEvent(event)
@@ -47,6 +61,11 @@ class WrapLabel(QLabel):
         return text.height() + extra_h
 
     def _fit(self) -> None:
-        h = self.needed_height(self.width()) if self.wordWrap() and self.text() else 0
-        if h != self.minimumHeight():
-            self.setMinimumHeight(h)
+        """Wrapped: exactly as tall as the wrapped text; one line: its size hint (Fixed)."""
+        if self.wordWrap() and self.text():
+            h = self.needed_height(self.width())
+            if (self.minimumHeight(), self.maximumHeight()) != (h, h):
+                self.setFixedHeight(h)
+        elif (self.minimumHeight(), self.maximumHeight()) != (0, QWIDGETSIZE_MAX):
+            self.setMinimumHeight(0)
+            self.setMaximumHeight(QWIDGETSIZE_MAX)
