@@ -85,8 +85,9 @@ def test_the_meter_warns_before_send_with_what_will_happen(qtbot: Any, open_wind
     limit = n + 40  # the conversation fits, with room for a short message and its reply
     w.apply_settings(replace(w.current_settings(), context_length=limit, context_policy="truncate"))
     warning, label = w.context_meter.warning, w.context_meter.label
+    short = prompt_tokens(w, history + [{"role": "user", "content": "short"}])
     qtbot.keyClicks(w.composer, "short")
-    qtbot.waitUntil(lambda: label.text().startswith(f"{prompt_tokens(w, history + [{'role': 'user', 'content': 'short'}]):,} /"), timeout=LONG)
+    qtbot.waitUntil(lambda: label.text() == f"{short:,} / {limit:,}", timeout=LONG)
     assert not warning.isVisibleTo(w)
     w.composer.setPlainText("Now a longer question about the sea and the evening sky, and the sunset colours too.")
     qtbot.waitUntil(lambda: warning.isVisibleTo(w), timeout=LONG)

@@ -44,12 +44,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.cache_move import move_prompt_cache
-from app.core.models import model_label
-from app.core.session import ChatSession, ChatSettings
-from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.context_budget import BudgetRequests, budget_requests
 from app.core.drafts import Drafts
 from app.core.import_hint import import_error_text
+from app.core.models import model_label
+from app.core.session import ChatSession, ChatSettings
+from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.view_models import MessageVM, context_marker, format_bytes
 from app.qt import dialogs, jobs
 from app.qt.controller import ChatController
