@@ -120,8 +120,12 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w = open_window(max_tokens=24)
     w.show()
     send(qtbot, w, LONG_WORDS)
+    # A model name as long as the demo model's on the reply's role line.
+    w.session.store.update_message(w.message_vms()[-1].id, model_name="SmolLM2-135M-Instruct (demo)")
+    w.refresh_messages()
     w.controller.regenerate(fresh=False)  # an identity badge on the reply
     qtbot.waitUntil(lambda: not w.controller.generating, timeout=LONG)
+    assert w.chat_view.message_widgets()[-1].identity.isVisible()
     # A per-conversation limit and a draft past it: the meter and its warning are shown too.
     w.apply_settings(replace(w.current_settings(), context_length=512))
     w.composer.setPlainText(LONG_WORDS)
@@ -131,6 +135,7 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w.resize(*size)
     qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)
     _settle(qtbot, w)
+    assert w.chat_view.message_widgets()[-1].identity.isVisible()  # the badge is among those checked
     problems = _problems(w) + _cut_labels(w)
     assert not problems, "\n".join(problems)
     # The dock's contents fit its width (values wrap below their labels): no sideways scrolling.

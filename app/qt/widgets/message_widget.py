@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
 from app.core.markdown import Palette, Rendered, render
 from app.core.prefill_rate import PrefillRate
 from app.core.view_models import MessageVM
-from app.qt.widgets.elided_label import ElidedLabel
 from app.qt.widgets.wrap_label import WrapLabel
 
 
@@ -123,11 +122,15 @@ class MessageWidget(QFrame):
         lay.setContentsMargins(14, 8, 14, 8)
         lay.setSpacing(4)
 
+        # The role line; a name too long for it (a model's) goes on a line of its own above the
+        # buttons, whole (_place_name), so the buttons stay in view and no name is cut.
         head = QHBoxLayout()
         head.setSpacing(2)
-        self.role_label = ElidedLabel()  # a long model name elides: the buttons stay in view
+        self._head, self._name_line, self._name_inline = head, QVBoxLayout(), None
+        self._name_line.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(self._name_line)
+        self.role_label = WrapLabel("", self)
         self.role_label.setObjectName("roleLabel")
-        head.addWidget(self.role_label)
         self.prev_button = _tool("‹", "Previous variant", "prevVariant")
         self.nav_label = QLabel()
         self.nav_label.setObjectName("variantLabel")
@@ -204,7 +207,33 @@ class MessageWidget(QFrame):
 
     def resizeEvent(self, event: QEvent) -> None:  # type: ignore[override]
         super().resizeEvent(event)
+        self._place_name()
         self._place_footer()
+
+    def _room(self) -> int:
+        m = self.layout().contentsMargins()
+        return self.width() - m.left() - m.right()
+
+    @staticmethod
+    def _need(label: QLabel, spacing: int) -> int:
+        """The width `label` needs for its text on one line (0: hidden or empty)."""
+        if label.isHidden() or not label.text():
+            return 0
+        frame = label.width() - label.contentsRect().width()  # margins, a style sheet's padding
+        return label.fontMetrics().horizontalAdvance(label.text()) + frame + 8 + spacing
+
+    def _place_name(self) -> None:
+        """The name first in the role line when it fits beside the buttons, else on its own line
+        above them (wrapped when wider than the message)."""
+        spacing = max(self._head.spacing(), 0)
+        row = sum(w.sizeHint().width() + spacing
+                  for w in (self.prev_button, self.nav_label, self.next_button, self.edit_button,
+                            self.copy_button, self.delete_button) if not w.isHidden())  # fmt: skip
+        need, room = self._need(self.role_label, spacing), self._room()
+        inline = need + row <= room
+        if (inline, need > room) != self._name_inline:
+            self._name_inline = (inline, need > room)
+            self._set_inline(self.role_label, self._head, self._name_line, 0, inline, need > room, True)
 
     def _place_footer(self) -> None:
         """Footer and badge inline (one row with the buttons) when they fit the width, else on
@@ -212,37 +241,33 @@ class MessageWidget(QFrame):
         and the texts only (never from the current placement): stable."""
         buttons = [w for w in (self.tokens_button, self.compare_button, self.receipt_button) if not w.isHidden()]
         spacing = max(self._foot.spacing(), 0)
-        m = self.layout().contentsMargins()
-        room = self.width() - m.left() - m.right()
-
-        def need(label: QLabel) -> int:
-            if label.isHidden() or not label.text():
-                return 0
-            frame = label.width() - label.contentsRect().width()  # margins, a style sheet's padding
-            return label.fontMetrics().horizontalAdvance(label.text()) + frame + 8 + spacing
-
-        foot, badge = need(self.footer), need(self.identity)
+        room = self._room()
+        foot, badge = self._need(self.footer, spacing), self._need(self.identity, spacing)
         row = sum(w.sizeHint().width() + spacing for w in buttons)
         badge_inline = badge + row <= room
         footer_inline = badge_inline and foot + badge + row <= room
         placed = (footer_inline, badge_inline, foot > room, badge > room)
         if placed != self._placed:
             self._placed = placed
-            self._set_inline(self.footer, 0, footer_inline, placed[2])
-            self._set_inline(self.identity, 1 if footer_inline else 0, badge_inline, placed[3])
+            self._set_inline(self.footer, self._foot, self._footer_line, 0, footer_inline, placed[2], True)
+            self._set_inline(self.identity, self._foot, self._footer_line, 1 if footer_inline else 0, badge_inline,
+                             placed[3], False)  # fmt: skip
 
-    def _set_inline(self, label: WrapLabel, index: int, inline: bool, wrap: bool) -> None:
-        """Inline, or on its own line as wide as its text: one line (a one-line WrapLabel has no
-        minimum width: it is placed so only when it fits, and must never hold the message
-        wider); on its own line and still too wide: wrapped, the whole width."""
-        self._foot.removeWidget(label)
-        self._footer_line.removeWidget(label)
+    @staticmethod
+    def _set_inline(label: WrapLabel, row: QHBoxLayout, lines: QVBoxLayout, index: int, inline: bool,
+                    wrap: bool, first: bool) -> None:  # fmt: skip
+        """In `row` at `index`, or on a line of its own in `lines` (the first one, or after those
+        there), as wide as its text: one line (a one-line WrapLabel has no minimum width: it is placed so only when
+        it fits, and must never hold the message wider); on its own line and still too wide:
+        wrapped, the whole width."""
+        row.removeWidget(label)
+        lines.removeWidget(label)
         label.setWordWrap(wrap and not inline)
         if inline:
-            self._foot.insertWidget(index, label)  # the row's stretch takes the spare width
+            row.insertWidget(index, label)  # the row's stretch takes the spare width
         else:
             left = Qt.AlignmentFlag(0) if label.wordWrap() else Qt.AlignmentFlag.AlignLeft
-            self._footer_line.insertWidget(0 if label is self.footer else self._footer_line.count(), label, 0, left)
+            lines.insertWidget(0 if first else lines.count(), label, 0, left)
 
     # -- content -----------------------------------------------------------------------------------
     def update_vm(self, vm: MessageVM, force: bool = False) -> None:
@@ -273,6 +298,7 @@ class MessageWidget(QFrame):
             self.tokens_button.setChecked(False)
         self.identity.setVisible(bool(vm.identity))
         self.identity.setText(vm.badge)
+        self._place_name()
         self._place_footer()
         self.identity.setProperty("state", vm.badge_state)
         self.identity.style().unpolish(self.identity)
