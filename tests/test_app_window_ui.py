@@ -132,7 +132,9 @@ def test_prefill_progress_shows_the_rate_and_the_time_left(qtbot: Any, open_wind
     assert seen[0][0].startswith("Reading the prompt: 0 / ")  # no rate from a single event
 
 
-def test_export_suggests_a_safe_file_name(qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_suggests_a_safe_file_name(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from app.qt import dialogs
 
     w = open_window(max_tokens=4)

@@ -157,7 +157,8 @@ def test_measure_counts_the_whole_prompt_against_the_limit_in_force(models):
     assert info.dropped_messages == 0 and eng.cache.metas() == []
     assert eng.measure(dataclasses.replace(req, context_length=150)).limit == 150  # the smaller one wins
     assert eng.measure(dataclasses.replace(req, context_length=5000)).limit == 200  # never past the engine's
-    assert eng.measure(GenerationRequest([], prompt="raw text")).prompt_tokens == len(eng.lm.tokenizer.encode("raw text"))
+    raw = eng.measure(GenerationRequest([], prompt="raw text"))
+    assert raw.prompt_tokens == len(eng.lm.tokenizer.encode("raw text"))
 
 
 def test_fit_keeps_the_system_prompt_the_last_message_and_user_first():

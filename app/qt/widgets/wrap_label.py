@@ -53,9 +53,10 @@ class WrapLabel(QLabel):
     def needed_height(self, width: int) -> int:
         """The height the text takes wrapped at `width` (the label's outer width), with the
         label's margins, frame and a style sheet's padding. Not QLabel.heightForWidth: that one
-        never answers less than the minimum height, which this label sets from it."""
+        never answers less than the minimum height, which this label sets itself (_fit)."""
         inner = self.contentsRect()
-        extra_w, extra_h = self.width() - inner.width() + 2 * self.margin(), self.height() - inner.height() + 2 * self.margin()
+        extra_w = self.width() - inner.width() + 2 * self.margin()
+        extra_h = self.height() - inner.height() + 2 * self.margin()
         flags = int(self.alignment()) | int(Qt.TextFlag.TextWordWrap)
         text = self.fontMetrics().boundingRect(QRect(0, 0, max(width - extra_w, 1), 100_000), flags, self.text())
         return text.height() + extra_h
