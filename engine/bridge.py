@@ -35,6 +35,7 @@ from engine.executor import EngineExecutor
 from engine.types import (
     CancelToken,
     Comparison,
+    ContextInfo,
     Event,
     GenerationRequest,
     GenerationResult,
@@ -79,7 +80,12 @@ class EngineAPI(Protocol):
         ...
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt tokens of a conversation (chat template applied): what a draft will cost."""
+        """The prompt tokens of a conversation (chat template applied)."""
+        ...
+
+    def measure(self, request: GenerationRequest) -> ContextInfo:
+        """The whole prompt of `request` in tokens and the context limit in force for it, nothing
+        run: what the context meter counts before Send."""
         ...
 
     def token_texts(self, tokens: list[int]) -> list[str]:

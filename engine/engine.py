@@ -167,6 +167,24 @@ class Engine:
             return self.context_length
         return self.info.context_length if self.info is not None else None
 
+    def limit_for(self, request: GenerationRequest) -> Optional[int]:
+        """The context `request` may use: its own limit (a per-conversation setting), never past
+        the model's (or the engine's override); None when neither is known."""
+        limit = self.context_limit
+        if request.context_length:
+            limit = min(limit, request.context_length) if limit else request.context_length
+        return limit
+
+    def measure(self, request: GenerationRequest) -> ContextInfo:
+        """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the
+        limit in force for it: what a context meter counts before Send; prepare() then fits it."""
+        lm = self._lm()
+        if request.prompt is not None:
+            prompt = render_text(lm.tokenizer, request.prompt)
+        else:
+            prompt = render_prompt(lm.tokenizer, validate_messages(request.messages))
+        return ContextInfo(self.limit_for(request), len(prompt))
+
     def prepare(self, request: GenerationRequest) -> Prepared:
         """The request as it will run: validated, its prompt rendered (the chat through the
         template, or raw text as is), fitted into the context (or refused with a one-line error
@@ -175,9 +193,7 @@ class Engine:
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         _check_logit_bias(request, _vocab_size(lm))
-        limit = self.context_limit
-        if request.context_length:  # the user's limit for this request, never past the model's
-            limit = min(limit, request.context_length) if limit else request.context_length
+        limit = self.limit_for(request)
         if request.max_tokens_fit and limit:
             request = _fit_max_tokens(request, lm, limit)
         if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries

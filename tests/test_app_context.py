@@ -32,9 +32,12 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     layout = w.chat_view.col_layout
     first_sent = w.chat_view.widget_for(vms[ctx.dropped_messages].id)
     assert layout.indexOf(marker) + 1 == layout.indexOf(first_sent)
-    used = ctx.prompt_tokens + len(w.session.store.get_message(last.id).tokens)
-    assert w.context_meter.label.text() == f"{used:,} / {CONTEXT:,} tokens"
-    assert w.context_meter.bar.value() == int(min(used / CONTEXT, 1.0) * 1000) > 0
+    # The meter counts the next prompt: the whole path (more than fits, hence the marker), not
+    # the prompt that was cut to fit (tests/test_app_window_ui.py: the draft too).
+    path = [{"role": vm.role, "content": vm.content} for vm in vms]
+    used = len(w.chat.executor.submit(lambda e: e.prompt_ids(path)).result(timeout=60))
+    qtbot.waitUntil(lambda: w.context_meter.label.text() == f"{used:,} / {CONTEXT:,}", timeout=20_000)
+    assert used > CONTEXT and w.context_meter.bar.value() == 1000
     w.debug_panel.show()  # the panel fills itself when shown
     assert "left out" in w.debug_panel.value("context") and f"of {CONTEXT:,} tokens" in w.debug_panel.value("context")
 

@@ -154,10 +154,13 @@ def test_the_draft_is_counted_off_the_loop_with_the_limit_in_force(chat: ChatMod
     ops.send(chat, "hi")
     wait_for(chat, ops.FINISHED)
     chat.session.set_settings(chat.conv_id, ChatSettings(context_length=1000))
+    text = "a longer draft, typed on"
     chat.set_draft("a first")
-    chat.set_draft("a longer draft, typed on")  # debounced: only this one is counted
-    text, tokens, limit = wait_for(chat, ops.DRAFT)
+    chat.set_draft(text)  # debounced: only this one is counted
+    (budget,) = wait_for(chat, ops.DRAFT, lambda b: b is not None and b.draft > 0)
     messages = chat.session.draft_messages(chat.conv_id, text, chat.settings())
     expected = chat.executor.submit(lambda e: len(e.prompt_ids(messages))).result(TIMEOUT)
-    assert text == "a longer draft, typed on" and tokens == expected and limit == 1000
+    alone = chat.executor.submit(lambda e: len(e.prompt_ids(messages[-1:]))).result(TIMEOUT)
+    assert budget.used == expected and budget.limit == 1000 and budget.draft == alone
+    assert chat.budget is budget and budget.fits and budget.warning == ""
     assert messages[-1] == {"role": "user", "content": text} and messages[-2]["role"] == "assistant"

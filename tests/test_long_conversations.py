@@ -146,6 +146,21 @@ def test_truncate_leaves_out_the_oldest_turns_and_regenerates_identically(models
         tiny.generate(req)
 
 
+def test_measure_counts_the_whole_prompt_against_the_limit_in_force(models):
+    """What the context meter shows before Send: nothing left out, nothing refused, nothing run;
+    the limit is the request's own (a per-conversation setting) when smaller than the model's."""
+    eng = make_engine(models["llama"], chunk=8, context_length=200)
+    msgs = _long_chat(12)
+    req = GenerationRequest(msgs, SamplerSettings(max_tokens=16), context_policy="refuse")
+    info = eng.measure(req)
+    assert info.prompt_tokens == len(eng.prompt_ids(msgs)) > 200 and info.limit == 200
+    assert info.dropped_messages == 0 and eng.cache.metas() == []
+    assert eng.measure(dataclasses.replace(req, context_length=150)).limit == 150  # the smaller one wins
+    assert eng.measure(dataclasses.replace(req, context_length=5000)).limit == 200  # never past the engine's
+    raw = eng.measure(GenerationRequest([], prompt="raw text"))
+    assert raw.prompt_tokens == len(eng.lm.tokenizer.encode("raw text"))
+
+
 def test_fit_keeps_the_system_prompt_the_last_message_and_user_first():
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u1"},
             {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},

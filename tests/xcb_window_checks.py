@@ -18,7 +18,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
-from PySide6.QtWidgets import QMessageBox, QWidget  # noqa: E402
+from PySide6.QtWidgets import QLabel, QMessageBox, QWidget  # noqa: E402
 
 from app.core import chat as ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
@@ -65,6 +65,35 @@ def _problems(w: MainWindow) -> list[str]:
     return bad
 
 
+def _cut_text(label: Any) -> str:
+    """Why `label` does not show all of its text ('' when it does): an elided label that elides,
+    a one-line label narrower than its text, a wrapped one shorter than its wrapped text."""
+    from PySide6.QtGui import QFontMetrics
+
+    from app.qt.widgets.elided_label import ElidedLabel
+
+    name = f"{label.objectName() or type(label).__name__} {label.text()!r}"
+    if isinstance(label, ElidedLabel):
+        return f"{name} elided to {QLabel.text(label)!r} in {label.width()} px" if label.is_elided() else ""
+    fm, room = QFontMetrics(label.font()), label.contentsRect()
+    room.adjust(label.margin(), label.margin(), -label.margin(), -label.margin())
+    if label.wordWrap():
+        need = fm.boundingRect(QRect(0, 0, room.width(), 100_000), int(Qt.TextFlag.TextWordWrap), label.text())
+        if need.width() > room.width() or need.height() > room.height():
+            return f"{name} needs {need.width()}x{need.height()} px, has {room.width()}x{room.height()}"
+        return ""
+    need_w = fm.horizontalAdvance(label.text())
+    return f"{name} needs {need_w} px, has {room.width()}" if need_w > room.width() else ""
+
+
+def _cut_labels(w: MainWindow) -> list[str]:
+    """Every visible label of a reply (role, navigator, footer, identity badge), the context
+    meter's label and its warning that does not show its whole text."""
+    labels = [c for mw in w.chat_view.message_widgets() for c in mw.findChildren(QLabel)]
+    labels += w.context_meter.findChildren(QLabel) + [w.context_meter.warning]
+    return [cut for c in labels if c.isVisibleTo(w) and c.text() and (cut := _cut_text(c))]
+
+
 def _settle(qtbot: Any, w: MainWindow) -> None:
     """Wait until the window's layout stops changing: the same geometry twice in a row."""
     last: list[Any] = [None]
@@ -87,16 +116,28 @@ def _settle(qtbot: Any, w: MainWindow) -> None:
 def test_messages_fit_the_viewport_with_the_dock_open(
     qtbot: Any, open_window: Callable[..., MainWindow], size: tuple[int, int], tmp_path: Path
 ) -> None:
+    from dataclasses import replace
+
     w = open_window(max_tokens=24)
     w.show()
     send(qtbot, w, LONG_WORDS)
+    # A model name as long as the demo model's on the reply's role line.
+    w.session.store.update_message(w.chat.vms[-1].id, model_name="SmolLM2-135M-Instruct (demo)")
+    w.chat.reload()
     ops.regenerate(w.chat, fresh=False)  # an identity badge on the reply
     qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    assert w.chat_view.message_widgets()[-1].identity.isVisible()
+    # A per-conversation limit and a draft past it: the meter and its warning are shown too.
+    w.apply_settings(replace(w.current_settings(), context_length=512))
+    w.composer.setPlainText(LONG_WORDS)
+    qtbot.waitUntil(lambda: w.context_meter.warning.isVisibleTo(w), timeout=LONG)
+    assert w.context_meter.label.text().endswith(" / 512")
     w.debug_panel.show()
     w.resize(*size)
     qtbot.waitUntil(lambda: w.width() == size[0] and w.chat_view.viewport().width() > 0, timeout=LONG)
     _settle(qtbot, w)
-    problems = _problems(w)
+    assert w.chat_view.message_widgets()[-1].identity.isVisible()  # the badge is among those checked
+    problems = _problems(w) + _cut_labels(w)
     assert not problems, "\n".join(problems)
     # The dock's contents fit its width (values wrap below their labels): no sideways scrolling.
     inner = w.findChild(QWidget, "debugInner")
@@ -185,3 +226,36 @@ def test_every_shortcut_is_unambiguous_and_the_status_bar_shows_memory(
     assert shortcut_clashes(w) == []
     assert re.match(r"Memory \d+(\.\d+)? [KMG]B", w.memory_label.text()), w.memory_label.text()
     assert w.memory_label.isVisible()
+
+
+def test_ctrl_f_goes_to_the_conversation_search_from_anywhere(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
+    w = _ready(qtbot, open_window)
+    send(qtbot, w, "hello")
+    w.sidebar.search.setText("old query")
+    body = w.chat_view.message_widgets()[-1].body
+    for target in (w.composer, body, w.sidebar.list, w.chat_view):
+        target.setFocus()
+        qtbot.waitUntil(target.hasFocus, timeout=LONG)
+        qtbot.keyClick(target, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+        qtbot.waitUntil(w.sidebar.search.hasFocus, timeout=LONG)
+        assert w.sidebar.search.selectedText() == "old query"  # typing replaces the old search
+    assert w.composer.toPlainText() == ""
+
+
+def test_window_geometry_and_dock_are_restored_as_saved(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    data = tmp_path / "geometry"
+    w = open_window(data_dir=data, max_tokens=4)
+    w.show()
+    qtbot.waitExposed(w)
+    w.debug_panel.show()
+    w.setGeometry(140, 90, 1010, 690)
+    qtbot.waitUntil(lambda: w.geometry().getRect() == (140, 90, 1010, 690), timeout=LONG)
+    saved = (w.geometry().getRect(), w.debug_panel.width(), w.sidebar.width())
+    w.close()
+    w2 = open_window(data_dir=data, max_tokens=4)
+    qtbot.waitExposed(w2)
+    qtbot.waitUntil(lambda: (w2.geometry().getRect(), w2.debug_panel.width(), w2.sidebar.width()) == saved,
+                    timeout=LONG)  # fmt: skip
+    assert w2.debug_panel.isVisible()

@@ -22,6 +22,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Optional
 
+from app.core.context_budget import ContextBudget, budget_requests, measure_budget
 from app.core.evented import Evented
 from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import StoreError
@@ -47,7 +48,7 @@ BANNER = "banner"  # (text)
 CONVERSATIONS = "conversations"  # (): titles or the list changed
 RUN_SHOWN = "run_shown"  # (reply_id, Run): a reply's earlier run picked for the footer / debug panel
 STATS = "stats"  # (cache stats, MLX memory or None): after a reply, a load, a clear
-DRAFT = "draft"  # (text, prompt tokens with it or None, context limit in force or None)
+DRAFT = "draft"  # (ContextBudget or None): the next prompt (the path shown + the draft) against the limit
 
 
 @dataclass
@@ -118,9 +119,9 @@ class ChatModel(Evented):
         self.mlx_memory = 0
         self.verifying = False
         self.draft = ""
-        self.draft_tokens: Optional[int] = None  # the prompt's tokens if the draft were sent now
-        self.context_limit: Optional[int] = None  # tokens a request may use (settings and model)
+        self.budget: Optional[ContextBudget] = None  # the last count of the next prompt (DRAFT)
         self._draft_timer: Optional[asyncio.TimerHandle] = None
+        self._draft_seq = 0  # counts started; only the latest one's result is told
         self.closed = False
         self._cancel = CancelToken()  # the pending reply's
         self._tokens: "weakref.WeakSet[CancelToken]" = weakref.WeakSet()  # every live engine job's
@@ -179,6 +180,7 @@ class ChatModel(Evented):
             self.selected_id = None
         self.emit(PATH, self.vms)
         self.emit(SELECTED, self.selected)
+        self.recount()  # the meter counts this path + the draft
         return self.vms
 
     def open(self, conv_id: Optional[int]) -> None:
@@ -203,34 +205,37 @@ class ChatModel(Evented):
 
     # ----------------------------------------------------------------------------------- draft
     def set_draft(self, text: str) -> None:
-        """The composer's text: counted on the engine thread once typing pauses (DRAFT_DEBOUNCE_S),
-        with the conversation before it, then told (DRAFT) with the context limit in force."""
+        """The composer's text, as typed: the next prompt is counted again (`recount`)."""
         self.draft = text
+        self.recount()
+
+    def recount(self) -> None:
+        """Count the next prompt (the path shown + the draft) once changes pause (DRAFT_DEBOUNCE_S),
+        on the engine thread (the tokenizer belongs to the loaded model), against the limit in force
+        (the conversation's own, never past the model's); then tell it (DRAFT). Called when the
+        draft, the path, the settings or the model change; a count overtaken by a newer one is dropped."""
+        if self.closed:
+            return
         if self._draft_timer is not None:
             self._draft_timer.cancel()
-        self._draft_timer = self.loop.call_later(DRAFT_DEBOUNCE_S, lambda: self.spawn(self._count_draft(text)))
+        self._draft_seq += 1
+        seq = self._draft_seq
+        self._draft_timer = self.loop.call_later(DRAFT_DEBOUNCE_S, lambda: self.spawn(self._count(seq)))
 
-    async def _count_draft(self, text: str) -> None:
-        settings = self.settings()
-        messages = self.session.draft_messages(self.conv_id, text, settings)
-
-        def job(engine: Any) -> tuple[Optional[int], Optional[int]]:
-            limit = engine.context_limit
-            if settings.context_length:  # the conversation's own limit, never past the model's
-                limit = min(limit, settings.context_length) if limit else settings.context_length
+    async def _count(self, seq: int) -> None:
+        if self.closed or seq != self._draft_seq:
+            return
+        what = budget_requests(self.vms, self.draft, self.settings())
+        budget: Optional[ContextBudget] = None
+        if what is not None:
             try:
-                return len(engine.prompt_ids(messages)), limit
-            except Exception:  # no model loaded yet: nothing to count with
-                return None, limit
-
-        try:
-            tokens, limit = await self.call(job)
-        except Exception:
+                budget = await self.call(lambda engine: measure_budget(engine, what))
+            except Exception:  # no model loaded yet, or one that cannot render these messages
+                budget = None
+        if self.closed or seq != self._draft_seq:  # changed meanwhile: a newer count is coming
             return
-        if self.closed or text != self.draft:  # typed on meanwhile: a newer count is coming
-            return
-        self.draft_tokens, self.context_limit = tokens, limit
-        self.emit(DRAFT, text, tokens, limit)
+        self.budget = budget
+        self.emit(DRAFT, budget)
 
     # ----------------------------------------------------------------------------- one reply
     def _start(self, pending: PendingReply) -> None:
@@ -333,6 +338,8 @@ class ChatModel(Evented):
         """Cancel every engine job (a reply in progress is saved as interrupted on the engine
         thread), wait for the engine thread and close the Engine. False if it did not end in time."""
         self.closed = True
+        if self._draft_timer is not None:
+            self._draft_timer.cancel()
         for token in list(self._tokens):
             token.cancel()
         ended = self.executor.shutdown(timeout)

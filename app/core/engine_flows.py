@@ -66,6 +66,7 @@ async def _load(chat: ChatModel, spec: str) -> None:
     gc.collect()
     gc.freeze()
     chat.emit(MODEL, "loaded", spec, chat.model_name, info)
+    chat.recount()  # the new model's tokenizer and context
     chat.show_stats(stats, memory)
 
 

@@ -7,6 +7,8 @@ from typing import Optional
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox, QWidget
 
+from app.core.filenames import safe_filename
+
 MARKDOWN = "Markdown (*.md)"
 VERBATIM_JSON = "Verbatim conversation (*.json)"
 
@@ -37,7 +39,9 @@ def ask_title(parent: QWidget, current: str) -> Optional[str]:
 
 
 def export_path(parent: QWidget, title: str) -> Optional[str]:
-    path, _ = QFileDialog.getSaveFileName(parent, "Export conversation", f"{title}.md", f"{MARKDOWN};;{VERBATIM_JSON}")
+    """Where to export; the suggested name is the title made safe ("Why is the sky blue.md")."""
+    path, _ = QFileDialog.getSaveFileName(parent, "Export conversation", safe_filename(title, ".md"),
+                                          f"{MARKDOWN};;{VERBATIM_JSON}")
     return path or None
 
 

@@ -40,6 +40,7 @@ def build_menus(w: MainWindow) -> None:
     # Every shortcut spelled out, never a QKeySequence.StandardKey: those are other chords on
     # other platforms, sometimes two (Delete is also Ctrl+D on X11), and clash unseen.
     act(c, "Settings…", w.open_settings, "Ctrl+,")
+    act(c, "Search conversations", w.focus_search, "Ctrl+F", "searchAction")  # from anywhere in the window
     v = mb.addMenu("&View")
     w.debug_action = w.debug_panel.toggleViewAction()
     w.debug_action.setText("Debug panel")

@@ -37,7 +37,9 @@ from app.core.chat import ChatModel
 from app.core.models import model_label
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
-from app.core.view_models import MessageVM, context_marker, context_vm, settings_summary
+from app.core.drafts import Drafts
+from app.core.import_hint import import_error_text
+from app.core.view_models import MessageVM, context_marker, settings_summary
 from app.qt import dialogs, jobs, menus, model_actions
 from app.qt.gc_pacer import GcPacer
 from app.qt.inspector import Inspector
@@ -96,6 +98,7 @@ class MainWindow(QMainWindow):
         self._search_seq = 0
         self._search_job: Optional[Any] = None
         self._discovery: Optional[Any] = None
+        self.drafts = Drafts()  # each conversation's unsent text, while the app runs
         self.theme_option = os.environ.get("VERBATIM_THEME") or theme or str(self.qsettings.value("view/theme", "system"))
         self.theme: Theme = theme_named(self.theme_option)
 
@@ -207,9 +210,11 @@ class MainWindow(QMainWindow):
         self.context_meter = ContextMeter()  # right above the composer, in line with Send
         actions.addWidget(self.context_meter)
         bl.addLayout(actions)
+        bl.addWidget(self.context_meter.warning)  # what Send will do when the next prompt does not fit
         row = QHBoxLayout()
         self.composer = Composer()
         self.composer.submitted.connect(self.send)
+        self.composer.textChanged.connect(lambda: self.chat.set_draft(self.composer.toPlainText()))
         row.addWidget(self.composer, 1)
         buttons = QVBoxLayout()
         self.send_button = QPushButton("Send")
@@ -305,8 +310,8 @@ class MainWindow(QMainWindow):
         c.subscribe(ops.PENDING, self._show_pending)
         c.subscribe(ops.STREAM, lambda rid, text, n: (self.chat_view.stream(rid, text, n),
                                                       self.status(f"Generating… {n} tokens")))
-        c.subscribe(ops.PREFILL, lambda rid, done, total: (self.chat_view.prefill(rid, done, total),
-                                                           self.status(f"Reading the prompt: {done} / {total} tokens")))
+        c.subscribe(ops.PREFILL, self._show_prefill)
+        c.subscribe(ops.DRAFT, self.context_meter.show_budget)
         c.subscribe(ops.STATUS, self.status)
         c.subscribe(ops.ERROR, self._show_error)
         c.subscribe(ops.BANNER, self.banner_text)
@@ -325,7 +330,6 @@ class MainWindow(QMainWindow):
 
     def _show_path(self, vms: list[MessageVM]) -> None:
         self.chat_view.set_messages(vms, context_marker(vms))
-        self.context_meter.show_context(context_vm(vms))
         pending = self.chat.pending
         if pending is not None and pending.conversation_id == self.conv_id:
             self.chat_view.stream(pending.reply_id, self.chat.stream.text, self.chat.stream.tokens)
@@ -344,6 +348,10 @@ class MainWindow(QMainWindow):
         if pending is not None:
             self.chat_view.scroll_to_bottom()
         self._update_actions()
+
+    def _show_prefill(self, reply_id: int, done: int, total: int) -> None:
+        line = self.chat_view.prefill(reply_id, done, total)  # with its rate and time left
+        self.status(line or f"Reading the prompt: {done:,} / {total:,}")
 
     def _show_verify(self, reply_id: int, text: Optional[str]) -> None:
         self.debug_panel.set_verifying(text is None)  # None: the cold run is under way
@@ -426,6 +434,9 @@ class MainWindow(QMainWindow):
         self.chat_view.reveal(message_id)
 
     def show_conversation(self, conv_id: Optional[int]) -> None:
+        draft = self.drafts.switch(self.conv_id, self.composer.toPlainText(), conv_id)  # each chat keeps its draft
+        if draft != self.composer.toPlainText():
+            self.composer.setPlainText(draft)
         self.sidebar.set_current(conv_id)  # also after a restart: the open chat is highlighted
         self.chat.open(conv_id)
         self.chat_view.scroll_to_bottom()
@@ -463,6 +474,7 @@ class MainWindow(QMainWindow):
         if as_default or self.conv_id is None:
             self.qsettings.setValue("chat/defaults", json.dumps(s.to_dict()))
         self._update_actions()
+        self.chat.recount()  # the context limit or max tokens may have changed
 
     def open_settings(self) -> None:
         from app.qt.widgets.settings_dialog import SettingsDialog
@@ -471,10 +483,16 @@ class MainWindow(QMainWindow):
         if dlg.exec():
             self.apply_settings(dlg.value(), dlg.as_default.isChecked())
 
+    def focus_search(self) -> None:
+        """Ctrl+F: the sidebar's search field, its text selected to type over."""
+        self.sidebar.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.sidebar.search.selectAll()
+
     def new_conversation(self) -> None:
         """An empty chat; the conversation row is created by the first message."""
         self.sidebar.list.clearSelection()
         self.show_conversation(None)
+        self.composer.clear()  # a new chat starts empty
         self.refresh_conversations()
         self.composer.setFocus()
 
@@ -497,6 +515,7 @@ class MainWindow(QMainWindow):
         ):
             return
         self.session.delete_conversation(conv_id)
+        self.drafts.forget(conv_id)
         if conv_id == self.conv_id:
             self.show_conversation(None)
         self.refresh_conversations()
@@ -518,9 +537,13 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            conv_id = self.session.import_conversation(Path(path).read_bytes())
-        except (OSError, StoreError) as e:
+            data = Path(path).read_bytes()
+            conv_id = self.session.import_conversation(data)
+        except OSError as e:
             self.show_error("Import failed", str(e))
+            return
+        except StoreError as e:  # a receipt says what it is and how to verify it
+            self.show_error("Import failed", import_error_text(path, data, str(e)))
             return
         self.show_conversation(conv_id)
         self.refresh_conversations()

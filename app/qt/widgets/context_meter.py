@@ -1,54 +1,62 @@
-"""The context meter beside the composer: how much of the model's context the conversation uses."""
+"""The context meter beside the composer: the next prompt (the conversation + the draft being
+typed) against the context in force, and a warning before Send when it will not fit.
+
+The label is short ('6,920 / 8,192') and never elided: its minimum width is its text; the bar
+sits under it, so the pair is no wider than the label. The warning (`warning`, a wrapped label
+the window places above the composer) says what Send will do: leave the oldest turns out, or
+refuse the message (app/core/context_budget.py words both).
+"""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QProgressBar, QWidget
+from PySide6.QtWidgets import QLabel, QProgressBar, QVBoxLayout, QWidget
 
-from app.core.view_models import ContextVM
-from app.qt.widgets.elided_label import ElidedLabel
-
-
-def _short(n: int) -> str:
-    return f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}"
+from app.core.context_budget import ContextBudget
+from app.qt.widgets.wrap_label import WrapLabel
 
 
 class ContextMeter(QWidget):
     def __init__(self, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
         self.setObjectName("contextMeter")
-        lay = QHBoxLayout(self)
+        lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 0, 0, 0)
-        lay.setSpacing(4)
-        # Both parts shrink rather than widen the composer's row past a small window.
-        self.label = ElidedLabel()
-        self.label.MIN_CHARS = 2
+        lay.setSpacing(2)
+        self.label = QLabel()
         self.label.setObjectName("hint")
         self.label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.bar = QProgressBar()
         self.bar.setObjectName("contextBar")
         self.bar.setRange(0, 1000)
         self.bar.setTextVisible(False)
-        self.bar.setFixedHeight(6)
+        self.bar.setFixedHeight(4)
         self.bar.setMinimumWidth(24)
-        self.bar.setMaximumWidth(64)
+        lay.addStretch(1)
         lay.addWidget(self.label)
-        lay.addWidget(self.bar, 0, Qt.AlignmentFlag.AlignVCenter)
-        self.vm: Optional[ContextVM] = None
-        self.show_context(None)
+        lay.addWidget(self.bar)
+        lay.addStretch(1)
+        self.warning = WrapLabel("", self)  # the window places it (above the composer)
+        self.warning.setObjectName("contextWarning")
+        self.warning.setVisible(False)
+        self.budget: Optional[ContextBudget] = None
+        self.show_budget(None)
 
-    def show_context(self, vm: Optional[ContextVM]) -> None:
-        self.vm = vm
-        if vm is None:
+    def show_budget(self, budget: Optional[ContextBudget]) -> None:
+        self.budget = budget
+        if budget is None:
             self.bar.setValue(0)
             self.label.setText("")
-            self.setToolTip("Context: nothing sent to the model yet in this conversation")
+            self.setToolTip("Context: nothing to send to the model yet in this conversation")
+            self.warning.setVisible(False)
             return
-        self.bar.setValue(int(vm.fraction * 1000))
-        self.label.setText(f"{_short(vm.used)} / {_short(vm.limit)} tokens" if vm.limit else f"{_short(vm.used)} tokens")
-        tip = f"Context: {vm.text} used by the last prompt and its reply"
-        if vm.dropped:
-            tip += f"\n{vm.marker}"
-        self.setToolTip(tip)
+        self.bar.setValue(int(budget.fraction * 1000))
+        self.label.setText(budget.text)
+        self.setToolTip(budget.tooltip)
+        self.setProperty("full", not budget.fits)
+        self.style().unpolish(self.label)
+        self.style().polish(self.label)
+        self.warning.setText(budget.warning)
+        self.warning.setVisible(bool(budget.warning))

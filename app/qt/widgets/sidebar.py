@@ -55,10 +55,15 @@ class Sidebar(QWidget):
         self.list.currentItemChanged.connect(self._on_current)
         self.list.itemDoubleClicked.connect(lambda it: self.renameRequested.emit(it.data(Qt.ItemDataRole.UserRole)))
         lay.addWidget(self.list, 1)
+        # In the list's place when it is empty: "No conversations yet", or what a search found
+        # nothing for (wrapped: a long query is shown whole).
         self.empty = QLabel("No conversations yet.")
-        self.empty.setObjectName("hint")
-        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        lay.addWidget(self.empty)
+        self.empty.setObjectName("emptyList")
+        self.empty.setWordWrap(True)
+        self.empty.setTextFormat(Qt.TextFormat.PlainText)
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop)
+        self.empty.setVisible(False)
+        lay.addWidget(self.empty, 1)
         # Only while the list has the focus (Delete in the chat or the composer is not "delete
         # this conversation"), and spelled out: QKeySequence.StandardKey.Delete is also Ctrl+D
         # on X11, the debug panel's key. macOS's delete key is Backspace.
@@ -87,9 +92,10 @@ class Sidebar(QWidget):
                     self.list.setCurrentItem(item)
         finally:
             self._quiet = False
-        searching = bool(self.search.text().strip())
+        query = self.search.text().strip()
+        self.list.setVisible(bool(items))
         self.empty.setVisible(not items)
-        self.empty.setText("No matches." if searching else "No conversations yet.")
+        self.empty.setText(f"No conversations match “{query}”." if query else "No conversations yet.")
 
     HIT_ROLE = Qt.ItemDataRole.UserRole + 1
 

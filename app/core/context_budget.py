@@ -1,0 +1,102 @@
+"""The context meter's reading before Send: the conversation plus the draft, against the limit
+in force, and what Send will do when that does not fit (no Qt).
+
+The engine counts (Engine.measure, on its thread: the tokenizer belongs to the loaded model);
+this module says what to count and how to word the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from engine.types import GenerationRequest
+
+if TYPE_CHECKING:
+    from engine.bridge import EngineAPI
+    from app.core.session import ChatSettings
+    from app.core.view_models import MessageVM
+
+
+def short_count(n: int) -> str:
+    """'6,920', '13.5k': short enough for the meter beside the composer."""
+    return f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}"
+
+
+@dataclass(frozen=True)
+class BudgetRequests:
+    """What to count: the next prompt (the active path, then the draft as a user turn), and the
+    draft alone (with the system prompt): the part that leaving out old turns cannot shorten."""
+
+    full: GenerationRequest
+    alone: Optional[GenerationRequest]  # None: no draft
+    max_tokens: int
+    policy: str  # the conversation's context policy: "truncate" | "refuse"
+
+
+def budget_requests(vms: Sequence["MessageVM"], draft: str, settings: "ChatSettings") -> Optional[BudgetRequests]:
+    """None when there is nothing to count (an empty chat and an empty draft)."""
+    system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
+    turns = [{"role": vm.role, "content": vm.content} for vm in vms
+             if vm.role in ("user", "assistant") and vm.status != "generating"]  # fmt: skip
+    mine = [{"role": "user", "content": draft}] if draft.strip() else []
+    if not turns and not mine:
+        return None
+    base = GenerationRequest(messages=system + turns + mine, sampler=settings.sampler,
+                             context_length=settings.context_length or None)  # fmt: skip
+    alone = replace(base, messages=system + mine) if mine else None
+    return BudgetRequests(base, alone, settings.sampler.max_tokens, settings.context_policy)
+
+
+@dataclass(frozen=True)
+class ContextBudget:
+    """The next prompt's size against the context in force (the per-conversation limit when set,
+    never more than the model's)."""
+
+    used: int  # tokens of the next prompt: the conversation + the draft
+    limit: Optional[int]  # None: the model does not say
+    max_tokens: int  # the reply may take up to this many more
+    policy: str = "truncate"
+    draft: int = 0  # tokens of the draft alone with the system prompt (0: no draft)
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.used + self.max_tokens <= self.limit
+
+    @property
+    def fraction(self) -> float:
+        return min(self.used / self.limit, 1.0) if self.limit else 0.0
+
+    @property
+    def text(self) -> str:
+        """The meter's label: '6,920 / 8,192'."""
+        return f"{short_count(self.used)} / {short_count(self.limit)}" if self.limit else short_count(self.used)
+
+    @property
+    def tooltip(self) -> str:
+        what = "this conversation and your draft" if self.draft else "this conversation"
+        limit = f"of the {self.limit:,}-token context in force" if self.limit else "(the model's context is unknown)"
+        return (f"Context: {self.used:,} tokens for {what}, {limit};"
+                f" the reply may add up to {self.max_tokens:,} more")
+
+    @property
+    def warning(self) -> str:
+        """What Send will do with a draft that does not fit ('' when it fits or there is no draft)."""
+        if self.fits or not self.draft or self.limit is None:
+            return ""
+        need = f"{self.used:,} tokens + up to {self.max_tokens:,} for the reply > the {self.limit:,}-token context"
+        if self.draft + self.max_tokens > self.limit:
+            return (f"Too long: this message alone needs {self.draft:,} tokens + up to {self.max_tokens:,} for the"
+                    f" reply, more than the {self.limit:,}-token context. Send will be refused: shorten it or"
+                    " lower max tokens in Settings.")
+        if self.policy == "refuse":
+            return (f"Will not fit: {need}. Send will be refused (this conversation's context policy"
+                    " is refuse; Settings can leave the oldest turns out instead).")
+        return f"Will not fit: {need}. Send will leave the oldest turns out of the prompt."
+
+
+def measure_budget(engine: "EngineAPI", what: BudgetRequests) -> ContextBudget:
+    """On the engine thread: the whole next prompt, and the draft alone (Engine.measure)."""
+    full = engine.measure(what.full)
+    alone = engine.measure(what.alone).prompt_tokens if what.alone is not None else 0
+    return ContextBudget(full.prompt_tokens, full.limit, what.max_tokens, what.policy, alone)
