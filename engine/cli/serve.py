@@ -26,6 +26,9 @@ def add_serve_parser(sub: Any) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cache-dir", type=Path, help="prompt cache directory (default: the user cache dir)")
     g.add_argument("--no-cache", action="store_true", help="memory cache only (nothing on disk)")
+    p.add_argument("--rank-timeout", type=float, default=120.0,
+                   help="under mlx.launch: a rank that hears nothing from the others for this many seconds "
+                        "exits non-zero (a peer is stuck)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -43,6 +46,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.queue_limit < 1:
         print("error: --queue-limit must be at least 1", file=sys.stderr)
         return 2
+    # Started by mlx.launch on several ranks: one model across them (engine/distributed/).
+    from engine.distributed.serve import maybe_serve_distributed
+
+    code = maybe_serve_distributed(args)
+    if code is not None:
+        return code
     executor = EngineExecutor(lambda: Engine(cache_dir=args.cache_dir, use_disk=not args.no_cache, chunk=args.chunk))
     try:
         progress = lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr)  # noqa: E731

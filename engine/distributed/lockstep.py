@@ -1,0 +1,240 @@
+"""Rank 0 leads, the other ranks follow: the same engine loop, in lockstep.
+
+Rank 0's engine thread (`Leader`) runs the jobs the HTTP server submits, as `EngineExecutor`
+does; between jobs it ticks the group every `tick_s`. Each tick is one all-reduce of
+[stop votes, message size]; a message (pickled, rank 0 to all: the ranks of one launch trust
+each other) follows as bytes. The followers (`follow`) block on ticks and run what arrives:
+
+    ("generate", request)   the same `Engine.generate` on every rank, then one report gather
+    ("clear_cache",)        every rank clears its tiers
+    ("shutdown",)           every rank leaves the loop and exits 0
+
+Inside a generation, every check of the cancel flag is an all-reduce (`SyncedCancel`): the
+loop checks it at the same points on every rank, so a stop on rank 0 (client gone, stop
+button, SIGTERM) or a SIGTERM on any rank ends the generation on every rank at the same step.
+A peer that dies makes MLX raise at the next collective (`GroupError`): the leader answers the
+request in flight with that error and the server stops; every rank exits non-zero.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import pickle
+import queue
+import threading
+from typing import Any, Callable, Optional
+
+from engine.distributed.group import Group, GroupError
+from engine.distributed.report import attach, gather_reports, rank_report
+from engine.types import CancelToken, EventCallback, GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TICK_S = 0.5  # idle ranks hear from rank 0 this often (and notice a dead peer as soon)
+
+
+class SyncedCancel(CancelToken):
+    """A cancel flag whose every read is one all-reduce: true on all ranks at the same step."""
+
+    def __init__(self, group: Group, local: Optional[CancelToken], stop_vote: Callable[[], bool]) -> None:
+        super().__init__()
+        self.group, self.local, self.stop_vote = group, local, stop_vote
+
+    @property
+    def cancelled(self) -> bool:
+        if not self._event.is_set():
+            mine = bool(self.local is not None and self.local.cancelled) or self.stop_vote()
+            if self.group.sum_ints([int(mine)], "cancel flag")[0] > 0:
+                self._event.set()
+        return self._event.is_set()
+
+
+def run_generation(group: Group, engine: Any, request: GenerationRequest, on_event: Optional[EventCallback],
+                   cancel: Optional[CancelToken], stop_vote: Callable[[], bool]) -> GenerationResult:
+    """One generation on this rank, then the report gather (every rank calls this in step).
+
+    Errors raised before any collective (a bad request, found by every rank alike) still reach
+    the gather, so the ranks stay in step; a GroupError means the group is gone: re-raised."""
+    result: Optional[GenerationResult] = None
+    error: Optional[BaseException] = None
+    try:
+        result = engine.generate(request, on_event, SyncedCancel(group, cancel, stop_vote))
+    except GroupError:
+        raise
+    except Exception as e:  # noqa: BLE001 - reported by every rank, re-raised on rank 0 below
+        error = e
+    ranks = gather_reports(group, rank_report(group, result, error))
+    if error is not None:
+        raise error
+    assert result is not None
+    attach(result, ranks)
+    return result
+
+
+class _Tick:
+    """The all-reduce every rank makes each tick: [stop votes, message size] + the message."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def __call__(self, stop_vote: bool, message: Optional[tuple] = None) -> tuple[int, Optional[tuple]]:
+        data = pickle.dumps(message) if message is not None else b""
+        votes, size = self.group.sum_ints([int(stop_vote), len(data)], "tick")
+        if size == 0:
+            return votes, None
+        return votes, pickle.loads(self.group.broadcast_bytes(data, size, "message"))
+
+
+class LeaderEngine:
+    """What a job on rank 0 sees as the engine: generate/clear_cache run on every rank."""
+
+    def __init__(self, leader: "Leader", engine: Any) -> None:
+        self._leader, self._engine = leader, engine
+
+    def __getattr__(self, name: str) -> Any:  # info, lm, token_texts, cache_stats: rank 0's own
+        return getattr(self._engine, name)
+
+    def generate(self, request: GenerationRequest, on_event: Optional[EventCallback] = None,
+                 cancel: Optional[CancelToken] = None) -> GenerationResult:
+        self._leader.tick(("generate", request))
+        return run_generation(self._leader.group, self._engine, request, on_event, cancel, self._leader.stopping)
+
+    def clear_cache(self) -> None:
+        self._leader.tick(("clear_cache",))
+        self._engine.clear_cache()
+
+
+_STOP = object()
+
+
+class Leader:
+    """Rank 0's engine thread: an executor (`submit(fn)` runs `fn(engine)` there, in order)
+    that ticks the group between jobs. `startup(engine)` runs first (the coordinated load);
+    `on_exit(error)` is called from the thread when the loop ends (None: a clean shutdown)."""
+
+    def __init__(self, group: Group, make_engine: Callable[[], Any], startup: Callable[[Any], Any],
+                 on_exit: Callable[[Optional[BaseException]], None], tick_s: float = DEFAULT_TICK_S) -> None:
+        self.group, self.tick_s = group, tick_s
+        self._make_engine, self._startup, self._on_exit = make_engine, startup, on_exit
+        self._jobs: "queue.Queue[Any]" = queue.Queue()
+        self._tick = _Tick(group)
+        self._stop_requested = False  # this rank's vote: the server is stopping
+        self.peers_stopping = False  # another rank voted to stop (SIGTERM there)
+        self.ready: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._main, name="verbatim-engine-rank0", daemon=True)
+        self._thread.start()
+
+    # -- any thread --------------------------------------------------------------------------
+    def submit(self, fn: Callable[[Any], Any]) -> "concurrent.futures.Future[Any]":
+        fut: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        if self.error is not None:
+            fut.set_exception(self.error)
+        else:
+            self._jobs.put((fn, fut))
+        return fut
+
+    def stopping(self) -> bool:
+        return self._stop_requested
+
+    def shutdown(self, timeout: Optional[float] = None) -> bool:
+        """Tell every rank to stop (after the jobs queued so far), and wait for the thread."""
+        self._stop_requested = True
+        self._jobs.put(_STOP)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the engine thread ------------------------------------------------------------------
+    def tick(self, message: Optional[tuple] = None) -> None:
+        votes, _ = self._tick(self._stop_requested, message)
+        if votes > int(self._stop_requested):
+            self.peers_stopping = True
+
+    def _main(self) -> None:
+        engine = None
+        try:
+            engine = self._make_engine()
+            self.ready.set_result(self._startup(engine))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting CLI
+            self.ready.set_exception(e)
+            self._close(engine)
+            return
+        error: Optional[BaseException] = None
+        try:
+            self._loop(LeaderEngine(self, engine))
+        except BaseException as e:  # noqa: BLE001 - the group failed: every waiting job gets it
+            error = e
+            log.error("rank 0: %s", e)
+        self.error = error
+        self._fail_pending(error)
+        self._close(engine)
+        self._on_exit(error)
+
+    def _loop(self, engine: LeaderEngine) -> None:
+        while True:
+            if self.peers_stopping:  # another rank was told to stop (SIGTERM there): all stop
+                self.tick(("shutdown",))
+                return
+            try:
+                item = self._jobs.get(timeout=self.tick_s)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                self.tick(("shutdown",))
+                return
+            if item is None:
+                self.tick()
+                continue
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(engine))
+            except GroupError as e:
+                fut.set_exception(e)
+                raise
+            except BaseException as e:  # noqa: BLE001 - the job's own error, for its caller
+                fut.set_exception(e)
+
+    def _fail_pending(self, error: Optional[BaseException]) -> None:
+        err = error or GroupError("the distributed server is shutting down")
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP and item[1].set_running_or_notify_cancel():
+                item[1].set_exception(err)
+
+    @staticmethod
+    def _close(engine: Any) -> None:
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001
+                log.exception("engine close failed")
+
+
+def follow(group: Group, engine: Any, stop_vote: Callable[[], bool]) -> str:
+    """A follower's life: run what rank 0 sends until it sends "shutdown" (which it does once
+    any rank votes to stop: this one's vote is `stop_vote()`, e.g. after a SIGTERM)."""
+    tick = _Tick(group)
+    while True:
+        _, message = tick(stop_vote())
+        if message is None:
+            continue
+        kind = message[0]
+        if kind == "shutdown":
+            return "rank 0 stopped"
+        if kind == "generate":
+            try:
+                run_generation(group, engine, message[1], None, None, stop_vote)
+            except GroupError:
+                raise
+            except Exception:  # noqa: BLE001 - rank 0 answers the client with the same error
+                pass
+        elif kind == "clear_cache":
+            engine.clear_cache()
+        else:
+            raise GroupError(f"rank {group.rank}: unknown message from rank 0: {kind!r}")
