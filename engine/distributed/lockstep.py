@@ -1,9 +1,10 @@
 """Rank 0 leads, the other ranks follow: the same engine loop, in lockstep.
 
 Rank 0's engine thread (`Leader`) runs the jobs the HTTP server submits, as `EngineExecutor`
-does; between jobs it ticks the group every `tick_s`. Each tick is one all-reduce of
-[stop votes, message size]; a message (pickled, rank 0 to all: the ranks of one launch trust
-each other) follows as bytes. The followers (`follow`) block on ticks and run what arrives:
+does. Each tick is one all-reduce of [stop votes, message size]; a message (pickled, rank 0 to
+all: the ranks of one launch trust each other) follows as bytes. With links (links.py) rank 0
+wakes the followers before each tick and they sleep in between; without, rank 0 ticks every
+`tick_s` while idle. The followers (`follow`) wait for ticks and run what arrives:
 
     ("generate", request)   the same `Engine.generate` on every rank, then one report gather
     ("clear_cache",)        every rank clears its tiers
@@ -26,6 +27,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from engine.distributed.group import Group, GroupError
+from engine.distributed.links import PeerLinks
 from engine.distributed.report import attach, gather_reports, rank_report
 from engine.types import CancelToken, EventCallback, GenerationRequest, GenerationResult
 
@@ -114,7 +116,8 @@ class Leader:
     `on_exit(error)` is called from the thread when the loop ends (None: a clean shutdown)."""
 
     def __init__(self, group: Group, make_engine: Callable[[], Any], startup: Callable[[Any], Any],
-                 on_exit: Callable[[Optional[BaseException]], None], tick_s: float = DEFAULT_TICK_S) -> None:
+                 on_exit: Callable[[Optional[BaseException]], None], tick_s: float = DEFAULT_TICK_S,
+                 links: Optional[PeerLinks] = None) -> None:
         self.group, self.tick_s = group, tick_s
         self._make_engine, self._startup, self._on_exit = make_engine, startup, on_exit
         self._jobs: "queue.Queue[Any]" = queue.Queue()
@@ -123,6 +126,8 @@ class Leader:
         self.peers_stopping = False  # another rank voted to stop (SIGTERM there)
         self.ready: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         self.error: Optional[BaseException] = None
+        self.links = links  # started by `startup` (serve.py); then idle followers sleep
+        self._current: Optional["concurrent.futures.Future[Any]"] = None  # the job running now
         self._thread = threading.Thread(target=self._main, name="verbatim-engine-rank0", daemon=True)
         self._thread.start()
 
@@ -134,6 +139,26 @@ class Leader:
         else:
             self._jobs.put((fn, fut))
         return fut
+
+    def fail(self, error: BaseException) -> None:
+        """The group is gone (a peer's link closed): fail the job running now and every queued
+        one, and end the server, even while the engine thread stays blocked in a collective."""
+        if self.error is not None:
+            return
+        self.error = error
+        current = self._current
+        if current is not None:
+            try:
+                current.set_exception(error)
+            except concurrent.futures.InvalidStateError:
+                pass
+        self._fail_pending(error)
+        self._on_exit(error)
+
+    def peer_stop(self) -> None:
+        """A follower was told to stop (its link said so): stop every rank (any thread)."""
+        self.peers_stopping = True
+        self._jobs.put(None)  # wake the loop
 
     def stopping(self) -> bool:
         return self._stop_requested
@@ -147,6 +172,8 @@ class Leader:
 
     # -- the engine thread ------------------------------------------------------------------
     def tick(self, message: Optional[tuple] = None) -> None:
+        if self.links is not None and self.links.active:
+            self.links.wake()
         votes, _ = self._tick(self._stop_requested, message)
         if votes > int(self._stop_requested):
             self.peers_stopping = True
@@ -166,36 +193,47 @@ class Leader:
         except BaseException as e:  # noqa: BLE001 - the group failed: every waiting job gets it
             error = e
             log.error("rank 0: %s", e)
-        self.error = error
+        if self.error is None:
+            self.error = error
         self._fail_pending(error)
         self._close(engine)
-        self._on_exit(error)
+        self._on_exit(self.error)
 
     def _loop(self, engine: LeaderEngine) -> None:
         while True:
-            if self.peers_stopping:  # another rank was told to stop (SIGTERM there): all stop
-                self.tick(("shutdown",))
-                return
-            try:
-                item = self._jobs.get(timeout=self.tick_s)
-            except queue.Empty:
-                item = None
-            if item is _STOP:
+            sleeping = self.links is not None and self.links.active
+            if not self.peers_stopping:
+                self.group.idle = True
+                try:
+                    item = self._jobs.get(timeout=None if sleeping else self.tick_s)
+                except queue.Empty:
+                    item = None
+                finally:
+                    self.group.idle = False
+            if self.peers_stopping or item is _STOP:  # any rank told to stop (SIGTERM): all stop
+                if self.links is not None:
+                    self.links.closing = True  # the followers are about to close their links
                 self.tick(("shutdown",))
                 return
             if item is None:
-                self.tick()
+                if not sleeping:
+                    self.tick()
                 continue
             fn, fut = item
             if not fut.set_running_or_notify_cancel():
                 continue
+            self._current = fut
             try:
-                fut.set_result(fn(engine))
+                value = fn(engine)
             except GroupError as e:
-                fut.set_exception(e)
+                _settle(fut, error=e)
                 raise
             except BaseException as e:  # noqa: BLE001 - the job's own error, for its caller
-                fut.set_exception(e)
+                _settle(fut, error=e)
+            else:
+                _settle(fut, value)
+            finally:
+                self._current = None
 
     def _fail_pending(self, error: Optional[BaseException]) -> None:
         err = error or GroupError("the distributed server is shutting down")
@@ -214,18 +252,39 @@ class Leader:
                 engine.close()
             except Exception:  # noqa: BLE001
                 log.exception("engine close failed")
+        # As EngineExecutor does: MLX streams left to the interpreter's exit abort the process.
+        import mlx.core as mx
+
+        mx.clear_streams()
 
 
-def follow(group: Group, engine: Any, stop_vote: Callable[[], bool]) -> str:
+def _settle(fut: "concurrent.futures.Future[Any]", value: Any = None, error: Optional[BaseException] = None) -> None:
+    """Complete a job's future, unless `Leader.fail` completed it already."""
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def follow(group: Group, engine: Any, stop_vote: Callable[[], bool], links: Optional[PeerLinks] = None) -> str:
     """A follower's life: run what rank 0 sends until it sends "shutdown" (which it does once
     any rank votes to stop: this one's vote is `stop_vote()`, e.g. after a SIGTERM)."""
     tick = _Tick(group)
     while True:
+        if links is not None and links.active:  # sleep until rank 0 announces a tick
+            group.idle = True
+            links.wait_wake(stop_vote)
+            group.idle = False
         _, message = tick(stop_vote())
         if message is None:
             continue
         kind = message[0]
         if kind == "shutdown":
+            if links is not None:
+                links.close()
             return "rank 0 stopped"
         if kind == "generate":
             try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from engine.distributed.agree import AgreedPromptCache
 from engine.distributed.group import EXIT_GROUP_FAILED, Group, GroupError, init_group, launched, rank_cache_dir
+from engine.distributed.links import PeerLinks
 from engine.distributed.lockstep import Leader, follow
 from engine.distributed.shard import shard_model
 from engine.errors import EngineError, VerbatimError
@@ -99,20 +101,29 @@ def serve_rank(args: argparse.Namespace, group: Group) -> int:
     return _follow(args, group)
 
 
+def _exit_now(group: Group, message: str) -> None:
+    """The group is gone: say so and exit non-zero at once (MLX may hold this rank in a collective)."""
+    _say(group, f"error: {message}")
+    sys.stderr.flush()
+    os._exit(EXIT_GROUP_FAILED)
+
+
 def _follow(args: argparse.Namespace, group: Group) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     engine = _make_engine(args, group)()
+    links = PeerLinks(group, lambda why: _exit_now(group, why))
     try:
         try:
             load_everywhere(group, engine, args.model)
         except EngineError as e:
             _say(group, f"error: {e}")
             return 2
+        links.start()
         group.start_watchdog()
         _say(group, f"following rank 0 ({engine.info.name})")
-        why = follow(group, engine, stop.is_set)
+        why = follow(group, engine, stop.is_set, links)
         _say(group, f"stopped: {why}")
         return 0
     except GroupError as e:
@@ -128,8 +139,18 @@ def _lead(args: argparse.Namespace, group: Group) -> int:
     from engine.serve.server import ServeError, ServerHandle, serve_until_stopped
 
     stop_server: list[Callable[[], None]] = []
-    leader = Leader(group, _make_engine(args, group), lambda eng: load_everywhere(group, eng, args.model),
-                    lambda error: [fn() for fn in stop_server])
+    links = PeerLinks(group, lambda why: None)
+
+    def startup(engine: Any) -> Any:  # on the engine thread, before its first tick
+        info = load_everywhere(group, engine, args.model)
+        links.start()
+        return info
+
+    leader = Leader(group, _make_engine(args, group), startup, lambda error: [fn() for fn in stop_server],
+                    links=links)
+    # A follower's link closing fails the job in flight at once (the engine thread may be stuck).
+    links.on_lost = lambda why: leader.fail(GroupError(f"the distributed group failed: {why}"))
+    links.on_stop = leader.peer_stop
     try:
         info = leader.ready.result()
     except GroupError as e:
@@ -151,7 +172,14 @@ def _lead(args: argparse.Namespace, group: Group) -> int:
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        stop_server.append(lambda: loop.call_soon_threadsafe(stop.set))
+
+        def stop_soon() -> None:
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # the server has stopped already
+                pass
+
+        stop_server.append(stop_soon)
 
         def announce(url: str) -> None:
             _say(group, f"Verbatim server: {info.name} on {group.size} ranks at {url} (Ctrl-C to stop)")
@@ -162,9 +190,10 @@ def _lead(args: argparse.Namespace, group: Group) -> int:
         asyncio.run(run())
     except ServeError as e:
         _say(group, f"error: {e}")
+    if leader.error is not None:  # the engine thread may be blocked in a collective for good
+        _exit_now(group, str(leader.error))
     leader.shutdown(group.timeout_s)
     if leader.error is not None:
-        _say(group, f"error: {leader.error}")
-        return EXIT_GROUP_FAILED
+        _exit_now(group, str(leader.error))
     _say(group, "stopped")
     return 0
