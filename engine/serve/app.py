@@ -31,6 +31,7 @@ from engine.serve.bridge import (
     ServerState,
     Tokens,
 )
+from engine.serve.engine_routes import add_engine_routes
 from engine.serve.schema import APIError, ServedModel
 
 log = logging.getLogger(__name__)
@@ -262,4 +263,5 @@ def create_app(executor: Any, model: Optional[ServedModel], *, api_key: Optional
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/verbatim/status", status)
+    add_engine_routes(app, CONFIG_KEY, EXECUTOR_KEY)  # what engine/remote.py needs (engine_routes.py)
     return app
