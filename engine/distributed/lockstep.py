@@ -24,12 +24,15 @@ import logging
 import pickle
 import queue
 import threading
-from typing import Any, Callable, Optional
+from dataclasses import replace
+from typing import Any, Callable, Generator, Optional
 
 from engine.distributed.group import Group, GroupError
 from engine.distributed.links import PeerLinks
 from engine.distributed.report import attach, gather_reports, rank_report
-from engine.types import CancelToken, EventCallback, GenerationRequest, GenerationResult
+from engine.errors import EngineError
+from engine.generate.loop import drain
+from engine.types import CancelToken, Comparison, Event, EventCallback, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +55,24 @@ class SyncedCancel(CancelToken):
         return self._event.is_set()
 
 
-def run_generation(group: Group, engine: Any, request: GenerationRequest, on_event: Optional[EventCallback],
-                   cancel: Optional[CancelToken], stop_vote: Callable[[], bool]) -> GenerationResult:
-    """One generation on this rank, then the report gather (every rank calls this in step).
-
+def follow_generation(group: Group, engine: Any, request: GenerationRequest, stop_vote: Callable[[], bool]) -> None:
+    """A follower's part of one generation: the same `Engine.generate`, then the report gather.
     Errors raised before any collective (a bad request, found by every rank alike) still reach
-    the gather, so the ranks stay in step; a GroupError means the group is gone: re-raised."""
+    the gather, so the ranks stay in step (rank 0 answers the client with it); a GroupError
+    means the group is gone: re-raised."""
     result: Optional[GenerationResult] = None
     error: Optional[BaseException] = None
     try:
-        result = engine.generate(request, on_event, SyncedCancel(group, cancel, stop_vote))
+        result = engine.generate(request, None, SyncedCancel(group, None, stop_vote))
     except GroupError:
         raise
-    except Exception as e:  # noqa: BLE001 - reported by every rank, re-raised on rank 0 below
+    except Exception as e:  # noqa: BLE001 - see above
         error = e
+    gather_reports(group, rank_report(group, result, error))
+
+
+def _gathered(group: Group, result: Optional[GenerationResult], error: Optional[BaseException]) -> GenerationResult:
+    """Rank 0 after a generation: gather every rank's report into the result (or raise its error)."""
     ranks = gather_reports(group, rank_report(group, result, error))
     if error is not None:
         raise error
@@ -88,23 +95,77 @@ class _Tick:
         return votes, pickle.loads(self.group.broadcast_bytes(data, size, "message"))
 
 
+class _Either(CancelToken):
+    """Cancelled when the caller's token is, or when the consumer closed the stream."""
+
+    def __init__(self, other: Optional[CancelToken]) -> None:
+        super().__init__()
+        self.other = other
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set() or (self.other is not None and self.other.cancelled)
+
+
 class LeaderEngine:
-    """What a job on rank 0 sees as the engine: generate/clear_cache run on every rank."""
+    """What a job on rank 0 sees as the engine. Whatever runs the model (stream, generate,
+    cold_run, verify) and clear_cache run on every rank; info, lm, prompt_ids, token_texts,
+    cache_stats are rank 0's own. Loading another model is refused (every rank would need it)."""
 
     def __init__(self, leader: "Leader", engine: Any) -> None:
         self._leader, self._engine = leader, engine
 
-    def __getattr__(self, name: str) -> Any:  # info, lm, token_texts, cache_stats: rank 0's own
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
+
+    def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
+               ) -> Generator[Event, None, GenerationResult]:
+        """`Engine.stream` on every rank. Closed early by its consumer, it still runs to the
+        end here (cancelled at the next step on every rank), so the ranks stay in step."""
+        leader = self._leader
+        leader.tick(("generate", request))
+        mine = _Either(cancel)
+        events = self._engine.stream(request, SyncedCancel(leader.group, mine, leader.stopping))
+        result: Optional[GenerationResult] = None
+        error: Optional[BaseException] = None
+        closed = False
+        try:
+            while True:
+                try:
+                    event = next(events)
+                except StopIteration as done:
+                    result = done.value
+                    break
+                if not closed:
+                    try:
+                        yield event
+                    except GeneratorExit:
+                        closed = True
+                        mine.cancel()
+        except GroupError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every rank meets it alike; re-raised after the gather
+            error = e
+        return _gathered(leader.group, result, error)
 
     def generate(self, request: GenerationRequest, on_event: Optional[EventCallback] = None,
                  cancel: Optional[CancelToken] = None) -> GenerationResult:
-        self._leader.tick(("generate", request))
-        return run_generation(self._leader.group, self._engine, request, on_event, cancel, self._leader.stopping)
+        return drain(self.stream(request, cancel), on_event)
+
+    def cold_run(self, request: GenerationRequest, cancel: Optional[CancelToken] = None) -> GenerationResult:
+        return self.generate(replace(request, use_cache=False), None, cancel)
+
+    def verify(self, request: GenerationRequest, result: GenerationResult,
+               cancel: Optional[CancelToken] = None) -> Comparison:
+        cold = self.cold_run(request, cancel)
+        return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
 
     def clear_cache(self) -> None:
         self._leader.tick(("clear_cache",))
         self._engine.clear_cache()
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        raise EngineError("a distributed server keeps the model it was launched with")
 
 
 _STOP = object()
@@ -287,12 +348,7 @@ def follow(group: Group, engine: Any, stop_vote: Callable[[], bool], links: Opti
                 links.close()
             return "rank 0 stopped"
         if kind == "generate":
-            try:
-                run_generation(group, engine, message[1], None, None, stop_vote)
-            except GroupError:
-                raise
-            except Exception:  # noqa: BLE001 - rank 0 answers the client with the same error
-                pass
+            follow_generation(group, engine, message[1], stop_vote)
         elif kind == "clear_cache":
             engine.clear_cache()
         else:
