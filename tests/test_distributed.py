@@ -160,7 +160,10 @@ def test_a_model_that_cannot_be_split_n_ways_is_refused_on_every_rank(tiny_model
         assert "num_attention_heads = 4 is not divisible by 3" in out, out
 
 
+@pytest.mark.timeout(600)  # 3 ranks of a 135M model on 2 shared cores: every step waits on all three
 def test_three_ranks_on_the_demo_model_through_mlx_launch(tmp_path: Path, clusters: list[Cluster]) -> None:
+    """The issue's acceptance, as a user runs it: `mlx.launch -n 3 --backend ring -- python -m engine
+    serve --model demo --cache-dir D`, a plain HTTP client, 3 tokens per reply (CPU time is scarce)."""
     from engine.models.resolve import demo_gguf_path
 
     demo_gguf_path()  # part of the set-up (make test installs it)
@@ -168,13 +171,18 @@ def test_three_ranks_on_the_demo_model_through_mlx_launch(tmp_path: Path, cluste
     clusters.append(c)
     c.start()
     msgs = [{"role": "system", "content": "You are a helpful assistant."}, *SKY]
-    first, again = c.chat(msgs), c.chat(msgs)
+    first, again = c.chat(msgs, max_tokens=3), c.chat(msgs, max_tokens=3)
     n = first["usage"]["prompt_tokens"]
     assert _reply(again) == _reply(first)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
     _all_restored(again, n - 1, "memory")
     turn2 = msgs + [{"role": "assistant", "content": first["choices"][0]["message"]["content"]}] + CACHE
-    warm2, cold2 = c.chat(turn2), c.chat(turn2, verbatim={"cache": False})
+    warm2, cold2 = c.chat(turn2, max_tokens=3), c.chat(turn2, max_tokens=3, verbatim={"cache": False})
     assert warm2["verbatim"]["restored"] > 0 and _reply(warm2) == _reply(cold2)
     assert c.get("/verbatim/status")["world_size"] == 3
     assert c.stop() == [0], c.log()  # SIGTERM on rank 0: every rank stops, mlx.launch exits 0
+    c.start()
+    disk = c.chat(msgs, max_tokens=3)
+    _all_restored(disk, n - 1, "disk")
+    assert _reply(disk) == _reply(first)
+    assert c.stop() == [0], c.log()
