@@ -12,6 +12,7 @@ that is alive but stuck, inside a forward's collectives as much as in a control 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -34,9 +35,18 @@ class GroupError(EngineError):
 
 
 def launched() -> bool:
-    """Was this process started as one rank of several (mlx.launch sets these)?"""
-    return bool(os.environ.get("MLX_HOSTFILE") or os.environ.get("MLX_IBV_DEVICES")
-                or os.environ.get("MLX_JACCL_COORDINATOR") or os.environ.get("OMPI_COMM_WORLD_SIZE"))
+    """Was this process started as one rank of several (mlx.launch sets these)? A ring hostfile
+    of one host (or the empty one `mlx.launch -n 1` writes) is a single process."""
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile:
+        try:
+            with open(hostfile) as f:
+                text = f.read().strip()
+            return bool(text) and len(json.loads(text)) > 1
+        except (OSError, ValueError, TypeError):
+            return True  # unreadable: let MLX say what is wrong with it
+    return bool(os.environ.get("MLX_IBV_DEVICES") or os.environ.get("MLX_JACCL_COORDINATOR")
+                or os.environ.get("OMPI_COMM_WORLD_SIZE"))
 
 
 @dataclass
