@@ -135,6 +135,22 @@ def test_a_rank_killed_mid_generation_fails_fast_and_a_restart_serves_the_same(
     assert c.wait_exit() == [-signal.SIGKILL, 3], c.log()
 
 
+def test_a_stuck_rank_is_given_up_after_the_rank_timeout(tiny_model: Path, tmp_path: Path,
+                                                          clusters: list[Cluster]) -> None:
+    """A peer alive but silent (SIGSTOP) keeps its links open: the watchdog ends it."""
+    c = Cluster(str(tiny_model), 2, tmp_path / "cache", tmp_path / "logs", "--rank-timeout", "3")
+    clusters.append(c)
+    c.start()
+    events = c.stream(CACHE, timeout=60, max_tokens=3000)
+    next(ev for ev in events if ev.get("choices") and ev["choices"][0]["delta"].get("content"))
+    c.procs[1].send_signal(signal.SIGSTOP)
+    rest = list(_until_error(events))
+    assert rest and "heard nothing from the other ranks for 3 s" in rest[-1]["error"]["message"], rest[-3:]
+    assert c.procs[0].wait(TIMEOUT) == 3, c.log()
+    c.procs[1].send_signal(signal.SIGCONT)  # woken, it finds rank 0 gone and exits non-zero too
+    assert c.wait_exit() == [3, 3], c.log()
+
+
 def _until_error(events: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """The rest of a stream; a connection the server closed counts as an error too."""
     try:

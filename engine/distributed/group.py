@@ -20,13 +20,14 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import mlx.core as mx
 
 from engine.errors import EngineError
 
 DEFAULT_TIMEOUT_S = 120.0  # a control collective that waits longer than this means a stuck peer
+GRACE_S = 10.0  # after a stuck peer is reported: time to answer the client before exiting
 EXIT_GROUP_FAILED = 3  # exit status of a rank whose group failed (a peer died, hung or broke off)
 
 
@@ -116,20 +117,26 @@ class Group:
         return y
 
     # -- watchdog -------------------------------------------------------------------------------
-    def start_watchdog(self) -> None:
-        """Exit non-zero when no control collective completed for `timeout_s` (call once loaded)."""
+    def start_watchdog(self, on_stuck: Optional[Callable[[str], None]] = None) -> None:
+        """When no control collective completed for `timeout_s` (call once loaded): `on_stuck(why)`
+        (rank 0 answers its client and stops), and exit non-zero if the process is still here
+        `GRACE_S` later; without `on_stuck`, exit at once."""
         self._last = time.monotonic()
-        threading.Thread(target=self._watch, name="verbatim-rank-watchdog", daemon=True).start()
+        threading.Thread(target=self._watch, args=(on_stuck,), name="verbatim-rank-watchdog", daemon=True).start()
 
-    def _watch(self) -> None:
+    def _watch(self, on_stuck: Optional[Callable[[str], None]]) -> None:
         tick = min(1.0, self.timeout_s / 4)
         while True:
             time.sleep(tick)
             if self.idle:
                 self._last = time.monotonic()
             elif time.monotonic() - self._last > self.timeout_s:
-                print(f"error: rank {self.rank} heard nothing from the other ranks for {self.timeout_s:g} s "
-                      f"(last: {self._what}): a peer is stuck or gone; exiting", file=sys.stderr, flush=True)
+                why = (f"rank {self.rank} heard nothing from the other ranks for {self.timeout_s:g} s "
+                       f"(last: {self._what}): a peer is stuck or gone")
+                print(f"error: {why}; exiting", file=sys.stderr, flush=True)
+                if on_stuck is not None:
+                    on_stuck(why)
+                    time.sleep(GRACE_S)
                 os._exit(EXIT_GROUP_FAILED)
 
 

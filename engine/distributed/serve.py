@@ -159,7 +159,7 @@ def _lead(args: argparse.Namespace, group: Group) -> int:
     except EngineError as e:
         _say(group, f"error: {e}")
         return 2
-    group.start_watchdog()
+    group.start_watchdog(lambda why: leader.fail(GroupError(f"the distributed group failed: {why}")))
     try:
         handle = ServerHandle(leader, ServedModel.of(info, args.model), args.host, args.port, args.api_key,
                               args.queue_limit)
