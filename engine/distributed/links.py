@@ -20,7 +20,7 @@ import socket
 import threading
 from typing import Callable, Optional
 
-from engine.distributed.group import Group
+from engine.distributed.group import Group, GroupError
 
 ACCEPT_TIMEOUT_S = 60.0
 WAKE, STOP = b"w", b"s"
@@ -60,19 +60,22 @@ class PeerLinks:
         announced = self.group.gather_bytes(address, "links")[0].decode()
         if not announced:
             return False
-        if self.group.rank == 0:
-            assert server is not None
-            server.settimeout(ACCEPT_TIMEOUT_S)
-            with server:
-                for _ in range(self.group.size - 1):
-                    conn, _ = server.accept()
-                    rank = int(conn.recv(16).decode() or "-1")
-                    self._watch(conn, f"rank {rank}")
-        else:
-            host, port = announced.rsplit(":", 1)
-            conn = socket.create_connection((host, int(port)), timeout=ACCEPT_TIMEOUT_S)
-            conn.sendall(str(self.group.rank).encode())
-            self._watch(conn, "rank 0")
+        try:
+            if self.group.rank == 0:
+                assert server is not None
+                server.settimeout(ACCEPT_TIMEOUT_S)
+                with server:
+                    for _ in range(self.group.size - 1):
+                        conn, _ = server.accept()
+                        rank = int(conn.recv(16).decode() or "-1")
+                        self._watch(conn, f"rank {rank}")
+            else:
+                host, port = announced.rsplit(":", 1)
+                conn = socket.create_connection((host, int(port)), timeout=ACCEPT_TIMEOUT_S)
+                conn.sendall(str(self.group.rank).encode())
+                self._watch(conn, "rank 0")
+        except (OSError, ValueError) as e:
+            raise GroupError(f"rank {self.group.rank}: cannot link to the other ranks ({announced}): {e}") from e
         self.active = True
         return True
 

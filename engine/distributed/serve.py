@@ -180,20 +180,24 @@ def _lead(args: argparse.Namespace, group: Group) -> int:
                 pass
 
         stop_server.append(stop_soon)
+        if leader.error is not None:  # failed before the server could be told
+            stop.set()
 
         def announce(url: str) -> None:
             _say(group, f"Verbatim server: {info.name} on {group.size} ranks at {url} (Ctrl-C to stop)")
 
         await serve_until_stopped(handle, announce, stop)
 
+    code = 0
     try:
         asyncio.run(run())
-    except ServeError as e:
+    except ServeError as e:  # e.g. the port is taken: every rank stops
         _say(group, f"error: {e}")
+        code = 2
     if leader.error is not None:  # the engine thread may be blocked in a collective for good
         _exit_now(group, str(leader.error))
     leader.shutdown(group.timeout_s)
     if leader.error is not None:
         _exit_now(group, str(leader.error))
     _say(group, "stopped")
-    return 0
+    return code
