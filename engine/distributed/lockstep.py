@@ -245,8 +245,8 @@ class Leader:
             engine = self._make_engine()
             self.ready.set_result(self._startup(engine))
         except BaseException as e:  # noqa: BLE001 - handed to the waiting CLI
+            self._close(engine)  # first: the CLI exits once told, and MLX aborts on live streams
             self.ready.set_exception(e)
-            self._close(engine)
             return
         error: Optional[BaseException] = None
         try:

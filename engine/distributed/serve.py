@@ -131,6 +131,9 @@ def _follow(args: argparse.Namespace, group: Group) -> int:
         return EXIT_GROUP_FAILED
     finally:
         engine.close()
+        import mlx.core as mx
+
+        mx.clear_streams()  # as the engine thread does: MLX aborts at exit on streams left alive
 
 
 def _lead(args: argparse.Namespace, group: Group) -> int:
