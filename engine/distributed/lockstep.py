@@ -6,15 +6,16 @@ all: the ranks of one launch trust each other) follows as bytes. With links (lin
 wakes the followers before each tick and they sleep in between; without, rank 0 ticks every
 `tick_s` while idle. The followers (`follow`) wait for ticks and run what arrives:
 
-    ("generate", request)   the same `Engine.generate` on every rank, then one report gather
+    ("generate", request)   the same `Engine.stream` on every rank, then one report gather
     ("clear_cache",)        every rank clears its tiers
     ("shutdown",)           every rank leaves the loop and exits 0
 
 Inside a generation, every check of the cancel flag is an all-reduce (`SyncedCancel`): the
 loop checks it at the same points on every rank, so a stop on rank 0 (client gone, stop
 button, SIGTERM) or a SIGTERM on any rank ends the generation on every rank at the same step.
-A peer that dies makes MLX raise at the next collective (`GroupError`): the leader answers the
-request in flight with that error and the server stops; every rank exits non-zero.
+A peer that dies makes MLX raise at the next collective (`GroupError`), or closes its link
+(links.py) when MLX would wait for ever: the leader answers the request in flight with that
+error and the server stops; every rank exits non-zero.
 """
 
 from __future__ import annotations
@@ -56,14 +57,14 @@ class SyncedCancel(CancelToken):
 
 
 def follow_generation(group: Group, engine: Any, request: GenerationRequest, stop_vote: Callable[[], bool]) -> None:
-    """A follower's part of one generation: the same `Engine.generate`, then the report gather.
+    """A follower's part of one generation: the same `Engine.stream`, then the report gather.
     Errors raised before any collective (a bad request, found by every rank alike) still reach
     the gather, so the ranks stay in step (rank 0 answers the client with it); a GroupError
     means the group is gone: re-raised."""
     result: Optional[GenerationResult] = None
     error: Optional[BaseException] = None
     try:
-        result = engine.generate(request, None, SyncedCancel(group, None, stop_vote))
+        result = drain(engine.stream(request, SyncedCancel(group, None, stop_vote)))
     except GroupError:
         raise
     except Exception as e:  # noqa: BLE001 - see above
