@@ -202,3 +202,34 @@ def test_three_ranks_on_the_demo_model_through_mlx_launch(tmp_path: Path, cluste
     _all_restored(disk, n - 1, "disk")
     assert _reply(disk) == _reply(first)
     assert c.stop() == [0], c.log()
+
+
+def test_world_size_and_sharding_are_part_of_the_model_key(tiny_model: Path, tmp_path: Path) -> None:
+    """A 2-way cache never serves a 3-way run (nor a single process): the keys differ."""
+    from engine.engine import Engine
+
+    keys = []
+    for identity in ({}, {"sharding": "tensor", "world_size": 2}, {"sharding": "tensor", "world_size": 3}):
+        eng = Engine(cache_dir=tmp_path / "c", use_disk=False,
+                     shard=(lambda model, ident=identity: ident) if identity else None)
+        keys.append(eng.load(str(tiny_model)).key)
+    assert len(set(keys)) == 3
+
+
+def test_why_a_model_cannot_be_sharded_is_named() -> None:
+    from types import SimpleNamespace
+
+    from engine.distributed.shard import ShardError, check_shardable
+
+    with pytest.raises(ShardError, match="neither tensor parallelism"):
+        check_shardable(SimpleNamespace(args=SimpleNamespace(model_type="mamba")), 2)
+    tensor = SimpleNamespace(shard=lambda g: None, args=SimpleNamespace(
+        model_type="llama", num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536))
+    assert check_shardable(tensor, 3) == "tensor"
+    with pytest.raises(ShardError, match="num_attention_heads = 9 is not divisible by 2"):
+        check_shardable(tensor, 2)
+    piped = SimpleNamespace(model=SimpleNamespace(pipeline=lambda g: None, layers=[0, 1]),
+                            args=SimpleNamespace(model_type="x"))
+    assert check_shardable(piped, 2) == "pipeline"
+    with pytest.raises(ShardError, match="only 2 layers"):
+        check_shardable(piped, 3)
