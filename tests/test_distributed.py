@@ -8,6 +8,7 @@ on 2 ranks; the demo model on 3 ranks through mlx.launch itself.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -164,7 +165,7 @@ def test_a_model_that_cannot_be_split_n_ways_is_refused_on_every_rank(tiny_model
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(3)]))
     procs = [subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(tiny_model), "--port", "0",
                                "--cache-dir", str(tmp_path / "cache")], cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                              env={**__import__("os").environ, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)})
+                              env={**os.environ, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)})
              for r in range(3)]
     try:
         outs = [p.communicate(timeout=TIMEOUT)[1] for p in procs]
