@@ -234,3 +234,26 @@ def test_why_a_model_cannot_be_sharded_is_named() -> None:
     assert check_shardable(piped, 2) == "pipeline"
     with pytest.raises(ShardError, match="only 2 layers"):
         check_shardable(piped, 3)
+
+
+def test_serve_hosts_runs_mlx_launch_for_the_user(tiny_model: Path, tmp_path: Path) -> None:
+    """`python -m engine serve --hosts 127.0.0.1,127.0.0.1`: two ranks, one signal stops all."""
+    import urllib.request
+
+    ring, http = free_ports(2), free_ports(1)[0]
+    p = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(tiny_model), "--port", str(http),
+                          "--cache-dir", str(tmp_path / "cache"), "--hosts", "127.0.0.1,127.0.0.1",
+                          "--ring-port", str(ring[0])], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None
+        for line in p.stderr:  # ends at EOF if the server dies
+            if "Verbatim server:" in line and "on 2 ranks" in line:
+                break
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/verbatim/status", timeout=TIMEOUT) as r:
+            assert json.loads(r.read())["world_size"] == 2
+        p.send_signal(signal.SIGTERM)
+        rest = p.stderr.read()
+        assert p.wait(TIMEOUT) == 0, rest
+        assert "[rank 1/2] stopped: rank 0 stopped" in rest and "[rank 0/2] stopped" in rest, rest
+    finally:
+        p.kill()
