@@ -85,12 +85,16 @@ class Engine:
         disk_budget: Optional[int] = None,
         dequantize: Optional[bool] = None,
         context_length: Optional[int] = None,
+        shard: Optional[Callable[[Any], dict[str, Any]]] = None,
     ) -> None:
         if chunk < 1:
             raise EngineError("chunk size must be at least 1")
         self.chunk = chunk
         self.dequantize = dequantize  # None: decide per backend (see _should_dequantize)
         self.context_length = context_length  # overrides the model's own context length
+        # Distributed runs only (engine/distributed/shard.py): splits the loaded model over the
+        # ranks in place and returns the sharding's identity, which joins the model key.
+        self.shard = shard
         self._starts: Optional[MessageStarts] = None
         disk = None
         if use_disk:
@@ -118,15 +122,21 @@ class Engine:
         except ModelError as e:
             raise EngineError(str(e)) from e
         try:
-            model, tokenizer = mlx_load(str(folder))
+            model, tokenizer = mlx_load(str(folder), lazy=self.shard is not None)
         except Exception as e:  # mlx-lm raises many kinds; all mean "this folder is not usable"
             raise EngineError(f"cannot load model from {folder}: {e}") from e
         dequantized = _is_quantized(model) and _should_dequantize(self.dequantize, _expanded_f32_bytes(model))
         if dequantized:
             model = _dequantize_f32(model)
+        sharding: dict[str, Any] = {}
+        if self.shard is not None:  # distributed: each rank keeps its part of the weights only
+            import mlx.core as mx
+
+            sharding = self.shard(model)
+            mx.eval(model.parameters())
         # The key covers everything that changes cache contents: weights, KV quantization,
         # chunk size, and whether 4-bit weights were expanded (different arithmetic).
-        key = model_key(folder, {**options, "chunk": self.chunk, "dequantized": dequantized})
+        key = model_key(folder, {**options, "chunk": self.chunk, "dequantized": dequantized, **sharding})
         eos = set(getattr(tokenizer, "eos_token_ids", None) or [])
         if tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))

@@ -230,6 +230,10 @@ class CacheReport:
     identical: Optional[bool] = None  # equal to the previous generation of the same prompt+settings
     first_diff: Optional[int] = None  # first differing token index when not identical
     warnings: list[str] = field(default_factory=list)  # e.g. "prompt cache disk full": shown once
+    # A distributed run (engine/distributed/): the ranks, and what each rank's own cache did
+    # ({rank, host, restored, source, stored, layer_offsets, declines}); the figures above are rank 0's.
+    world_size: int = 1
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

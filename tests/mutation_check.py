@@ -86,9 +86,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "drop the chunk size from the model key",
-        (("engine/engine.py", '{**options, "chunk": self.chunk, "dequantized": dequantized}',
-          '{**options, "dequantized": dequantized}'),),
+        (("engine/engine.py", '{**options, "chunk": self.chunk, "dequantized": dequantized, **sharding}',
+          '{**options, "dequantized": dequantized, **sharding}'),),
         (DC + "test_one_cache_dir_two_chunk_sizes_never_share_snapshots",),
+    ),
+    Mutation(
+        "drop the world size and sharding from the model key",
+        (("engine/engine.py", '{**options, "chunk": self.chunk, "dequantized": dequantized, **sharding}',
+          '{**options, "chunk": self.chunk, "dequantized": dequantized}'),),
+        ("tests/test_distributed.py::test_world_size_and_sharding_are_part_of_the_model_key",),
     ),
     Mutation(
         "trust the index's trimmable flag",

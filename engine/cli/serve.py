@@ -37,6 +37,14 @@ def add_serve_parser(sub: Any) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cache-dir", type=Path, help="prompt cache directory (default: the user cache dir)")
     g.add_argument("--no-cache", action="store_true", help="memory cache only (nothing on disk)")
+    p.add_argument("--rank-timeout", type=float, default=120.0,
+                   help="under mlx.launch: a rank that hears nothing from the others for this many seconds "
+                        "exits non-zero (a peer is stuck)")
+    h = p.add_mutually_exclusive_group()
+    h.add_argument("--hosts", help="run across these hosts (comma-separated IPs) through mlx.launch")
+    h.add_argument("--hostfile", help="run across the hosts of this mlx.launch hostfile")
+    p.add_argument("--backend", default="ring", help="with --hosts/--hostfile: mlx.launch's backend (ring, jaccl)")
+    p.add_argument("--ring-port", type=int, help="with --hosts/--hostfile: the first port of the ring")
     p.set_defaults(func=cmd_serve)
 
 
@@ -74,6 +82,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.context_length is not None and args.context_length < 2:
         print("error: --context-length must be at least 2", file=sys.stderr)
         return 2
+    # Started by mlx.launch on several ranks: one model across them (engine/distributed/).
+    from engine.distributed.group import launched
+    from engine.distributed.serve import maybe_serve_distributed
+
+    if (args.hosts or args.hostfile) and not launched():  # start mlx.launch for the user
+        from engine.distributed.launch import launch
+
+        argv = sys.argv[sys.argv.index("serve") + 1:] if "serve" in sys.argv else []
+        return launch(args.hosts, args.hostfile, args.backend, args.ring_port, argv)
+
+    code = maybe_serve_distributed(args, keys)
+    if code is not None:
+        return code
     executor = EngineExecutor(lambda: Engine(cache_dir=args.cache_dir, use_disk=not args.no_cache, chunk=args.chunk,
                                              context_length=args.context_length))
     try:

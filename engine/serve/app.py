@@ -38,6 +38,7 @@ from engine.serve.bridge import (
 from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
 from engine.serve.keys import Keys
+from engine.serve.engine_routes import add_engine_routes
 from engine.serve.schema import APIError, ServedModel
 
 log = logging.getLogger(__name__)
@@ -328,4 +329,5 @@ def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Ke
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/verbatim/status", status)
+    add_engine_routes(app, CONFIG_KEY, EXECUTOR_KEY)  # what engine/remote.py needs (engine_routes.py)
     return app

@@ -439,7 +439,10 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "decode_tps": r.decode_tps,
         "model_key": r.model_key,
         "warnings": [no_paths(w) for w in r.warnings],
+        "world_size": r.world_size,
     }
+    if r.ranks:  # a distributed run: each rank's own cache report (engine/distributed/report.py)
+        out["ranks"] = [dict(x) for x in r.ranks]
     if queue is not None:
         out["queue"] = queue
     return out

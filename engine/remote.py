@@ -1,0 +1,241 @@
+"""An engine on a Verbatim server, over HTTP: what the window uses of `Engine`, remotely.
+
+`RemoteEngine(url)` talks to `python -m engine serve` (one process, or rank 0 of several under
+mlx.launch) with the standard library only: OpenAI-style requests, server-sent events for the
+stream, and the `verbatim` object of the last chunk for the report (per rank in a distributed
+run). It runs on the engine thread like the in-process Engine (its calls block).
+
+What differs from the in-process engine, by necessity:
+- A streamed `TokenEvent` carries the token's text and logprob but no token id (the stream
+  names tokens by text): `token` is -1 there. The returned `GenerationResult` has the ids
+  (the `verbatim` object's `token_ids`), except for a cancelled reply, which keeps none.
+- `top_logprobs` alternatives come by text only, so they are not reported as ids.
+- `load(spec)` does not load anything: it connects and checks the server serves `spec`.
+- `clear_cache` is refused: the server's cache belongs to the server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+from typing import Any, Generator, Optional
+
+from engine.engine import ModelInfo
+from engine.errors import EngineError, RequestError
+from engine.generate.loop import drain
+from engine.types import (
+    CacheReport,
+    CancelToken,
+    Comparison,
+    ContextInfo,
+    Event,
+    GenerationRequest,
+    GenerationResult,
+    TokenEvent,
+)
+
+DEFAULT_TIMEOUT_S = 600.0  # one read: a long prefill on a big model sends nothing for a while
+
+
+class RemoteEngine:
+    """A Verbatim server as an engine (see the module notes for what differs)."""
+
+    def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise EngineError(f"not a server address: {url!r} (e.g. http://127.0.0.1:8765)")
+        self.scheme, self.host = parsed.scheme, parsed.hostname
+        self.port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self.api_key, self.timeout = api_key, timeout
+        self.info: Optional[ModelInfo] = None
+        self.world_size = 1
+
+    # -- the model -------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def context_limit(self) -> Optional[int]:
+        return self.info.context_length if self.info is not None else None
+
+    def load(self, spec: str = "", progress: Any = None, cancel: Optional[CancelToken] = None) -> ModelInfo:
+        """Connect: the server's model (an error if `spec` names another one)."""
+        m = self._json("GET", "/verbatim/model")
+        if spec and spec != m["id"]:
+            raise EngineError(f"the server at {self.address} serves {m['id']!r}, not {spec!r}")
+        self.world_size = int(m.get("world_size") or 1)
+        self.info = ModelInfo(name=m["id"], path=f"{self.scheme}://{self.address}", key=m.get("key") or "",
+                              model_type="remote", layers=0, cache_classes=[], kv_bits=None, dequantized=False,
+                              load_s=0.0, context_length=m.get("context_length"))
+        return self.info
+
+    def describe(self) -> str:
+        """Where the model runs, for a status bar: 'demo · 3 ranks at 127.0.0.1:8765'."""
+        name = self.info.name if self.info is not None else "?"
+        ranks = f"{self.world_size} ranks" if self.world_size > 1 else "1 process"
+        return f"{name} · {ranks} at {self.address}"
+
+    # -- generation ------------------------------------------------------------------------
+    def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
+               ) -> Generator[Event, None, GenerationResult]:
+        """Generate on the server: yields TokenEvents as they arrive, returns the result."""
+        chat = request.prompt is None
+        conn = self._connect()
+        try:
+            try:
+                conn.request("POST", "/v1/chat/completions" if chat else "/v1/completions",
+                             json.dumps(_body(request, chat)), self._headers())
+                resp = conn.getresponse()
+            except OSError as e:
+                raise EngineError(f"cannot reach the server at {self.address}: {e}") from e
+            if resp.status != 200:
+                raise _error(resp.status, resp.read())
+            text, logprobs = "", []
+            final: Optional[dict[str, Any]] = None
+            for data in _events(resp, self.address):
+                if "error" in data:
+                    raise EngineError(f"the server failed: {data['error'].get('message', data['error'])}")
+                if cancel is not None and cancel.cancelled:
+                    break
+                if not data.get("choices"):
+                    continue
+                choice = data["choices"][0]
+                delta = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                lps = _entry_logprobs(choice.get("logprobs"), chat)
+                for i, lp in enumerate(lps):
+                    logprobs.append(lp)
+                    yield TokenEvent(len(logprobs) - 1, -1, lp, (delta or "") if i == 0 else "")
+                if delta and not lps:  # text held back (a possible stop string) released later
+                    yield TokenEvent(max(len(logprobs) - 1, 0), -1, logprobs[-1] if logprobs else 0.0, delta)
+                text += delta or ""
+                if "verbatim" in data:
+                    final = data["verbatim"]
+            if final is None:  # cancelled, or the stream ended early: what arrived, no ids
+                return GenerationResult(text, [], logprobs, "cancelled", request.sampler.seed, [], CacheReport())
+            return GenerationResult(text, list(final["token_ids"]), logprobs, final["finish_reason"],
+                                    int(final["seed"]), [], report_from_verbatim(final))
+        finally:
+            conn.close()  # mid-stream: the server sees the client leave and stops the generation
+
+    def generate(self, request: GenerationRequest, on_event: Any = None,
+                 cancel: Optional[CancelToken] = None) -> GenerationResult:
+        return drain(self.stream(request, cancel), on_event)
+
+    def cold_run(self, request: GenerationRequest, cancel: Optional[CancelToken] = None) -> GenerationResult:
+        """The request with no cache on the server (`"verbatim": {"cache": false}`)."""
+        from dataclasses import replace
+
+        return drain(self.stream(replace(request, use_cache=False), cancel))
+
+    def verify(self, request: GenerationRequest, result: GenerationResult,
+               cancel: Optional[CancelToken] = None) -> Comparison:
+        cold = self.cold_run(request, cancel)
+        return Comparison.of(result.tokens, result.logprobs, cold.tokens, cold.logprobs)
+
+    # -- the tokenizer (on the server) -------------------------------------------------------
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(self._json("POST", "/verbatim/tokenize", {"messages": messages})["ids"])
+
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        return list(self._json("POST", "/verbatim/tokenize", {"tokens": tokens})["texts"])
+
+    def measure(self, request: GenerationRequest) -> ContextInfo:
+        """The whole prompt of a chat request in tokens (the server's tokenizer and template) and
+        the limit in force: the request's own, never past the served model's context."""
+        if request.prompt is not None:
+            raise EngineError("a remote engine counts chat messages only, not raw text")
+        limit = self.context_limit
+        if request.context_length:
+            limit = min(limit, request.context_length) if limit else request.context_length
+        return ContextInfo(limit, len(self.prompt_ids(request.messages)))
+
+    # -- the cache -------------------------------------------------------------------------
+    def cache_stats(self) -> dict[str, Any]:
+        status = self._json("GET", "/verbatim/status")
+        return {"remote": f"{self.scheme}://{self.address}", "world_size": self.world_size, **status}
+
+    def clear_cache(self) -> None:
+        raise EngineError(f"the prompt cache of the server at {self.address} is managed on that server")
+
+    def close(self) -> None:
+        pass
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def _connect(self) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        return cls(self.host, self.port, timeout=self.timeout)
+
+    def _headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    def _json(self, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
+        conn = self._connect()
+        try:
+            conn.request(method, path, json.dumps(body) if body is not None else None, self._headers())
+            resp = conn.getresponse()
+            raw = resp.read()
+        except OSError as e:
+            raise EngineError(f"cannot reach the server at {self.address}: {e}") from e
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise _error(resp.status, raw)
+        return json.loads(raw)
+
+
+def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
+    s = request.sampler
+    body: dict[str, Any] = {
+        "model": "", "stream": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+        "min_p": s.min_p, "repetition_penalty": s.repetition_penalty, "seed": s.seed, "max_tokens": s.max_tokens,
+        "verbatim": {"mode": request.mode, "cache": request.use_cache},
+    }
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if chat:
+        body.update(messages=request.messages, logprobs=True)
+        if request.top_logprobs:
+            body["top_logprobs"] = request.top_logprobs
+    else:
+        body.update(prompt=request.prompt, logprobs=request.top_logprobs)
+    return body
+
+
+def _events(resp: http.client.HTTPResponse, address: str) -> Generator[dict[str, Any], None, None]:
+    """The JSON objects of a server-sent event stream, until [DONE] or the end."""
+    try:
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                return
+            yield json.loads(line[6:])
+    except (OSError, http.client.HTTPException) as e:
+        raise EngineError(f"the connection to the server at {address} was lost: {e}") from e
+
+
+def _entry_logprobs(obj: Optional[dict[str, Any]], chat: bool) -> list[float]:
+    if not obj:
+        return []
+    if chat:
+        return [float(e["logprob"]) for e in obj.get("content") or []]
+    return [float(lp) for lp in obj.get("token_logprobs") or []]
+
+
+def _error(status: int, raw: bytes) -> EngineError:
+    try:
+        message = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = raw[:200].decode(errors="replace")
+    return (RequestError if status == 400 else EngineError)(f"the server refused the request ({status}): {message}")
+
+
+def report_from_verbatim(v: dict[str, Any]) -> CacheReport:
+    """A CacheReport from a response's `verbatim` object (rank 0's figures, and `ranks`)."""
+    return CacheReport.from_dict({**v, "identical": v.get("identical_to_previous")})
