@@ -15,6 +15,10 @@ class EngineError(VerbatimError):
     """The engine cannot do what was asked (no model loaded, a model folder mlx-lm rejects)."""
 
 
+class ServerUnreachable(EngineError):
+    """A Verbatim server (engine/remote.py) cannot be reached, or the connection to it was lost."""
+
+
 class RequestError(VerbatimError, ValueError):
     """A bad generation request (unknown role, empty conversation, a template that rejects it)."""
 

@@ -12,6 +12,10 @@ What differs from the in-process engine, by necessity:
 - `top_logprobs` alternatives come by text only, so they are not reported as ids.
 - `load(spec)` does not load anything: it connects and checks the server serves `spec`.
 - `clear_cache` is refused: the server's cache belongs to the server.
+
+A server that cannot be reached (or a connection lost mid-reply) raises `ServerUnreachable`;
+`probe(url)` asks a server which model it serves with a short timeout, from any thread (the
+window's link watch: app/core/server_link.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import urllib.parse
 from typing import Any, Generator, Optional
 
 from engine.engine import ModelInfo
-from engine.errors import EngineError, RequestError
+from engine.errors import EngineError, RequestError, ServerUnreachable
 from engine.generate.loop import drain
 from engine.types import (
     CacheReport,
@@ -36,6 +40,7 @@ from engine.types import (
 )
 
 DEFAULT_TIMEOUT_S = 600.0  # one read: a long prefill on a big model sends nothing for a while
+PROBE_TIMEOUT_S = 3.0  # a health check: a server that answers nothing in this long counts as gone
 
 
 class RemoteEngine:
@@ -89,7 +94,7 @@ class RemoteEngine:
                              json.dumps(_body(request, chat)), self._headers())
                 resp = conn.getresponse()
             except OSError as e:
-                raise EngineError(f"cannot reach the server at {self.address}: {e}") from e
+                raise ServerUnreachable(f"cannot reach the server at {self.address}: {e}") from e
             if resp.status != 200:
                 raise _error(resp.status, resp.read())
             text, logprobs = "", []
@@ -180,12 +185,29 @@ class RemoteEngine:
             resp = conn.getresponse()
             raw = resp.read()
         except OSError as e:
-            raise EngineError(f"cannot reach the server at {self.address}: {e}") from e
+            raise ServerUnreachable(f"cannot reach the server at {self.address}: {e}") from e
         finally:
             conn.close()
         if resp.status != 200:
             raise _error(resp.status, raw)
-        return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise EngineError(f"{self.address} answered, but not as a Verbatim server does") from None
+
+
+def connect(url: str, api_key: Optional[str] = None) -> RemoteEngine:
+    """A RemoteEngine already connected to the server at `url` (its model known): what an
+    `EngineExecutor.swap` builds on the engine thread."""
+    engine = RemoteEngine(url, api_key)
+    engine.load()
+    return engine
+
+
+def probe(url: str, api_key: Optional[str] = None, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """The key of the model the server at `url` serves; `ServerUnreachable` if it does not answer
+    within `timeout` seconds, `EngineError` if it refuses."""
+    return str(RemoteEngine(url, api_key, timeout)._json("GET", "/verbatim/model").get("key") or "")
 
 
 def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
@@ -217,7 +239,7 @@ def _events(resp: http.client.HTTPResponse, address: str) -> Generator[dict[str,
                 return
             yield json.loads(line[6:])
     except (OSError, http.client.HTTPException) as e:
-        raise EngineError(f"the connection to the server at {address} was lost: {e}") from e
+        raise ServerUnreachable(f"the connection to the server at {address} was lost: {e}") from e
 
 
 def _entry_logprobs(obj: Optional[dict[str, Any]], chat: bool) -> list[float]:
