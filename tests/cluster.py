@@ -56,11 +56,14 @@ class Cluster:
         self.runs = 0
 
     # -- life --------------------------------------------------------------------------------
-    def start(self) -> "Cluster":
+    def start(self, same_port: bool = False) -> "Cluster":
+        """Start every rank (`same_port`: the HTTP port of the previous start, for a client that
+        should find the server where it was)."""
         self.runs += 1
         self.logs.mkdir(parents=True, exist_ok=True)
         ring = free_ports(self.size)
-        self.port = free_ports(1)[0]
+        if not (same_port and self.port):
+            self.port = free_ports(1)[0]
         serve = [sys.executable, "-m", "engine", "serve", "--model", self.model, "--port", str(self.port),
                  "--cache-dir", str(self.cache_dir), *self.args]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(self.threads),
@@ -92,6 +95,8 @@ class Cluster:
                 raise AssertionError(f"a rank exited while starting:\n{self.log()}")
             try:
                 self.get("/verbatim/status", timeout=2)
+                return
+            except urllib.error.HTTPError:  # it answers (e.g. 401: started with --api-key)
                 return
             except OSError:
                 time.sleep(0.2)  # polling for the port to open (a deadline above, not a pass condition)

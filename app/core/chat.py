@@ -3,7 +3,8 @@ variant, edit, stop, select), each a function over the model and the engine brid
 
 `ChatModel` holds what the window shows: the open conversation and its active path (as view
 models, with each reply's runs), the *selected reply* (what Regenerate, Compare and Receipt act
-on: the one clicked, else the last), the pending reply and its streamed text, the loaded model.
+on: the one clicked, else the last), the pending reply and its streamed text, the loaded model
+and where it runs (in this process, or on a Verbatim server: `link`, app/core/server_link.py).
 It emits what changed (app/core/evented.py); widgets subscribe and send intents; nothing is
 read back from a widget. One reply:
 
@@ -29,11 +30,13 @@ from app.core.store import StoreError
 from app.core.view_models import MessageVM, finished_text, progress_text
 from engine.bridge import Done, Failed, engine_batches, engine_call
 from engine.engine import ModelInfo
+from engine.errors import ServerUnreachable
 from engine.executor import EngineExecutor
 from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEvent
 
 PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text and tokens are written to the store
 DRAFT_DEBOUNCE_S = 0.3  # a draft is counted once typing pauses this long
+LINK_INTERVAL_S = 2.0  # how often a window attached to a server asks whether it still answers
 
 # Events (emit name, arguments):
 PATH = "path"  # (vms): the active path changed (conversation opened, reply started or saved, variant)
@@ -49,6 +52,19 @@ CONVERSATIONS = "conversations"  # (): titles or the list changed
 RUN_SHOWN = "run_shown"  # (reply_id, Run): a reply's earlier run picked for the footer / debug panel
 STATS = "stats"  # (cache stats, MLX memory or None): after a reply, a load, a clear
 DRAFT = "draft"  # (ContextBudget or None): the next prompt (the path shown + the draft) against the limit
+LINK = "link"  # (ServerLink or None): attached to a server / its reachability changed / detached
+
+
+@dataclass
+class ServerLink:
+    """The window's engine is a Verbatim server (engine/remote.py): where, and whether it answers."""
+
+    url: str
+    api_key: Optional[str]
+    where: str  # "demo · 3 ranks at 127.0.0.1:8765" (RemoteEngine.describe)
+    model_key: str
+    up: bool = True
+    error: str = ""  # why it is not reachable (when not `up`)
 
 
 @dataclass
@@ -75,12 +91,16 @@ class ReplyRecorder:
     def __call__(self, event: Any) -> None:
         if isinstance(event, TokenEvent):
             self.pieces.append(event.text)
-            self.tokens.append(event.token)
-            self.logprobs.append(event.logprob)
+            if event.index >= len(self.logprobs):  # a new token (not text released late)
+                self.logprobs.append(event.logprob)
+                self.tokens.append(event.token)
             now = time.perf_counter()
             if now - self.saved >= self.every:
                 self.saved = now
-                self.session.save_partial(self.pending, "".join(self.pieces), self.tokens, self.logprobs)
+                # A server's stream names tokens by text only (id -1): then no ids are kept.
+                known = all(t >= 0 for t in self.tokens)
+                self.session.save_partial(self.pending, "".join(self.pieces), self.tokens if known else [],
+                                          self.logprobs if known else [])
         elif isinstance(event, Done):
             self.session.finish(self.pending, event.result)
         elif isinstance(event, Failed):
@@ -119,6 +139,10 @@ class ChatModel(Evented):
         self.mlx_memory = 0
         self.verifying = False
         self.draft = ""
+        self.link: Optional[ServerLink] = None  # set while the engine is a server
+        self.link_interval = LINK_INTERVAL_S
+        # Builds the in-process engine again after the window was attached to a server (the window's).
+        self.make_local_engine: Optional[Callable[[], Any]] = None
         self.budget: Optional[ContextBudget] = None  # the last count of the next prompt (DRAFT)
         self._draft_timer: Optional[asyncio.TimerHandle] = None
         self._draft_seq = 0  # counts started; only the latest one's result is told
@@ -264,6 +288,8 @@ class ChatModel(Evented):
             if not self.closed:
                 self._end()
                 self.reload()
+                if isinstance(e, ServerUnreachable):
+                    self.link_down(str(e))
                 self.emit(ERROR, "The reply could not be generated", user_message(e))
             return
         finally:
@@ -294,6 +320,13 @@ class ChatModel(Evented):
         except Exception:
             return  # no engine (it could not start, or it is closing): nothing to show
         self.show_stats(stats, memory)
+
+    def link_down(self, why: str) -> None:
+        """The server stopped answering: Send waits (what is typed stays in the composer)."""
+        link = self.link
+        if link is not None and (link.up or link.error != why):
+            link.up, link.error = False, why
+            self.emit(LINK, link)
 
     def show_stats(self, stats: dict[str, Any], memory: Optional[int]) -> None:
         if self.closed:
@@ -379,6 +412,8 @@ def send(chat: ChatModel, text: str) -> bool:
     if chat.read_only:
         chat.emit(ERROR, "Read-only", "Another Verbatim window owns this data folder.")
         return False
+    if not reachable(chat):
+        return False
     try:  # one transaction: the conversation (if new), the message and the reply's row
         pending = chat.session.begin_send(chat.conv_id, text, chat.model_name, chat.default_settings())
     except StoreError as e:
@@ -392,7 +427,7 @@ def regenerate(chat: ChatModel, fresh: bool = False) -> bool:
     """Regenerate the selected reply (its own seed and settings: it must come out the same) or,
     `fresh`, make a new variant of it (a fresh seed, the current settings). A trailing user message
     that has no reply (its generation failed) is answered instead, unless a reply was picked."""
-    if chat.generating or chat.conv_id is None or chat.read_only:
+    if chat.generating or chat.conv_id is None or chat.read_only or not reachable(chat):
         return False
     target = chat.selected
     try:
@@ -414,6 +449,8 @@ def edit(chat: ChatModel, user_id: int, text: str) -> bool:
     if chat.generating or chat.read_only:
         chat.emit(STATUS, "Stop the current reply first", 3000)
         return False
+    if not reachable(chat):
+        return False
     try:
         pending = chat.session.begin_edit(user_id, text, chat.model_name)
     except StoreError as e:
@@ -421,6 +458,16 @@ def edit(chat: ChatModel, user_id: int, text: str) -> bool:
         return False
     chat._start(pending)
     return True
+
+
+def reachable(chat: ChatModel) -> bool:
+    """Whether a reply can start: not while the server the window is attached to is unreachable
+    (nothing is sent, so nothing typed is lost; the status bar says why)."""
+    link = chat.link
+    if link is None or link.up:
+        return True
+    chat.emit(STATUS, f"Not sent: {link.error or 'the server is not reachable'}. What you typed is kept.", 6000)
+    return False
 
 
 def stop(chat: ChatModel) -> bool:

@@ -1,6 +1,10 @@
-"""The chat model's other engine work: load a model, verify a reply cold, clear the cache, the
-inspector's token texts and cold runs. Functions over `ChatModel` (app/core/chat.py) that wait
-on the engine thread through the bridge and tell the views by events.
+"""The chat model's other engine work: load a model (or attach to a Verbatim server), verify a
+reply cold, clear the cache, the inspector's token texts and cold runs. Functions over `ChatModel`
+(app/core/chat.py) that wait on the engine thread through the bridge and tell the views by events.
+
+Attached to a server (`load_model` with an http(s):// spec), the engine on the engine thread is a
+`RemoteEngine` (engine/remote.py, swapped in by `EngineExecutor.swap`): every other flow runs as
+it does in process. Loading a local model swaps the in-process Engine back first.
 """
 
 from __future__ import annotations
@@ -12,23 +16,29 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from app.core.chat import ChatModel, mlx_memory, stop, user_message
+from app.core import server_link
+from app.core.chat import LINK, ChatModel, ServerLink, mlx_memory, stop, user_message
 from app.core.models import model_label
 from app.core.session import ModelIdentity
 from app.core.store import StoreError
 from app.core.view_models import verify_text
 from engine.engine import ModelInfo
+from engine import remote
 from engine.errors import Cancelled
 from engine.types import GenerationRequest, GenerationResult
 
 # Events (emit name, arguments):
 MODEL = "model"  # ("loading", spec, name) | ("progress", fraction, message) | ("loaded", spec, name, info)
-#                  | ("failed", message)
+#                  | ("failed", message[, title])
 VERIFY = "verify"  # (reply_id, text): a cold run's verdict; text None while it runs
 
 
-def load_model(chat: ChatModel, spec: str, name: Optional[str] = None) -> None:
-    """Load a model on the engine thread (a reply in progress is stopped first)."""
+def load_model(chat: ChatModel, spec: str, name: Optional[str] = None, api_key: Optional[str] = None) -> None:
+    """Load a model on the engine thread (a reply in progress is stopped first); a spec that is
+    a server's address (http://host:port) attaches to that server instead (`api_key`: its key)."""
+    if server_link.is_server(spec):
+        connect_server(chat, spec, api_key)
+        return
     stop(chat)  # a reply in progress ends first (saved as interrupted)
     chat.model_spec = spec
     chat.model_name = name or model_label(spec)
@@ -47,6 +57,8 @@ async def _load(chat: ChatModel, spec: str) -> None:
         return info, engine.cache_stats(), mlx_memory()
 
     try:
+        if chat.link is not None:  # attached to a server: the in-process engine comes back first
+            await _detach(chat)
         info, stats, memory = await chat.call(job)
     except Exception as e:
         if not chat.closed:
@@ -68,6 +80,52 @@ async def _load(chat: ChatModel, spec: str) -> None:
     chat.emit(MODEL, "loaded", spec, chat.model_name, info)
     chat.recount()  # the new model's tokenizer and context
     chat.show_stats(stats, memory)
+
+
+async def _detach(chat: ChatModel) -> None:
+    assert chat.make_local_engine is not None, "the window gives the chat model its engine factory"
+    await asyncio.wrap_future(chat.executor.swap(chat.make_local_engine), loop=chat.loop)
+    chat.link = None  # its watch ends by itself
+    chat.emit(LINK, None)
+
+
+def connect_server(chat: ChatModel, url: str, api_key: Optional[str] = None) -> None:
+    """Attach to the Verbatim server at `url`: from then on its model answers (one process or
+    several ranks), through the same flows. If it cannot be reached, the model loaded before
+    stays (and says so)."""
+    stop(chat)
+    previous = (chat.model_spec, chat.model_name, chat.model_info) if chat.model_ready else None
+    chat.model_ready = False
+    chat.emit(MODEL, "loading", url, f"the server at {url}")
+    chat.spawn(_connect(chat, url, api_key or None, previous))
+
+
+async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
+                   previous: Optional[tuple[str, str, Optional[ModelInfo]]]) -> None:
+    try:  # on the engine thread: connect; only then is the old engine closed and this one used
+        engine = await asyncio.wrap_future(chat.executor.swap(lambda: remote.connect(url, api_key)), loop=chat.loop)
+    except Exception as e:
+        if chat.closed:
+            return
+        if previous is not None and previous[2] is not None:  # still loaded: say so, keep it
+            chat.model_spec, chat.model_name, chat.model_info = previous
+            chat.model_ready = True
+            chat.emit(MODEL, "loaded", *previous)
+            chat.emit("error", "Cannot connect to the server", user_message(e))
+        else:
+            chat.emit(MODEL, "failed", user_message(e), "Cannot connect to the server")
+        return
+    if chat.closed:
+        return
+    info: ModelInfo = engine.info
+    chat.link = link = ServerLink(url, api_key, engine.describe(), info.key)
+    chat.model_spec, chat.model_name, chat.model_info = url, info.name, info
+    chat.model_ready = True
+    chat.emit(MODEL, "loaded", url, info.name, info)
+    chat.emit(LINK, link)
+    chat.recount()  # the server's tokenizer and context
+    chat.spawn(chat.refresh_stats())
+    chat.spawn(server_link.watch(chat, link))
 
 
 class Throttled:
@@ -119,6 +177,9 @@ async def _verify(chat: ChatModel, reply_id: int, request: GenerationRequest, st
 
 
 def clear_cache(chat: ChatModel) -> None:
+    if chat.link is not None:
+        chat.emit("status", "The prompt cache of a server is managed on that server", 5000)
+        return
     chat.spawn(chat.refresh_stats(clear=True))
     chat.emit("status", "Prompt cache cleared", 3000)
 

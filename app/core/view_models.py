@@ -251,6 +251,7 @@ TIMING_FIELDS = [("ttft", "Time to first token"), ("prefill_tps", "Prefill"), ("
 IDENTITY_FIELDS = [("identity", "Previous variant"), ("verify", "Cold run")]
 STORE_FIELDS = [("entries", "Snapshots in memory"), ("memory", "Memory"), ("disk", "On disk"), ("hits", "Hits / lookups")]
 LAYER_COLUMNS = ["#", "Cache class", "Offset", "Size", "Trim"]
+RANK_COLUMNS = ["Rank", "Host", "Restored", "Source", "Stored", "Layer offsets", "Declines"]
 ACTIONS = {"regenerate": "regenerated", "variant": "new variant", "edit": "after an edit", "retry": "retry"}
 NO_REPLY = "No reply selected"
 NO_REPORT = "This reply has no cache report yet"
@@ -338,6 +339,7 @@ class DebugVM:
     model_key: str  # in full (the row shows a prefix)
     layers: list[list[str]]  # one row of LAYER_COLUMNS per layer
     declines: str
+    ranks: list[list[str]] = field(default_factory=list)  # one row of RANK_COLUMNS per rank (several ranks)
 
 
 def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
@@ -379,7 +381,24 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
         for x in r.layers
     ]  # fmt: skip
     declines = "\n".join(f"• {d}" for d in r.declines) if r.declines else "none"
-    return DebugVM(title, rows, r.model_key, layers, declines)
+    ranks = [rank_row(x) for x in r.ranks] if r.world_size > 1 else []
+    return DebugVM(title, rows, r.model_key, layers, declines, ranks)
+
+
+def rank_row(rank: dict[str, Any]) -> list[str]:
+    """One rank of a distributed run, as RANK_COLUMNS: what its own prompt cache did."""
+    if rank.get("error"):
+        return [str(rank.get("rank", "?")), str(rank.get("host") or "–"), "–", "–", "–", "–", str(rank["error"])]
+    offsets = [o for o in rank.get("layer_offsets") or []]
+    if offsets and all(o == offsets[0] for o in offsets):
+        offsets_text = f"all {len(offsets)} at {offsets[0]}"
+    else:
+        offsets_text = ", ".join("–" if o is None else str(o) for o in offsets) or "–"
+    declines = rank.get("declines") or []
+    stored = rank.get("stored")
+    return [str(rank.get("rank", "?")), str(rank.get("host") or "–"), str(rank.get("restored", 0)),
+            str(rank.get("source") or "none"), "–" if stored is None else str(stored), offsets_text,
+            "; ".join(str(d) for d in declines) if declines else "none"]
 
 
 def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:

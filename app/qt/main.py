@@ -57,7 +57,8 @@ def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="verbatim", description="Local LLM chat: regenerate is instant and identical.")
-    p.add_argument("--model", help="demo, a .gguf file, an MLX model folder or an org/name in the HF cache "
+    p.add_argument("--model", help="demo, a .gguf file, an MLX model folder, an org/name in the HF cache "
+                   "or a Verbatim server's address (http://host:port: the window attaches to it) "
                    "(default: the last one used, else demo)")
     p.add_argument("--data-dir", type=Path, default=None, help="conversations and settings "
                    f"(default: {default_data_dir()}); a folder given here also holds its own prompt cache")

@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
 from app.core import chat as ops
+from app.qt import model_actions
 from app.qt.server_toggle import ServerToggle
 
 MainWindow = Any  # app/qt/window.py's (not imported: the window imports this module)
@@ -57,6 +58,11 @@ def build_menus(w: MainWindow) -> None:
         themes.addAction(a)
     m = mb.addMenu("&Models")
     act(m, "Manage models…", w.open_model_manager, "Ctrl+Shift+M", "manageModelsAction")
+    # The window's engine on a Verbatim server (one machine or several ranks): app/core/server_link.py.
+    act(m, "Connect to a Verbatim server…", lambda: model_actions.open_server_dialog(w), name="connectServerAction")
+    w.disconnect_action = act(m, "Disconnect from the server", lambda: model_actions.disconnect_server(w),
+                              name="disconnectServerAction")
+    w.disconnect_action.setEnabled(False)
     # The local OpenAI-compatible server: the loaded model, through this window's worker.
     m.addSeparator()
     w.server_toggle = ServerToggle(w.chat.executor, w)

@@ -1,17 +1,21 @@
 """The window's model controls: what it shows while a model loads, the memory readout, the model
-folders setting and the model manager. Functions over the main window (app/qt/window.py)."""
+folders setting, the model manager, and the window attached to a Verbatim server (connect,
+disconnect, where the model runs and whether it answers). Functions over the main window
+(app/qt/window.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Optional
 
 import psutil
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.core import engine_flows as flows
+from app.core.chat import ServerLink
+from app.core.server_link import is_server
 from app.core.view_models import format_bytes
 from engine.engine import ModelInfo
 
@@ -41,19 +45,87 @@ def show_model(w: MainWindow, what: str, *args: Any) -> None:
         w.progress.setVisible(False)
         w.model_status.setText("no model loaded")
         w.model_label.setText("No model")
-        w.show_error("Cannot load the model", args[0])
+        w.show_error(args[1] if len(args) > 1 else "Cannot load the model", args[0])
 
 
 def _loaded(w: MainWindow, spec: str, name: str, info: ModelInfo) -> None:
-    w.server_toggle.set_model(info, spec)
     w.progress.setVisible(False)
+    w.chat_view.set_assistant_name(name)
+    w.qsettings.setValue("model/last", spec)  # a server's address too: the next start attaches again
+    link = w.chat.link
+    if link is not None and link.url == spec:
+        w.server_toggle.set_model(None)  # this window's own server serves only an in-process model
+        w.model_status.setText("on a Verbatim server")
+        w.model_picker.select(spec, link.where)
+        w.status(f"Connected: {link.where}", 4000)
+        log.info("attached to %s", link.where)
+        return
+    w.server_toggle.set_model(info, spec)
     w.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
     w.model_label.setText(name)
-    w.chat_view.set_assistant_name(name)
-    w.qsettings.setValue("model/last", spec)
+    w.qsettings.setValue("model/last_local", spec)
     w.model_picker.select(spec, name)
     w.status(f"Loaded {name}", 4000)
     log.info("model loaded: %s (%d layers, %.1f s)", name, info.layers, info.load_s)
+
+
+# ----------------------------------------------------------------------------- a server's model
+def show_link(w: MainWindow, link: Optional[ServerLink]) -> None:
+    """Where the model runs ("demo · 3 ranks at 127.0.0.1:8765") and whether it answers."""
+    if w._closed:
+        return
+    w.disconnect_action.setEnabled(link is not None)
+    w.debug_panel.clear_button.setEnabled(link is None)  # a server's cache is its own
+    if link is None:
+        w.model_label.setToolTip("")
+        w.banner_text("")
+        w._update_actions()
+        return
+    if link.up:
+        w.model_label.setText(link.where)
+        w.model_label.setToolTip(f"The model runs on the Verbatim server at {link.url}")
+        w.banner_text("")
+    else:
+        w.model_label.setText(f"{link.where} · not reachable")
+        w.model_label.setToolTip(link.error)
+        w.banner_text(f"The server is not reachable: {link.error}. What you type is kept; Send works again "
+                      "as soon as the server answers (or pick a local model).")
+    w._update_actions()
+
+
+def server_key(w: MainWindow, url: str) -> Optional[str]:
+    """The remembered API key of the server at `url`, if any."""
+    if w.qsettings.value("server/url") != url:
+        return None
+    key = w.qsettings.value("server/key")
+    return key if isinstance(key, str) and key else None
+
+
+def open_server_dialog(w: MainWindow) -> Any:
+    from app.qt.widgets.server_dialog import ServerDialog
+
+    last = w.qsettings.value("server/url")
+    url = last if isinstance(last, str) else ""
+    dlg = ServerDialog(url, server_key(w, url) or "", w)
+
+    def chosen(url: str, key: str, remember: bool) -> None:
+        w.qsettings.setValue("server/url", url)
+        w.qsettings.setValue("server/key", key if remember else "")
+        flows.connect_server(w.chat, url, key or None)
+
+    dlg.chosen.connect(chosen)
+    dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    dlg.open()
+    return dlg
+
+
+def disconnect_server(w: MainWindow) -> None:
+    """Back to a model in this process: the last one used here (else the demo)."""
+    if w.chat.link is None:
+        return
+    last = w.qsettings.value("model/last_local")
+    spec = last if isinstance(last, str) and last and not is_server(last) else "demo"
+    w.load_model(spec)
 
 
 def status_widgets(bar: QStatusBar) -> tuple[QProgressBar, QLabel, QLabel]:
@@ -109,7 +181,7 @@ def open_model_manager(w: MainWindow) -> Any:
     from app.qt.widgets.model_manager import ModelManager
 
     dlg = ModelManager(w.chat, extra_model_dirs(w.qsettings), w.chat.model_spec, w)
-    dlg.modelChosen.connect(lambda spec, name: flows.load_model(w.chat, spec, name))
+    dlg.modelChosen.connect(lambda spec, name: w.load_model(spec, name))
     dlg.dirsChanged.connect(lambda dirs: w.qsettings.setValue("model/dirs", json.dumps(dirs)))
     dlg.finished.connect(lambda _: w.discover_models())
     dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)

@@ -88,10 +88,13 @@ class MainWindow(QMainWindow):
         if self.cache_dir != self.data_dir / "cache" and not self.read_only:  # the lock holder moves it
             move_prompt_cache(self.data_dir / "cache", self.cache_dir)
         cache_dir_ = self.cache_dir
-        executor = EngineExecutor(lambda: Engine(cache_dir=cache_dir_, use_disk=use_disk, chunk=chunk,
-                                                 context_length=context_length))
-        self.chat = ChatModel(self.session, executor, jobs.gui_loop(), jobs.spawn, self.default_settings, chunk,
-                              batch_interval, self.read_only)
+
+        def make_engine() -> Engine:  # on the engine thread: at start, and after a server is left
+            return Engine(cache_dir=cache_dir_, use_disk=use_disk, chunk=chunk, context_length=context_length)
+
+        self.chat = ChatModel(self.session, EngineExecutor(make_engine), jobs.gui_loop(), jobs.spawn,
+                              self.default_settings, chunk, batch_interval, self.read_only)
+        self.chat.make_local_engine = make_engine
         self.engine_closed = False  # the engine thread ended in time when the window closed
         self._streaming_id: Optional[int] = None  # the reply the chat view streams into
         self._closed = False
@@ -123,7 +126,7 @@ class MainWindow(QMainWindow):
         # Garbage collection on this thread, and a full one only between replies (gc_pacer.py).
         self.gc_pacer = GcPacer(busy=lambda: self.chat.generating, parent=self)
         self.gc_pacer.start()
-        flows.load_model(self.chat, model, model_label(model))
+        self.load_model(model)
         self.discover_models()
         self._mem_timer = model_actions.memory_timer(self)
         self._update_actions()
@@ -149,7 +152,7 @@ class MainWindow(QMainWindow):
         tb = QHBoxLayout(top)
         tb.setContentsMargins(12, 8, 12, 8)
         self.model_picker = ModelPicker()
-        self.model_picker.chosen.connect(lambda spec, name: flows.load_model(self.chat, spec, name))
+        self.model_picker.chosen.connect(self.load_model)
         self.model_picker.manageRequested.connect(self.open_model_manager)
         tb.addWidget(self.model_picker)
         self.model_status = ElidedLabel("")  # "30 layers · loaded in 1.2 s" elides, never clips
@@ -319,6 +322,7 @@ class MainWindow(QMainWindow):
         c.subscribe(ops.RUN_SHOWN, lambda rid, run: self.debug_panel.show_reply(self._vm(rid), run))
         c.subscribe(ops.STATS, lambda stats, memory: (self.debug_panel.show_stats(stats), self.update_memory()))
         c.subscribe(flows.MODEL, lambda what, *args: model_actions.show_model(self, what, *args))
+        c.subscribe(ops.LINK, lambda link: model_actions.show_link(self, link))
         c.subscribe(flows.VERIFY, self._show_verify)
 
     @property
@@ -378,7 +382,8 @@ class MainWindow(QMainWindow):
 
     def _update_actions(self) -> None:
         busy = self.chat.generating
-        can_write = not self.read_only
+        link = self.chat.link
+        can_write = not self.read_only and (link is None or link.up)  # a server gone: Send waits
         has_conv = self.conv_id is not None
         path_has_user = any(vm.role == "user" for vm in self.chat.vms)
         self.send_button.setEnabled(can_write and not busy)
@@ -549,6 +554,10 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
 
     # ---------------------------------------------------------------------------------- models
+    def load_model(self, spec: str, name: Optional[str] = None) -> None:
+        """Load a model, or attach to a Verbatim server (an http:// spec, with its remembered key)."""
+        flows.load_model(self.chat, spec, name or model_label(spec), api_key=model_actions.server_key(self, spec))
+
     def discover_models(self) -> None:
         self._discovery = jobs.spawn(self.model_picker.refresh(model_actions.extra_model_dirs(self.qsettings)))
 

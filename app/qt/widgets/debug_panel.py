@@ -32,6 +32,7 @@ from app.core.view_models import (
     LAYER_COLUMNS,
     NO_REPLY,
     NO_REPORT,
+    RANK_COLUMNS,
     REPORT_FIELDS,
     STORE_FIELDS,
     TIMING_FIELDS,
@@ -89,6 +90,22 @@ class DebugPanel(QDockWidget):
         cache_box = QGroupBox("Prompt cache")
         _form(cache_box, REPORT_FIELDS, self.values)
         lay.addWidget(cache_box)
+
+        # A run on several ranks (a Verbatim server under mlx.launch): what each rank's cache did.
+        self.ranks = QTableWidget(0, len(RANK_COLUMNS))
+        self.ranks.setObjectName("rankTable")
+        self.ranks.setHorizontalHeaderLabels(RANK_COLUMNS)
+        self.ranks.verticalHeader().setVisible(False)
+        self.ranks.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.ranks.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.ranks.setWordWrap(True)
+        self.ranks.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.ranks.horizontalHeader().setStretchLastSection(True)
+        self.ranks.verticalHeader().setDefaultSectionSize(22)
+        self.rank_box = QGroupBox("Ranks")
+        QVBoxLayout(self.rank_box).addWidget(self.ranks)
+        self.rank_box.setVisible(False)
+        lay.addWidget(self.rank_box)
 
         decl_box = QGroupBox("Declined snapshots")
         self.declines = QLabel("none")
@@ -185,6 +202,8 @@ class DebugPanel(QDockWidget):
             for key, _ in REPORT_FIELDS + TIMING_FIELDS + [("identity", "")]:
                 self.values[key].setText("–")
             self.layers.setRowCount(0)
+            self.ranks.setRowCount(0)
+            self.rank_box.setVisible(False)
             self.declines.setText("none")
             return
         d = debug_vm(vm, run)
@@ -200,6 +219,20 @@ class DebugPanel(QDockWidget):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.layers.setItem(row, col, item)
         self.declines.setText(d.declines)
+        self.ranks.setRowCount(len(d.ranks))
+        for row, cells in enumerate(d.ranks):
+            for col, text in enumerate(cells):
+                self.ranks.setItem(row, col, QTableWidgetItem(text))
+        self.ranks.resizeRowsToContents()
+        self.ranks.setFixedHeight(self.ranks.horizontalHeader().height() + 4
+                                  + sum(self.ranks.rowHeight(i) for i in range(len(d.ranks))))
+        self.rank_box.setTitle(f"Ranks ({len(d.ranks)})")
+        self.rank_box.setVisible(bool(d.ranks))
+
+    def rank_rows(self) -> list[list[str]]:
+        """The rank table's cells, row by row (what the panel shows of a distributed run)."""
+        return [[self.ranks.item(r, c).text() for c in range(self.ranks.columnCount())]
+                for r in range(self.ranks.rowCount())]
 
     # -- verify and the store --------------------------------------------------------------------
     def set_verifying(self, on: bool) -> None:

@@ -1,0 +1,187 @@
+"""The window attached to a Verbatim server on 2 ranks (tiny llama, ring backend on localhost):
+Models -> Connect, send, regenerate identical and marked so, the debug panel's row per rank,
+verify against a cold run on the server; the server stopped -> the window says so and keeps
+what is typed; the server back -> the window works again, its cache from disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtGui import QAction  # noqa: E402
+
+from app.qt.widgets.server_dialog import ServerDialog  # noqa: E402
+from app.qt.window import MainWindow  # noqa: E402
+from tests.app_helpers import wait_compared, watch  # noqa: E402
+from tests.cluster import Cluster  # noqa: E402
+from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
+
+pytestmark = pytest.mark.gui
+CTRL = Qt.KeyboardModifier.ControlModifier
+SERVER = 60_000  # ms: a reply from two ranks sharing two cores with the window
+
+
+@pytest.fixture
+def cluster(tiny_model: Path, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(str(tiny_model), 2, tmp_path / "server-cache", tmp_path / "logs")
+    try:
+        yield c.start()
+    finally:
+        c.close()
+
+
+def connect(qtbot: Any, w: MainWindow, url: str, key: str = "", remember: bool = False) -> None:
+    """Models -> "Connect to a Verbatim server…", the address typed, Connect clicked."""
+    w.findChild(QAction, "connectServerAction").trigger()
+    dlg = next(d for d in w.findChildren(ServerDialog, "serverDialog") if d.isVisible())
+    dlg.url.setText(url)
+    dlg.key.setText(key)
+    dlg.remember.setChecked(remember)
+    qtbot.mouseClick(dlg.connect_button, Qt.MouseButton.LeftButton)
+    w.activateWindow()  # the window's shortcuts (Ctrl+R) again
+    qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
+
+
+def test_the_window_attached_to_a_two_rank_server(
+    qtbot: Any, open_window: Callable[..., MainWindow], cluster: Cluster  # noqa: F811
+) -> None:
+    w = open_window()  # the tiny model in process first
+    w.chat.link_interval = 0.2  # probe often: the test waits on what the window shows
+    connect(qtbot, w, cluster.url)
+    qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+    served = cluster.get("/verbatim/model")
+    where = f"{Path(served['id']).name} · 2 ranks at 127.0.0.1:{cluster.port}"
+    assert w.model_label.text() == where and w.chat.model_info.key == served["key"]
+    assert w.qsettings.value("server/url") == cluster.url and w.qsettings.value("model/last") == cluster.url
+    assert w.findChild(QAction, "disconnectServerAction").isEnabled()
+    assert not w.debug_panel.clear_button.isEnabled()  # the server's cache is the server's
+
+    send(qtbot, w, "Why is the sky blue?", wait=False)
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+    first = watch(w).finished.result
+    reply = replies(w)[-1]
+    n = first.report.prompt_tokens
+    stored = w.session.store.get_message(reply.id)
+    assert len(first.tokens) == 24 and stored.tokens == first.tokens and stored.logprobs == first.logprobs
+    assert first.report.world_size == 2 and first.report.restored == 0
+
+    # Regenerate (Ctrl+R): the same tokens and bits from the server's cache, marked identical.
+    before = watch(w).finished
+    qtbot.keyClick(w, Qt.Key.Key_R, CTRL)
+    qtbot.waitUntil(lambda: watch(w).finished is not before, timeout=SERVER)
+    again = watch(w).finished
+    assert again.result.tokens == first.tokens and again.result.logprobs == first.logprobs
+    assert again.result.report.restored == n - 1 and again.result.report.source == "memory"
+    assert again.pending.duplicate_of == reply.id and [vm.id for vm in replies(w)] == [reply.id]
+    widget = w.chat_view.widget_for(reply.id)
+    assert widget.identity.text().startswith("✓ identical") and widget.footer.text().startswith("run 2 of 2")
+
+    # The debug panel: a row per rank, each restored n-1 with every layer there.
+    w.debug_action.trigger()
+    assert w.debug_panel.rank_box.isVisible()
+    rows = w.debug_panel.rank_rows()
+    assert [r[:5] for r in rows] == [["0", rows[0][1], str(n - 1), "memory", rows[0][4]],
+                                     ["1", rows[1][1], str(n - 1), "memory", rows[1][4]]]
+    assert [r[5] for r in rows] == [f"all 4 at {n - 1}"] * 2 and [r[6] for r in rows] == ["none", "none"]
+
+    # Compare: the reply against a cold run on the server, token texts from the server's tokenizer.
+    data = wait_compared(qtbot, w, lambda: qtbot.mouseClick(widget.compare_button, Qt.MouseButton.LeftButton),
+                         timeout=SERVER)
+    assert data.a.message_id == reply.id and data.a.pieces is not None and "".join(data.a.pieces) == first.text
+    cold = wait_compared(qtbot, w, lambda: qtbot.mouseClick(w.inspector.view.cold_button, Qt.MouseButton.LeftButton),
+                         timeout=SERVER)
+    assert cold.comparison.identical and cold.b.tokens == first.tokens and cold.b.source is None
+    w.inspector.view.close()
+
+    # Verify against a cold run: the server runs it with no cache.
+    qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.chat.verifying, timeout=SERVER)
+    assert w.debug_panel.value("verify").startswith("✓ identical")
+
+    # The server stops: the window says so; what is typed stays, and Enter sends nothing.
+    assert cluster.stop() == [0, 0], cluster.log()
+    draft = "A question typed while the server is away"
+    w.composer.setPlainText(draft)
+    qtbot.waitUntil(lambda: "not reachable" in w.model_label.text(), timeout=SERVER)
+    assert w.banner.isVisible() and "The server is not reachable" in w.banner.text()
+    assert not w.send_button.isEnabled() and not w.regenerate_button.isEnabled()
+    w.composer.setFocus()
+    qtbot.keyClick(w.composer, Qt.Key.Key_Return)
+    assert not w.chat.generating and w.composer.toPlainText() == draft
+    assert [vm.role for vm in w.chat.vms] == ["user", "assistant"]  # nothing was sent
+
+    # It comes back where it was (its cache on disk): the window works again by itself.
+    cluster.start(same_port=True)
+    qtbot.waitUntil(lambda: w.chat.link.up, timeout=SERVER)
+    assert w.model_label.text() == where and not w.banner.isVisible() and w.send_button.isEnabled()
+    assert w.composer.toPlainText() == draft
+    before = watch(w).finished
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
+    qtbot.keyClick(w, Qt.Key.Key_R, CTRL)
+    qtbot.waitUntil(lambda: watch(w).finished is not before, timeout=SERVER)
+    after = watch(w).finished.result
+    assert after.tokens == first.tokens and after.logprobs == first.logprobs
+    assert after.report.restored == n - 1 and after.report.source == "disk"
+    assert [r[3] for r in (w.debug_panel.rank_rows())] == ["disk", "disk"]
+
+    # Back to a model in this process: the local engine again, the same tokens as the server's
+    # would not be promised (world size is part of the identity), but a reply comes.
+    w.findChild(QAction, "disconnectServerAction").trigger()
+    qtbot.waitUntil(lambda: w.chat.link is None and w.chat.model_ready, timeout=LONG)
+    assert "ranks" not in w.model_label.text() and w.debug_panel.clear_button.isEnabled()
+
+
+def test_a_server_that_cannot_be_reached_keeps_the_model_loaded(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    from tests.cluster import free_ports
+
+    w = open_window()
+    before = w.chat.model_info
+    connect(qtbot, w, f"127.0.0.1:{free_ports(1)[0]}")  # nothing listens there
+    qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=LONG)
+    title, text = watch(w).errors[-1]
+    assert title == "Cannot connect to the server" and "cannot reach the server" in text
+    assert w.chat.link is None and w.chat.model_ready and w.chat.model_info is before
+    send(qtbot, w, "Still here?")
+    assert replies(w)[-1].status == "complete"
+
+
+def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    server = Cluster(str(tiny_model), 1, tmp_path / "server-cache", tmp_path / "logs", "--api-key", "s3cret")
+    try:
+        server.start()
+        data = tmp_path / "data"
+        w = open_window(data_dir=data)
+        connect(qtbot, w, server.url)  # no key: refused, the local model stays
+        qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=SERVER)
+        assert "missing or wrong API key" in watch(w).errors[-1][1] and w.chat.link is None and w.chat.model_ready
+        connect(qtbot, w, server.url, key="s3cret", remember=True)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        assert w.model_label.text().endswith(f"1 process at 127.0.0.1:{server.port}")
+        send(qtbot, w, "Why is the sky blue?", wait=False)
+        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        first = watch(w).finished.result
+        w.close()
+
+        again = open_window(data_dir=data, model=str(w.qsettings.value("model/last")))
+        again.chat.link_interval = 0.2
+        assert again.chat.link is not None and again.chat.link.api_key == "s3cret"
+        assert again.model_label.text() == w.model_label.text()
+        before = watch(again).finished
+        qtbot.keyClick(again, Qt.Key.Key_R, CTRL)
+        qtbot.waitUntil(lambda: watch(again).finished is not before, timeout=SERVER)
+        result = watch(again).finished.result
+        assert result.tokens == first.tokens and result.logprobs == first.logprobs
+        assert result.report.restored == result.report.prompt_tokens - 1
+    finally:
+        server.close()
