@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, TypeVar, Union, runtime_checkable
 
@@ -185,13 +185,15 @@ async def engine_batches(
     interval: float = BATCH_INTERVAL,
     observe: Optional[Observer] = None,
     start: Optional[Callable[[EngineAPI], None]] = None,
-) -> AsyncIterator[list[StreamEvent]]:
+) -> AsyncGenerator[list[StreamEvent], None]:
     """`engine_events`, as lists of events: one list per wake-up of the loop (never empty; the
     last one ends with the `Done`). `loop`: the loop to deliver on (default: the running one;
     pass it explicitly where Qt drives the loop without asyncio's running loop being set).
     `start(engine)` runs on the engine thread when the job's turn comes, before the generation
     (e.g. the server checks the model is still the one the request was admitted for); what it
-    raises ends the stream with that error."""
+    raises ends the stream with that error. A consumer that stops early cancels the generation
+    when the generator is closed: close it (`contextlib.aclosing`) rather than leave that to
+    garbage collection."""
     loop = loop or asyncio.get_running_loop()
     channel = _Channel(loop, interval)
     token = cancel if cancel is not None else CancelToken()
@@ -265,7 +267,7 @@ async def engine_events(
     interval: float = BATCH_INTERVAL,
     observe: Optional[Observer] = None,
     start: Optional[Callable[[EngineAPI], None]] = None,
-) -> AsyncIterator[StreamEvent]:
+) -> AsyncGenerator[StreamEvent, None]:
     """Generate `request` on the engine thread; yield its events in order, the last a `Done`."""
     async for batch in engine_batches(executor, request, cancel, loop=loop, interval=interval, observe=observe,
                                       start=start):
