@@ -13,9 +13,13 @@ Events cross threads with `loop.call_soon_threadsafe`, batched: the loop wakes a
 dropped. `engine_batches` yields the same events as lists, one per wake-up, for a consumer that
 redraws once per batch (the window).
 
-`observe`, when given, sees every event and the final `Done` (or `Failed` when the engine raised)
-on the engine thread, before they are posted: what must happen even if the loop never turns again (the app saves a reply there, so a
-reply is saved when the window closes mid-reply).
+`observe`, when given, sees every event and then exactly one final `Done` (or `Failed` when the
+engine raised), on the engine thread, before they are posted: what must happen even if the loop
+never turns again (the app saves a reply there, so a reply is saved when the window closes
+mid-reply; the server frees the request's place in its queue there, even after its client left).
+A job that failed outside the generation (the engine could not start, the executor failed or
+cancelled it before or while it ran) is still observed as a `Failed`, on the thread that ended
+the job; nothing after a final is observed or posted.
 
 `engine_call(executor, fn)` runs any other job (`fn(engine)`: load, verify, cache stats) the same
 way and awaits its value.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, TypeVar, Union, runtime_checkable
 
@@ -181,16 +185,37 @@ async def engine_batches(
     interval: float = BATCH_INTERVAL,
     observe: Optional[Observer] = None,
     start: Optional[Callable[[EngineAPI], None]] = None,
-) -> AsyncIterator[list[StreamEvent]]:
+) -> AsyncGenerator[list[StreamEvent], None]:
     """`engine_events`, as lists of events: one list per wake-up of the loop (never empty; the
     last one ends with the `Done`). `loop`: the loop to deliver on (default: the running one;
     pass it explicitly where Qt drives the loop without asyncio's running loop being set).
     `start(engine)` runs on the engine thread when the job's turn comes, before the generation
     (e.g. the server checks the model is still the one the request was admitted for); what it
-    raises ends the stream with that error."""
+    raises ends the stream with that error. A consumer that stops early cancels the generation
+    when the generator is closed: close it (`contextlib.aclosing`) rather than leave that to
+    garbage collection."""
     loop = loop or asyncio.get_running_loop()
     channel = _Channel(loop, interval)
     token = cancel if cancel is not None else CancelToken()
+    ended = threading.Lock()  # one deliverer at a time: the engine thread, or whoever failed the job
+    final_sent = False  # under `ended`: the final item went; nothing more goes
+
+    def deliver(item: Union[StreamEvent, Failed]) -> None:
+        """Observe, then post; once a final (Done or Failed) went, nothing more goes (any thread)."""
+        nonlocal final_sent
+        with ended:
+            if final_sent:
+                return
+            last = isinstance(item, (Done, Failed))
+            final_sent = last
+            try:
+                if observe is not None:
+                    observe(item)
+            except BaseException as e:
+                if last:  # the consumer still gets a final: the observer's error, raised there
+                    channel.put(Failed(e) if isinstance(item, Done) else item)
+                raise
+            channel.put(item)
 
     def run(engine: EngineAPI) -> None:
         try:
@@ -202,21 +227,18 @@ async def engine_batches(
                     event: StreamEvent = next(gen)
                 except StopIteration as stop:
                     event = Done(stop.value)
-                if observe is not None:
-                    observe(event)
-                channel.put(event)
+                deliver(event)
                 if isinstance(event, Done):
                     return
         except BaseException as e:
-            if observe is not None:
-                observe(Failed(e))
-            raise
+            deliver(Failed(e))
+            raise  # the job's future fails too (the distributed leader stops on a GroupError)
 
     def finished(fut: Any) -> None:  # any thread: an error, or a job cancelled before it ran
         if fut.cancelled():
-            channel.put(Failed(asyncio.CancelledError("the engine job was cancelled before it started")))
+            deliver(Failed(asyncio.CancelledError("the engine job was cancelled before it started")))
         elif fut.exception() is not None:
-            channel.put(Failed(fut.exception()))
+            deliver(Failed(fut.exception()))
 
     executor.submit(run).add_done_callback(finished)
     try:
@@ -245,7 +267,7 @@ async def engine_events(
     interval: float = BATCH_INTERVAL,
     observe: Optional[Observer] = None,
     start: Optional[Callable[[EngineAPI], None]] = None,
-) -> AsyncIterator[StreamEvent]:
+) -> AsyncGenerator[StreamEvent, None]:
     """Generate `request` on the engine thread; yield its events in order, the last a `Done`."""
     async for batch in engine_batches(executor, request, cancel, loop=loop, interval=interval, observe=observe,
                                       start=start):

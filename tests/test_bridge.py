@@ -4,6 +4,7 @@ at the consumer. A real Engine on a tiny random-weight model, on its EngineExecu
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -122,3 +123,50 @@ def test_an_engine_error_is_raised_at_the_consumer(executor: EngineExecutor, tmp
 
 async def engine_call_stats(executor: EngineExecutor) -> dict[str, Any]:
     return await engine_call(executor, lambda e: e.cache_stats())
+
+
+class FailedFromOutside:
+    """An executor whose job's future fails from outside before the job runs (as the distributed
+    leader fails the job in flight when a peer is lost); the job still runs afterwards."""
+
+    def __init__(self, inner: EngineExecutor) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.ran: "concurrent.futures.Future[Any] | None" = None
+
+    def submit(self, fn: Any) -> "concurrent.futures.Future[Any]":
+        self.ran = self.inner.submit(lambda engine: (self.gate.wait(120), fn(engine))[1])
+        outer: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        outer.set_exception(EngineError("the group failed"))
+        return outer
+
+
+def test_the_observer_sees_one_final_even_when_the_job_fails_outside_the_generation(executor: EngineExecutor) -> None:
+    def broken() -> Engine:
+        raise EngineError("cache folder is not writable")
+
+    dead = EngineExecutor(broken)
+    observed: list[Any] = []
+    with pytest.raises(EngineError, match="could not start"):
+        asyncio.run(collect(dead, request(), observe=observed.append))
+    assert dead.shutdown(timeout=30)
+    assert len(observed) == 1 and isinstance(observed[0], Failed) and "could not start" in str(observed[0].error)
+    # Failed from outside: the consumer and the observer get that error, once; the job that runs
+    # afterwards (cancelled: its consumer is gone) is observed no more.
+    outside = FailedFromOutside(executor)
+    observed.clear()
+    with pytest.raises(EngineError, match="group failed"):
+        asyncio.run(collect(outside, request(), observe=observed.append))
+    outside.gate.set()
+    assert outside.ran is not None
+    outside.ran.result(timeout=120)
+    assert len(observed) == 1 and isinstance(observed[0], Failed) and "group failed" in str(observed[0].error)
+
+
+def test_an_observer_that_raises_on_the_done_fails_the_stream(executor: EngineExecutor) -> None:
+    def observe(event: Any) -> None:
+        if isinstance(event, Done):
+            raise OSError("the reply could not be saved")
+
+    with pytest.raises(OSError, match="could not be saved"):
+        asyncio.run(collect(executor, request(4), observe=observe))

@@ -18,7 +18,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Generator, Iterator, Optional
 
 import openai
 import pytest
@@ -27,26 +27,41 @@ from engine.engine import Engine
 from engine.executor import EngineExecutor
 from engine.serve.schema import ServedModel
 from engine.serve.server import ServeError, ServerHandle, check_bind
+from engine.types import CancelToken, Event, GenerationRequest, GenerationResult
 from tests.engine_helpers import require_openblas
 
 TIMEOUT = 120  # seconds: generous, only ever hit when something hangs
 SKY = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
+class RecordingEngine:
+    """The engine as a server job sees it, recording what each generation returned."""
+
+    def __init__(self, engine: Engine, results: list[GenerationResult]) -> None:
+        self._engine, self._results = engine, results
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
+               ) -> Generator[Event, None, GenerationResult]:
+        result = yield from self._engine.stream(request, cancel)
+        self._results.append(result)
+        return result
+
+
 class RecordingExecutor:
-    """The engine executor, recording what each server job returned (to see cancellations)."""
+    """The engine executor, recording each job the server submits and what each generation
+    returned (to see cancellations)."""
 
     def __init__(self, inner: EngineExecutor) -> None:
         self.inner = inner
-        self.results: list[Any] = []
+        self.jobs: list[Callable[[Any], Any]] = []
+        self.results: list[GenerationResult] = []
 
     def submit(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
-        def run(engine: Any) -> Any:
-            out = fn(engine)
-            self.results.append(out)
-            return out
-
-        return self.inner.submit(run)
+        self.jobs.append(fn)
+        return self.inner.submit(lambda engine: fn(RecordingEngine(engine, self.results)))
 
 
 class Server:
@@ -424,7 +439,7 @@ def test_a_client_leaving_mid_stream_cancels_and_the_next_request_is_right(serve
     stream.close()  # the client disconnects
     server.wait_state(lambda st: st.served == served + 1 and st.running == 0)
     done = server.recording.results[n_results]
-    assert done.result.finish_reason == "cancelled" and len(done.result.tokens) < 3000
+    assert done.finish_reason == "cancelled" and len(done.tokens) < 3000
     again = chat(c, server.model, msgs, logprobs=True)
     assert again.verbatim["token_ids"] == reference.verbatim["token_ids"] and lps(again) == lps(reference)
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
@@ -441,7 +456,7 @@ def test_stopping_the_server_ends_streams_and_generations(tiny_model: Path) -> N
             for _ in it:
                 pass
         s.wait_state(lambda st: st.running == 0 and st.waiting == 0)
-        assert s.recording.results[-1].result.finish_reason == "cancelled"
+        assert s.recording.results[-1].finish_reason == "cancelled"
     finally:
         s.close()
 

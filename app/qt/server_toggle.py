@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QLabel, QWidget
 
-from engine.serve.bridge import DEFAULT_HOST, DEFAULT_PORT
+from engine.serve import DEFAULT_HOST, DEFAULT_PORT
 from engine.serve.schema import ServedModel
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.serve.bridge import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE_LIMIT
+from engine.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE_LIMIT
 from engine.types import DEFAULT_CHUNK
 
 

@@ -2,10 +2,17 @@
 
 Built on aiohttp, so it runs on any asyncio loop: its own under `python -m engine serve`, the
 app's qasync loop under the GUI's "Local server" toggle. Every generation goes through the
-engine executor's one thread, like the GUI's own work (see bridge.py).
+engine bridge (engine/bridge.py) onto the engine executor's one thread, like the GUI's own work.
 
-Modules: schema.py (request validation, response shaping; no aiohttp), bridge.py (the bounded
-queue and one job on the engine thread), app.py (routes), server.py (run and stop on a loop),
-guard.py (Host, Origin and Content-Type checks; rate-limited logs), keys.py (API keys and the
-prompt-cache namespace of each request), connections.py (timeouts and a cap on connections).
+Modules: schema.py (request validation, response shaping; no aiohttp), admission.py (the bounded
+request queue and each request's hooks on the engine thread), tokens.py (token names for
+logprobs), app.py (routes), server.py (run and stop on a loop), guard.py (Host, Origin and
+Content-Type checks; rate-limited logs), keys.py (API keys and the prompt-cache namespace of
+each request), connections.py (timeouts and a cap on connections), engine_routes.py (what a
+remote engine asks of the server). This package itself imports nothing: the GUI and the command
+line read the defaults from here before aiohttp, MLX or the engine is needed.
 """
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+DEFAULT_QUEUE_LIMIT = 32  # requests waiting or running at most; one more gets 429

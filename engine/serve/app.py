@@ -11,6 +11,10 @@ loop is current, the CLI's own or the GUI's qasync loop. Routes:
 
 Each response carries a `verbatim` object with the prompt-cache report and the seed used.
 
+Generations go through the engine bridge (engine/bridge.py, `engine_batches`), as the window's
+do, each with its `Ticket` in the bounded queue (admission.py). A stream's headers wait for the
+first event; then each batch of events (at most ~20 a second) is one write, one chunk per token.
+
 Before any work, from the headers alone (the body is not read yet): the Host, Origin and
 Content-Type checks (guard.py), then the API key, which also picks the request's prompt-cache
 namespace (keys.py). A request refused there is answered and its connection closed.
@@ -20,28 +24,26 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
+from engine.bridge import Done, StreamEvent, engine_batches
 from engine.errors import ContextLengthError, EngineError, RequestError
-from engine.serve import schema
-from engine.serve.bridge import (
-    DEFAULT_QUEUE_LIMIT,
-    Done,
-    Job,
-    ModelChanged,
-    ServerState,
-    Tokens,
-)
+from engine.serve import DEFAULT_QUEUE_LIMIT, schema
+from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
 from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
 from engine.serve.keys import Keys
 from engine.serve.engine_routes import add_engine_routes
 from engine.serve.schema import APIError, ServedModel
+from engine.types import TokenEvent
 
 log = logging.getLogger(__name__)
+Batches = AsyncGenerator[list[StreamEvent], None]  # engine_batches: one list per wake-up of the loop
 
 MAX_BODY = 8 << 20  # bytes: larger request bodies get 413
 RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no model)
@@ -85,6 +87,8 @@ def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
         return APIError(400, str(e), param="logit_bias" if str(e).startswith("logit_bias") else None)
     if isinstance(e, ModelChanged):
         return APIError(409, str(e), code="model_changed")
+    if isinstance(e, Withdrawn):  # cancelled while it waited, its client still here: the server stops
+        return _cancelled()
     if isinstance(e, EngineError):
         return APIError(503, schema.no_paths(str(e)), "server_error", code="engine_unavailable")
     log_once(f"generation:{type(e).__name__}", "local server: generation failed", logging.ERROR, e)
@@ -231,80 +235,98 @@ async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.S
     name = parsed.model or model.id
     # The requester's own cache namespace (keys.py): it restores and stores only there.
     gen = replace(parsed.request, cache_namespace=request.get(NAMESPACE_KEY))
-    job = Job(request.app[STATE_KEY], request.app[EXECUTOR_KEY], gen, model.key, parsed.logprobs)
-    try:
+    # Admitted now (or refused: 429 when the queue is full, 503 while the server stops).
+    ticket = Ticket(request.app[STATE_KEY], model.key, parsed.logprobs, per_token=parsed.stream)
+    # Through the engine bridge, as the window generates: the ticket's hooks run on the engine
+    # thread. Iterated at once (that submits the job). Closing the batches (the client left and
+    # aiohttp cancelled the handler, or anything failed) cancels the generation; a cancelled
+    # generation keeps only exact snapshots, so the cache stays consistent.
+    batches = engine_batches(request.app[EXECUTOR_KEY], gen, ticket.cancel, start=ticket.start,
+                             observe=ticket.observe)
+    async with aclosing(batches):
         if parsed.stream:
-            return await _stream(request, parsed, name, job)
-        while True:
-            item = await job.items.get()
-            if isinstance(item, Done):
-                break
-        if item.error is not None:
-            raise _engine_error(item.error, parsed.kind)
-        assert item.result is not None
-        if item.result.finish_reason == "cancelled":
+            return await _stream(request, parsed, name, ticket, batches)
+        try:
+            done = await _final(batches)
+        except Exception as e:  # the engine's error (or the ticket's: model changed, withdrawn)
+            raise _engine_error(e, parsed.kind) from None
+        if done.result.finish_reason == "cancelled":
             raise _cancelled()
-        return web.json_response(schema.full_response(parsed, name, item.result, item.entries, job.queue_info()))
-    finally:
-        # The client left (aiohttp cancels the handler) or anything failed: stop the generation.
-        # A cancelled generation keeps only exact snapshots, so the cache stays consistent.
-        job.abandon()
+        return web.json_response(schema.full_response(parsed, name, done.result, ticket.entries,
+                                                      ticket.queue_info()))
 
 
-async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str, job: Job) -> web.StreamResponse:
+async def _final(batches: Batches) -> Done:
+    async for batch in batches:
+        if isinstance(batch[-1], Done):
+            return batch[-1]
+    raise RuntimeError("the engine bridge ended without its final event")  # it never does: Done or raise
+
+
+def _sse(chunks: list[Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n" for obj in chunks)
+
+
+async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str, ticket: Ticket,
+                  batches: Batches) -> web.StreamResponse:
     # Headers wait for the first event: an error found before prefill (context too long, bad
     # template) is still answered with its status code rather than inside a 200 stream.
-    item = await job.items.get()
-    if isinstance(item, Done):
-        if item.error is not None:
-            raise _engine_error(item.error, parsed.kind)
+    try:
+        batch = await anext(batches)
+    except Exception as e:
+        raise _engine_error(e, parsed.kind) from None
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
-
-    async def send(obj: Any) -> None:
-        await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
-
-    chat = parsed.kind == "chat"
-    if chat:
-        await send(schema.chunk(parsed, name, "", None, role=True))
+    out: list[Any] = [schema.chunk(parsed, name, "", None, role=True)] if parsed.kind == "chat" else []
     text = ""  # everything the engine has decoded so far
     sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
     seen = 0  # tokens whose logprobs were sent
-    while not isinstance(item, Done):
-        if isinstance(item, Tokens):
-            text += item.event.text
-            entries = None
-            if parsed.logprobs and item.event.index >= seen and item.entry is not None:
-                entries = [item.entry]
-                seen = item.event.index + 1
-            delta = text[sent:]
-            if delta or entries:
-                await send(schema.chunk(parsed, name, delta, entries, text_offset=sent))
-                sent = len(text)
-        item = await job.items.get()
-    result = item.result
-    if item.error is not None or result is None or result.finish_reason == "cancelled":
-        err = _engine_error(item.error, parsed.kind) if item.error is not None else _cancelled()
-        await send(err.body())  # clients raise it; no [DONE]: the reply is not complete
+    while True:
+        done: Optional[Done] = None
+        for event in batch:  # one chunk per token, one write per batch
+            if isinstance(event, TokenEvent):
+                text += event.text
+                entries = None
+                if parsed.logprobs and event.index >= seen:
+                    entry = ticket.entry(event.index)
+                    if entry is not None:
+                        entries, seen = [entry], event.index + 1
+                delta = text[sent:]
+                if delta or entries:
+                    out.append(schema.chunk(parsed, name, delta, entries, text_offset=sent))
+                    sent = len(text)
+            elif isinstance(event, Done):
+                done = event
+        if done is not None:
+            break
+        if out:
+            await resp.write(_sse(out))
+            out = []
+        try:
+            batch = await anext(batches)
+        except Exception as e:  # after the headers: the error goes inside the stream
+            await resp.write(_sse([*out, _engine_error(e, parsed.kind).body()]))  # clients raise it; no [DONE]
+            return resp
+    result = done.result
+    if result.finish_reason == "cancelled":  # the server is stopping (a client that left reads nothing)
+        await resp.write(_sse([*out, _cancelled().body()]))  # no [DONE]: the reply is not complete
         return resp
-    final = result.text
-    rest = final[sent:] if final.startswith(text[:sent]) else ""
-    entries = item.entries[seen:] if item.entries is not None else None
+    rest = result.text[sent:] if result.text.startswith(text[:sent]) else ""
+    entries = ticket.entries[seen:] if ticket.entries is not None else None
     last = schema.chunk(parsed, name, rest, entries if parsed.logprobs else None,
                         finish=schema.finish_reason(result), text_offset=sent)
     last["system_fingerprint"] = schema.fingerprint(result.report.model_key)
-    last["verbatim"] = schema.verbatim_report(result, job.queue_info())
+    last["verbatim"] = schema.verbatim_report(result, ticket.queue_info())
     if parsed.include_usage:
-        await send(last)
         usage_chunk = schema.chunk(parsed, name, None, None)
         usage_chunk["choices"] = []
         usage_chunk["usage"] = schema.usage(result)
-        await send(usage_chunk)
+        out += [last, usage_chunk]
     else:
         last["usage"] = schema.usage(result)
-        await send(last)
-    await resp.write(b"data: [DONE]\n\n")
+        out.append(last)
+    await resp.write(_sse(out) + b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
 

@@ -4,17 +4,17 @@
     POST /verbatim/tokenize   {"messages": [...]} -> {"ids": [...]}  (the chat template applied)
                               {"tokens": [...]}   -> {"texts": [...]} (the text each token adds)
 
-The tokenizer runs on the engine thread like everything else (on rank 0 only in a distributed
-run: it needs no other rank).
+The tokenizer runs on the engine thread like everything else, through `engine_call` (on rank 0
+only in a distributed run: it needs no other rank).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 
+from engine.bridge import engine_call
 from engine.errors import VerbatimError
 from engine.serve.schema import APIError
 
@@ -44,10 +44,10 @@ def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any) 
                 if (not isinstance(tokens, list) or len(tokens) > MAX_TOKENS_TO_NAME
                         or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens)):
                     raise APIError(400, "'tokens' must be a list of token ids", param="tokens")
-                texts = await asyncio.wrap_future(executor.submit(lambda eng: eng.token_texts(tokens)))
+                texts = await engine_call(executor, lambda eng: eng.token_texts(tokens))
                 return web.json_response({"texts": texts})
             messages = body.get("messages")
-            ids = await asyncio.wrap_future(executor.submit(lambda eng: eng.prompt_ids(messages)))
+            ids = await engine_call(executor, lambda eng: eng.prompt_ids(messages))
             return web.json_response({"ids": ids})
         except VerbatimError as e:
             raise APIError(400, str(e))

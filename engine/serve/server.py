@@ -1,7 +1,7 @@
 """Running the app: on the current asyncio loop (the GUI's qasync loop, or the CLI's own).
 
 `ServerHandle.start()` binds and returns the URL; `stop()` cancels every generation in flight
-(each keeps the cache consistent, see bridge.py), closes the connections and unbinds.
+(each ends with its partial result, the cache kept consistent), closes the connections, unbinds.
 `serve(...)` is the CLI's whole life: load, serve until SIGINT/SIGTERM, shut down cleanly.
 
 Connections go through a `ConnectionGuard` (timeouts, a cap: connections.py), requests through
@@ -20,13 +20,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from aiohttp import web
 
+from engine.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE_LIMIT
+from engine.serve.admission import ServerState
 from engine.serve.app import CONFIG_KEY, create_app, log_once
-from engine.serve.bridge import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    DEFAULT_QUEUE_LIMIT,
-    ServerState,
-)
 from engine.serve.connections import (
     ConnectionGuard,
     GuardedSite,
