@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -44,6 +45,16 @@ def free_ports(n: int) -> list[int]:
             for t in socks:
                 t.close()
     raise RuntimeError("no free ports")
+
+
+@contextmanager
+def running(model: str, size: int, tmp: Path, *args: str, **kw: Any) -> Iterator["Cluster"]:
+    """A started cluster (cache and logs under `tmp`), killed on the way out whatever happened."""
+    cluster = Cluster(model, size, tmp / "server-cache", tmp / "logs", *args, **kw)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
 
 
 class Cluster:

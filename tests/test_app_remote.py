@@ -19,7 +19,7 @@ from PySide6.QtGui import QAction  # noqa: E402
 from app.qt.widgets.server_dialog import ServerDialog  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.app_helpers import wait_compared, watch  # noqa: E402
-from tests.cluster import Cluster  # noqa: E402
+from tests.cluster import Cluster, running  # noqa: E402
 from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
 
 pytestmark = pytest.mark.gui
@@ -29,11 +29,8 @@ SERVER = 60_000  # ms: a reply from two ranks sharing two cores with the window
 
 @pytest.fixture
 def cluster(tiny_model: Path, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(str(tiny_model), 2, tmp_path / "server-cache", tmp_path / "logs")
-    try:
-        yield c.start()
-    finally:
-        c.close()
+    with running(str(tiny_model), 2, tmp_path) as c:
+        yield c
 
 
 def connect(qtbot: Any, w: MainWindow, url: str, key: str = "", remember: bool = False) -> None:
@@ -157,9 +154,7 @@ def test_a_server_that_cannot_be_reached_keeps_the_model_loaded(
 def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
     qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
 ) -> None:
-    server = Cluster(str(tiny_model), 1, tmp_path / "server-cache", tmp_path / "logs", "--api-key", "s3cret")
-    try:
-        server.start()
+    with running(str(tiny_model), 1, tmp_path, "--api-key", "s3cret") as server:
         data = tmp_path / "data"
         w = open_window(data_dir=data)
         connect(qtbot, w, server.url)  # no key: refused, the local model stays
@@ -183,5 +178,3 @@ def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
         result = watch(again).finished.result
         assert result.tokens == first.tokens and result.logprobs == first.logprobs
         assert result.report.restored == result.report.prompt_tokens - 1
-    finally:
-        server.close()

@@ -12,18 +12,15 @@ from engine.errors import EngineError
 from engine.generate.loop import drain
 from engine.remote import RemoteEngine
 from engine.types import CancelToken, ContextInfo, GenerationRequest, SamplerSettings, TokenEvent
-from tests.cluster import Cluster
+from tests.cluster import Cluster, running
 
 SKY = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
 @pytest.fixture
 def cluster(tiny_model: Path, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(str(tiny_model), 2, tmp_path / "cache", tmp_path / "logs")
-    try:
-        yield c.start()
-    finally:
-        c.close()
+    with running(str(tiny_model), 2, tmp_path) as c:
+        yield c
 
 
 def test_remote_engine_streams_reports_per_rank_verifies_and_sees_the_server_go(cluster: Cluster) -> None:

@@ -62,6 +62,19 @@ def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel])
     return form
 
 
+def _table(columns: list[str], name: str) -> QTableWidget:
+    """A read-only table with a header row (no row numbers, no selection)."""
+    table = QTableWidget(0, len(columns))
+    table.setObjectName(name)
+    table.setHorizontalHeaderLabels(columns)
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    table.verticalHeader().setDefaultSectionSize(22)
+    return table
+
+
 class DebugPanel(QDockWidget):
     verifyRequested = Signal(int)  # reply id
     clearRequested = Signal()
@@ -92,16 +105,8 @@ class DebugPanel(QDockWidget):
         lay.addWidget(cache_box)
 
         # A run on several ranks (a Verbatim server under mlx.launch): what each rank's cache did.
-        self.ranks = QTableWidget(0, len(RANK_COLUMNS))
-        self.ranks.setObjectName("rankTable")
-        self.ranks.setHorizontalHeaderLabels(RANK_COLUMNS)
-        self.ranks.verticalHeader().setVisible(False)
-        self.ranks.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.ranks.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        self.ranks.setWordWrap(True)
-        self.ranks.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.ranks = _table(RANK_COLUMNS, "rankTable")
         self.ranks.horizontalHeader().setStretchLastSection(True)
-        self.ranks.verticalHeader().setDefaultSectionSize(22)
         self.rank_box = QGroupBox("Ranks")
         QVBoxLayout(self.rank_box).addWidget(self.ranks)
         self.rank_box.setVisible(False)
@@ -144,18 +149,11 @@ class DebugPanel(QDockWidget):
         store.addRow(row)
         lay.addWidget(store_box)
 
-        self.layers = QTableWidget(0, len(LAYER_COLUMNS))
-        self.layers.setObjectName("layerTable")
-        self.layers.setHorizontalHeaderLabels(LAYER_COLUMNS)
-        self.layers.verticalHeader().setVisible(False)
-        self.layers.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.layers.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        self.layers.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.layers = _table(LAYER_COLUMNS, "layerTable")
         self.layers.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.layers.setMinimumHeight(120)
         self.layers.setMaximumHeight(320)
         self.layers.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
-        self.layers.verticalHeader().setDefaultSectionSize(22)
         layer_box = QGroupBox("Layers after restore")
         QVBoxLayout(layer_box).addWidget(self.layers)
         lay.addWidget(layer_box)
