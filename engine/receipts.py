@@ -349,8 +349,10 @@ def replay(receipt: Receipt, engine: Engine, use_cache: bool = True, cancel: Opt
         cmp = replace(cmp, identical=False, detail="same tokens, logprobs differ")
     first_lp = next((i for i, (a, b) in enumerate(zip(ref_lps, result.logprobs)) if a != b), None) \
         if receipt.logprobs is not None and result.tokens == receipt.tokens else None
+    ours = getattr(engine, "environment", None)  # a server's (engine/remote.py), else this process's
     return Verdict(ok, cmp, list(result.tokens), digest, receipt.logprobs is not None,
-                   environment_diff(receipt.environment), notes, result.report.source, first_lp)
+                   environment_diff(receipt.environment, ours if isinstance(ours, dict) else None), notes,
+                   result.report.source, first_lp)
 
 
 def describe(receipt: Receipt) -> str:

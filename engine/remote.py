@@ -6,9 +6,8 @@ stream, and the `verbatim` object of the last chunk for the report (per rank in 
 run). It runs on the engine thread like the in-process Engine (its calls block).
 
 What differs from the in-process engine, by necessity:
-- A streamed `TokenEvent` carries the token's text and logprob but no token id (the stream
-  names tokens by text): `token` is -1 there. The returned `GenerationResult` has the ids
-  (the `verbatim` object's `token_ids`), except for a cancelled reply, which keeps none.
+- Token ids come with the stream (`"verbatim": {"token_ids": true}`: each chunk names its
+  tokens' ids), so a reply stopped part way keeps its ids like an in-process one.
 - `top_logprobs` alternatives come by text only, so they are not reported as ids.
 - `load(spec)` does not load anything: it connects and checks the server serves `spec`.
 - `clear_cache` is refused: the server's cache belongs to the server.
@@ -55,6 +54,7 @@ class RemoteEngine:
         self.api_key, self.timeout = api_key, timeout
         self.info: Optional[ModelInfo] = None
         self.world_size = 1
+        self.environment: dict[str, str] = {}  # the server's (a receipt's `environment`)
 
     # -- the model -------------------------------------------------------------------------
     @property
@@ -71,6 +71,7 @@ class RemoteEngine:
         if spec and spec != m["id"]:
             raise EngineError(f"the server at {self.address} serves {m['id']!r}, not {spec!r}")
         self.world_size = int(m.get("world_size") or 1)
+        self.environment = {str(k): str(v) for k, v in (m.get("environment") or {}).items()}
         self.info = ModelInfo(name=m["id"], path=f"{self.scheme}://{self.address}", key=m.get("key") or "",
                               model_type="remote", layers=0, cache_classes=[], kv_bits=None, dequantized=False,
                               load_s=0.0, context_length=m.get("context_length"))
@@ -97,7 +98,7 @@ class RemoteEngine:
                 raise ServerUnreachable(f"cannot reach the server at {self.address}: {e}") from e
             if resp.status != 200:
                 raise _error(resp.status, resp.read())
-            text, logprobs = "", []
+            text, logprobs, ids = "", [], []
             final: Optional[dict[str, Any]] = None
             for data in _events(resp, self.address):
                 if "error" in data:
@@ -109,16 +110,24 @@ class RemoteEngine:
                 choice = data["choices"][0]
                 delta = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                 lps = _entry_logprobs(choice.get("logprobs"), chat)
+                v = data.get("verbatim") or {}
+                if "finish_reason" in v:  # the last chunk: the report, with every id
+                    final = v
+                    named = [int(t) for t in v["token_ids"][len(ids):len(ids) + len(lps)]]
+                else:
+                    named = [int(t) for t in v.get("token_ids") or []]
                 for i, lp in enumerate(lps):
                     logprobs.append(lp)
-                    yield TokenEvent(len(logprobs) - 1, -1, lp, (delta or "") if i == 0 else "")
+                    ids.append(named[i] if i < len(named) else -1)
+                    yield TokenEvent(len(logprobs) - 1, ids[-1], lp, (delta or "") if i == 0 else "")
                 if delta and not lps:  # text held back (a possible stop string) released later
-                    yield TokenEvent(max(len(logprobs) - 1, 0), -1, logprobs[-1] if logprobs else 0.0, delta)
+                    yield TokenEvent(max(len(logprobs) - 1, 0), ids[-1] if ids else -1,
+                                     logprobs[-1] if logprobs else 0.0, delta)
                 text += delta or ""
-                if "verbatim" in data:
-                    final = data["verbatim"]
-            if final is None:  # cancelled, or the stream ended early: what arrived, no ids
-                return GenerationResult(text, [], logprobs, "cancelled", request.sampler.seed, [], CacheReport())
+            if final is None:  # stopped, or the stream ended early: what arrived, with its ids
+                known = all(t >= 0 for t in ids)
+                return GenerationResult(text, ids if known else [], logprobs if known else [], "cancelled",
+                                        request.sampler.seed, [], CacheReport())
             return GenerationResult(text, list(final["token_ids"]), logprobs, final["finish_reason"],
                                     int(final["seed"]), [], report_from_verbatim(final))
         finally:
@@ -215,7 +224,7 @@ def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": "", "stream": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
         "min_p": s.min_p, "repetition_penalty": s.repetition_penalty, "seed": s.seed, "max_tokens": s.max_tokens,
-        "verbatim": {"mode": request.mode, "cache": request.use_cache},
+        "verbatim": {"mode": request.mode, "cache": request.use_cache, "token_ids": True},
     }
     if request.stop:
         body["stop"] = list(request.stop)

@@ -48,6 +48,8 @@ FA = "tests/test_cache_families.py::"
 EP = "tests/test_edge_promises.py::"
 AP = "tests/test_app_edge_promises.py::"
 SS = "tests/test_stop_strings.py::"
+AR = "tests/test_app_remote.py::"
+RE = "tests/test_remote.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -203,6 +205,17 @@ MUTATIONS: list[Mutation] = [
         (("engine/generate/stops.py", "        return text[: len(text) - self.held_back(text)]\n", "        return text\n"),),
         (SS + "test_the_reported_leak_is_gone",
          SS + "test_engine_streams_exactly_the_final_text_for_random_stop_strings"),
+    ),
+    Mutation(
+        "attaching to a server drops the loaded engine before the server answers",
+        (("engine/executor.py", "        new = make_engine()\n", "        self._engine = None\n        new = make_engine()\n"),),
+        (AR + "test_a_server_that_cannot_be_reached_keeps_the_model_loaded",),
+    ),
+    Mutation(
+        "a remote engine ignores the token ids the stream names (a stopped reply loses them)",
+        (("engine/remote.py", '                    named = [int(t) for t in v.get("token_ids") or []]\n',
+          "                    named = []\n"),),
+        (RE + "test_remote_engine_streams_reports_per_rank_verifies_and_sees_the_server_go",),
     ),
 ]
 

@@ -5,6 +5,9 @@ what is typed; the server back -> the window works again, its cache from disk.""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -20,11 +23,12 @@ from app.qt.widgets.server_dialog import ServerDialog  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.app_helpers import wait_compared, watch  # noqa: E402
 from tests.cluster import Cluster, running  # noqa: E402
-from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
+from tests.test_app_window import LONG, open_window, replies, send, settings  # noqa: E402,F401 (a fixture)
 
 pytestmark = pytest.mark.gui
 CTRL = Qt.KeyboardModifier.ControlModifier
 SERVER = 60_000  # ms: a reply from two ranks sharing two cores with the window
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -46,7 +50,7 @@ def connect(qtbot: Any, w: MainWindow, url: str, key: str = "", remember: bool =
 
 
 def test_the_window_attached_to_a_two_rank_server(
-    qtbot: Any, open_window: Callable[..., MainWindow], cluster: Cluster  # noqa: F811
+    qtbot: Any, open_window: Callable[..., MainWindow], cluster: Cluster, tmp_path: Path  # noqa: F811
 ) -> None:
     w = open_window()  # the tiny model in process first
     w.chat.link_interval = 0.2  # probe often: the test waits on what the window shows
@@ -63,6 +67,7 @@ def test_the_window_attached_to_a_two_rank_server(
     qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
     first = watch(w).finished.result
     reply = replies(w)[-1]
+    reply_conv = w.conv_id
     n = first.report.prompt_tokens
     stored = w.session.store.get_message(reply.id)
     assert len(first.tokens) == 24 and stored.tokens == first.tokens and stored.logprobs == first.logprobs
@@ -100,6 +105,30 @@ def test_the_window_attached_to_a_two_rank_server(
     qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.chat.verifying, timeout=SERVER)
     assert w.debug_panel.value("verify").startswith("✓ identical")
+
+    # A receipt of the reply names the server: `python -m engine verify` replays it there.
+    path = tmp_path / "reply.receipt.json"
+    assert w.inspector.export_receipt(reply.id, str(path)) == str(path)
+    receipt = json.loads(path.read_text())
+    assert receipt["model"]["spec"] == cluster.url and receipt["environment"] == served["environment"]
+    proc = subprocess.run([sys.executable, "-m", "engine", "verify", str(path)], capture_output=True, text=True,
+                          timeout=SERVER / 1000, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "replaying on" in proc.stderr and "2 ranks" in proc.stderr and "environment differs" not in proc.stdout
+
+    # Stop mid-reply: the reply keeps what it has, its token ids too (the stream names them).
+    w.new_conversation()
+    w.apply_settings(settings(max_tokens=3000))
+    send(qtbot, w, "Tell me a long story.", wait=False)
+    qtbot.waitUntil(lambda: w.chat.stream.tokens >= 3, timeout=SERVER)
+    qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+    stopped = w.session.store.get_message(replies(w)[-1].id)
+    assert stopped.status == "interrupted" and 3 <= len(stopped.tokens) < 3000
+    assert len(stopped.logprobs) == len(stopped.tokens) and all(t >= 0 for t in stopped.tokens)
+    w.apply_settings(settings())
+    w.show_conversation(reply_conv)
+    assert w.chat.selected.id == reply.id
 
     # The server stops: the window says so; what is typed stays, and Enter sends nothing.
     assert cluster.stop() == [0, 0], cluster.log()

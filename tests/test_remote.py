@@ -69,6 +69,10 @@ def test_remote_engine_streams_reports_per_rank_verifies_and_sees_the_server_go(
     stopped = drain(eng.stream(GenerationRequest(SKY, SamplerSettings(seed=0, max_tokens=3000)), cancel),
                     stop_after_three)
     assert stopped.finish_reason == "cancelled" and len(seen) == 3
+    # The stream named every token's id: a stopped reply keeps them (and they are the reply's).
+    assert [e.token for e in events] == first.tokens
+    assert stopped.tokens == [e.token for e in seen] and all(t >= 0 for t in stopped.tokens)
+    assert stopped.logprobs == [e.logprob for e in seen]
     after = eng.generate(req)
     assert after.tokens == first.tokens and after.logprobs == first.logprobs
 

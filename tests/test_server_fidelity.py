@@ -208,3 +208,24 @@ def test_greedy_replies_compare_identical_whatever_seed_was_drawn(server: Server
     other = chat(c, server.model, msgs, temperature=0.9, seed=2, max_tokens=6)
     assert other.verbatim["identical_to_previous"] is None  # a different seed is a different request
     assert sampled.verbatim["identical_to_previous"] is None
+
+
+def test_streamed_chunks_name_their_token_ids_when_asked(server: Server) -> None:
+    """`"verbatim": {"token_ids": true}`: each chunk that carries a token names its id (what
+    engine/remote.py needs to keep the ids of a reply it stops); the ids add up to the final ones."""
+    body = {"model": "", "messages": [{"role": "user", "content": "Name a colour."}], "stream": True,
+            "logprobs": True, "max_tokens": 12, "seed": 3, "verbatim": {"token_ids": True}}
+    r = post(server, body)
+    assert r.status_code == 200, r.body
+    chunks = [json.loads(line[6:]) for line in r.body.decode().splitlines()
+              if line.startswith("data: {")]
+    final = chunks[-1]["verbatim"]
+    per_chunk = [t for c in chunks[:-1] for t in (c.get("verbatim") or {}).get("token_ids", [])]
+    last_chunk_entries = len(chunks[-1]["choices"][0]["logprobs"]["content"]) if chunks[-1]["choices"] else 0
+    assert len(final["token_ids"]) == 12 and per_chunk + final["token_ids"][len(per_chunk):] == final["token_ids"]
+    assert len(per_chunk) + last_chunk_entries == 12 and len(per_chunk) >= 1
+    # Not asked: no ids before the end (plain OpenAI chunks).
+    plain = post(server, {**body, "verbatim": {}})
+    assert b'"token_ids"' not in plain.body.rsplit(b"data: {", 1)[0]
+    bad = post(server, {**body, "verbatim": {"token_ids": "yes"}})
+    assert bad.status_code == 400 and error_of(bad)["param"] == "verbatim.token_ids"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional
 
 from app.core.context_budget import ContextBudget, budget_requests, measure_budget
@@ -63,6 +63,7 @@ class ServerLink:
     api_key: Optional[str]
     where: str  # "demo · 3 ranks at 127.0.0.1:8765" (RemoteEngine.describe)
     model_key: str
+    environment: dict[str, str] = field(default_factory=dict)  # the server's: its replies' receipts name it
     up: bool = True
     error: str = ""  # why it is not reachable (when not `up`)
 

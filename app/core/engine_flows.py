@@ -118,7 +118,7 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
     if chat.closed:
         return
     info: ModelInfo = engine.info
-    chat.link = link = ServerLink(url, api_key, engine.describe(), info.key)
+    chat.link = link = ServerLink(url, api_key, engine.describe(), info.key, dict(engine.environment))
     chat.model_spec, chat.model_name, chat.model_info = url, info.name, info
     chat.model_ready = True
     chat.emit(MODEL, "loaded", url, info.name, info)
@@ -190,7 +190,8 @@ def model_identity(chat: ChatModel) -> Optional[ModelIdentity]:
     info = chat.model_info
     if info is None or not chat.model_ready:
         return None
-    return ModelIdentity(chat.model_spec, info.key, info.name, info.dequantized)
+    env = dict(chat.link.environment) if chat.link is not None and chat.link.environment else None
+    return ModelIdentity(chat.model_spec, info.key, info.name, info.dequantized, env)
 
 
 async def token_pieces(chat: ChatModel, tokens: list[int], model_key: Optional[str]) -> Optional[list[str]]:

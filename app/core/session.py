@@ -96,6 +96,7 @@ class ModelIdentity:
     key: str
     name: str = ""
     dequantized: Optional[bool] = None
+    environment: Optional[dict[str, str]] = None  # where it runs, when not this process (a server)
 
 
 @dataclass
@@ -406,7 +407,7 @@ class ChatSession:
         ident = ReceiptModel(model.spec if same else "", key or model.key, reply.model_name or model.name,
                              model.dequantized if same else None)
         try:
-            return build(request, result, ident, report.chunk_size, env)
+            return build(request, result, ident, report.chunk_size, env if env is not None else model.environment)
         except ReceiptError as e:
             raise StoreError(str(e)) from e
 

@@ -7,6 +7,11 @@ the model key), or a spec that loads another model here (another key: a replay c
 this receipt, so it is not attempted). A receipt made in another environment (MLX, mlx-lm, BLAS,
 platform) is replayed all the same, and the differences are printed next to the verdict.
 
+A receipt of a reply made on a Verbatim server (the window attached to one) names the server's
+address as its model spec: the replay then runs on that server (engine/remote.py; `--api-key`
+or $VERBATIM_API_KEY when it asks for one), after checking it still serves the receipt's model.
+`--model http://host:port` points any receipt at a server.
+
 The verdict goes to stdout (`--json`: one object), everything else to stderr.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +33,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         receipt = read(args.file)
         print(f"receipt: {describe(receipt)}", file=sys.stderr)
-        eng = open_engine(receipt, args.model, args.cache_dir, use_disk=not args.no_cache)
+        spec = args.model or receipt.model.spec
+        if spec.startswith(("http://", "https://")):
+            eng = open_server(receipt, spec, args.api_key or os.environ.get("VERBATIM_API_KEY"))
+        else:
+            eng = open_engine(receipt, args.model, args.cache_dir, use_disk=not args.no_cache)
     except VerbatimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -49,10 +59,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if verdict.ok else 1
 
 
+def open_server(receipt: Any, url: str, api_key: Any) -> Any:
+    """The server at `url` as the replay's engine, if it serves the receipt's model."""
+    from engine.receipts import ReceiptError
+    from engine.remote import connect
+
+    try:
+        eng = connect(url, api_key)
+    except VerbatimError as e:
+        raise ReceiptError(f"the receipt's server {url} is not usable: {e}") from None
+    assert eng.info is not None
+    if eng.info.key != receipt.model.key:
+        raise ReceiptError(f"the server at {url} serves another model now (key {eng.info.key}, the receipt's "
+                           f"is {receipt.model.key}); a replay would not check this receipt")
+    print(f"replaying on {eng.describe()}", file=sys.stderr)
+    return eng
+
+
 def add_verify_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("verify", help="replay a receipt: exit 0 if it matches, 1 if not, 2 if it cannot run")
     p.add_argument("file", type=Path, metavar="FILE", help="a receipt (generate --receipt, or the app's Export receipt)")
-    p.add_argument("--model", help="load the model from here instead of the receipt's spec (the key must match)")
+    p.add_argument("--model", help="load the model from here instead of the receipt's spec (the key must match); "
+                   "a server's address (http://host:port) replays there")
+    p.add_argument("--api-key", help="the server's API key, for a replay on a server (or $VERBATIM_API_KEY)")
     p.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cache-dir", type=Path, help="prompt cache directory (default: the user cache dir)")

@@ -282,6 +282,7 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     text = ""  # everything the engine has decoded so far
     sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
     seen = 0  # tokens whose logprobs were sent
+    named = 0  # tokens whose ids were sent (verbatim.token_ids)
     while True:
         done: Optional[Done] = None
         for event in batch:  # one chunk per token, one write per batch
@@ -292,9 +293,14 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
                     entry = ticket.entry(event.index)
                     if entry is not None:
                         entries, seen = [entry], event.index + 1
+                ids = [event.token] if parsed.token_ids and event.index >= named else None
                 delta = text[sent:]
-                if delta or entries:
-                    out.append(schema.chunk(parsed, name, delta, entries, text_offset=sent))
+                if delta or entries or ids:
+                    c = schema.chunk(parsed, name, delta, entries, text_offset=sent)
+                    if ids:
+                        c["verbatim"] = {"token_ids": ids}
+                        named = event.index + 1
+                    out.append(c)
                     sent = len(text)
             elif isinstance(event, Done):
                 done = event

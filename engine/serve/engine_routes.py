@@ -1,6 +1,7 @@
 """Routes a remote engine needs beyond the OpenAI API (engine/remote.py uses them):
 
-    GET  /verbatim/model      the served model's identity: id, model key, context, world size
+    GET  /verbatim/model      the served model's identity: id, model key, context, world size, and
+                              the environment its arithmetic depends on (a receipt's, receipts.py)
     POST /verbatim/tokenize   {"messages": [...]} -> {"ids": [...]}  (the chat template applied)
                               {"tokens": [...]}   -> {"texts": [...]} (the text each token adds)
 
@@ -16,19 +17,25 @@ from aiohttp import web
 
 from engine.bridge import engine_call
 from engine.errors import VerbatimError
+from engine.receipts import environment
 from engine.serve.schema import APIError
 
 MAX_TOKENS_TO_NAME = 1 << 16
 
 
 def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any) -> None:
+    env: dict[str, str] = {}  # the server's environment: the same for every request, read once
+
     async def model(request: web.Request) -> web.Response:
         config = request.app[config_key]
         served = config.model
         if served is None:
             raise APIError(503, "no model is loaded", "server_error", code="no_model")
+        if not env:
+            env.update(environment())
         return web.json_response({"id": served.id, "key": served.key, "context_length": served.context_length,
-                                  "world_size": int(config.extra_status.get("world_size", 1))})
+                                  "world_size": int(config.extra_status.get("world_size", 1)),
+                                  "environment": env})
 
     async def tokenize(request: web.Request) -> web.Response:
         try:

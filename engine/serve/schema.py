@@ -78,6 +78,7 @@ class ParsedRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     seed_given: bool = False
+    token_ids: bool = False  # verbatim.token_ids: each streamed chunk names its tokens' ids
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
 
@@ -277,16 +278,18 @@ def _sampler(body: dict[str, Any]) -> tuple[SamplerSettings, bool, bool]:
 
 
 def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
-    """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool}`."""
+    """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool, "token_ids": bool}`:
+    the request options (`token_ids` is the answer's: `token_ids_wanted`)."""
     v = body.get("verbatim")
     if v is None:
         return {}
     if not isinstance(v, dict):
         raise bad("'verbatim' must be an object", "verbatim")
     out: dict[str, Any] = {}
-    unknown = sorted(k for k in v if k not in ("mode", "cache"))
+    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids"))
     if unknown:
-        raise bad(f"'verbatim.{unknown[0]}' is not supported (only 'mode' and 'cache')", f"verbatim.{unknown[0]}")
+        raise bad(f"'verbatim.{unknown[0]}' is not supported (only 'mode', 'cache' and 'token_ids')",
+                  f"verbatim.{unknown[0]}")
     if "mode" in v:
         if v["mode"] not in ("exact", "fast"):
             raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
@@ -296,6 +299,17 @@ def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
             raise bad("'verbatim.cache' must be a boolean", "verbatim.cache")
         out["use_cache"] = v["cache"]
     return out
+
+
+def token_ids_wanted(body: dict[str, Any]) -> bool:
+    """`"verbatim": {"token_ids": true}`: every streamed chunk that carries tokens also names their
+    ids (`"verbatim": {"token_ids": [...]}`), so a client keeps the ids of a reply it stops."""
+    v = body.get("verbatim")
+    if not isinstance(v, dict) or "token_ids" not in v:
+        return False
+    if not isinstance(v["token_ids"], bool):
+        raise bad("'verbatim.token_ids' must be a boolean", "verbatim.token_ids")
+    return v["token_ids"]
 
 
 def _content(m: dict[str, Any], i: int) -> str:
@@ -365,7 +379,8 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     include_usage = _stream_options(body)
     req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
                             **{"mode": mode, **_verbatim_options(body)})
-    return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given)
+    return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
+                         token_ids_wanted(body))
 
 
 def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
@@ -389,7 +404,7 @@ def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
     req = GenerationRequest([], settings, stop=_stop(body), prompt=prompt, top_logprobs=top or 0,
                             max_tokens_fit=not max_given, **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("completion", _model(body), req, stream, include_usage, top is not None, top or 0,
-                         seed_given)
+                         seed_given, token_ids_wanted(body))
 
 
 # -- responses ---------------------------------------------------------------------------------
