@@ -21,6 +21,7 @@ from PySide6.QtGui import QAction  # noqa: E402
 
 from app.qt.widgets.server_dialog import ServerDialog  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
+from engine.remote import RemoteEngine  # noqa: E402
 from tests.app_helpers import wait_compared, watch  # noqa: E402
 from tests.cluster import Cluster, running  # noqa: E402
 from tests.test_app_window import LONG, open_window, replies, send, settings  # noqa: E402,F401 (a fixture)
@@ -73,6 +74,16 @@ def test_the_window_attached_to_a_two_rank_server(
     assert len(first.tokens) == 24 and stored.tokens == first.tokens and stored.logprobs == first.logprobs
     assert first.report.world_size == 2 and first.report.restored == 0
 
+    # The meter counts the next prompt with the server's tokenizer, against the served context.
+    w.composer.setPlainText("And why are sunsets red?")
+    qtbot.waitUntil(lambda: w.chat.budget is not None and w.chat.budget.draft > 0, timeout=SERVER)
+    budget = w.chat.budget
+    turns = [{"role": vm.role, "content": vm.content} for vm in w.chat.vms]
+    expected = RemoteEngine(cluster.url).prompt_ids(turns + [{"role": "user", "content": "And why are sunsets red?"}])
+    assert budget.limit == served["context_length"] and budget.used == len(expected)
+    assert w.context_meter.label.text() == f"{budget.used:,} / {budget.limit:,}"
+    w.composer.clear()
+
     # Regenerate (Ctrl+R): the same tokens and bits from the server's cache, marked identical.
     before = watch(w).finished
     qtbot.keyClick(w, Qt.Key.Key_R, CTRL)
@@ -87,10 +98,13 @@ def test_the_window_attached_to_a_two_rank_server(
     # The debug panel: a row per rank, each restored n-1 with every layer there.
     w.debug_action.trigger()
     assert w.debug_panel.rank_box.isVisible()
-    rows = w.debug_panel.rank_rows()
-    assert [r[:5] for r in rows] == [["0", rows[0][1], str(n - 1), "memory", rows[0][4]],
-                                     ["1", rows[1][1], str(n - 1), "memory", rows[1][4]]]
-    assert [r[5] for r in rows] == [f"all 4 at {n - 1}"] * 2 and [r[6] for r in rows] == ["none", "none"]
+    assert w.debug_panel.rank_box.title() == "Ranks (2)"
+    lines = w.debug_panel.ranks.text().splitlines()
+    hosts = [r["host"] for r in again.result.report.ranks]
+    assert lines == [f"rank {k} ({hosts[k]}): restored {n - 1} from memory · stored "
+                     f"{again.result.report.ranks[k]['stored']} · layers all 4 at {n - 1} · no declines"
+                     for k in (0, 1)]
+    assert w.debug_panel.value("entries") == "on the server" and w.debug_panel.value("memory") == cluster.url
 
     # Compare: the reply against a cold run on the server, token texts from the server's tokenizer.
     data = wait_compared(qtbot, w, lambda: qtbot.mouseClick(widget.compare_button, Qt.MouseButton.LeftButton),
@@ -155,7 +169,8 @@ def test_the_window_attached_to_a_two_rank_server(
     after = watch(w).finished.result
     assert after.tokens == first.tokens and after.logprobs == first.logprobs
     assert after.report.restored == n - 1 and after.report.source == "disk"
-    assert [r[3] for r in (w.debug_panel.rank_rows())] == ["disk", "disk"]
+    assert [line.split(" · ")[0].endswith(f"restored {n - 1} from disk")
+            for line in w.debug_panel.ranks.text().splitlines()] == [True, True]
 
     # Back to a model in this process: the local engine again, the same tokens as the server's
     # would not be promised (world size is part of the identity), but a reply comes.

@@ -251,7 +251,6 @@ TIMING_FIELDS = [("ttft", "Time to first token"), ("prefill_tps", "Prefill"), ("
 IDENTITY_FIELDS = [("identity", "Previous variant"), ("verify", "Cold run")]
 STORE_FIELDS = [("entries", "Snapshots in memory"), ("memory", "Memory"), ("disk", "On disk"), ("hits", "Hits / lookups")]
 LAYER_COLUMNS = ["#", "Cache class", "Offset", "Size", "Trim"]
-RANK_COLUMNS = ["Rank", "Host", "Restored", "Source", "Stored", "Layer offsets", "Declines"]
 ACTIONS = {"regenerate": "regenerated", "variant": "new variant", "edit": "after an edit", "retry": "retry"}
 NO_REPLY = "No reply selected"
 NO_REPORT = "This reply has no cache report yet"
@@ -339,7 +338,7 @@ class DebugVM:
     model_key: str  # in full (the row shows a prefix)
     layers: list[list[str]]  # one row of LAYER_COLUMNS per layer
     declines: str
-    ranks: list[list[str]] = field(default_factory=list)  # one row of RANK_COLUMNS per rank (several ranks)
+    ranks: list[str] = field(default_factory=list)  # one line per rank (a run on several ranks)
 
 
 def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
@@ -381,28 +380,35 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
         for x in r.layers
     ]  # fmt: skip
     declines = "\n".join(f"• {d}" for d in r.declines) if r.declines else "none"
-    ranks = [rank_row(x) for x in r.ranks] if r.world_size > 1 else []
+    ranks = [rank_line(x) for x in r.ranks] if r.world_size > 1 else []
     return DebugVM(title, rows, r.model_key, layers, declines, ranks)
 
 
-def rank_row(rank: dict[str, Any]) -> list[str]:
-    """One rank of a distributed run, as RANK_COLUMNS: what its own prompt cache did."""
+def rank_line(rank: dict[str, Any]) -> str:
+    """One rank of a distributed run, what its own prompt cache did: "rank 1 (mac2): restored 41
+    from memory · stored 50 · layers all 30 at 41 · no declines"."""
+    who = f"rank {rank.get('rank', '?')} ({rank.get('host') or '?'})"
     if rank.get("error"):
-        return [str(rank.get("rank", "?")), str(rank.get("host") or "–"), "–", "–", "–", "–", str(rank["error"])]
-    offsets = [o for o in rank.get("layer_offsets") or []]
+        return f"{who}: {rank['error']}"
+    offsets = list(rank.get("layer_offsets") or [])
     if offsets and all(o == offsets[0] for o in offsets):
-        offsets_text = f"all {len(offsets)} at {offsets[0]}"
+        layers = f"layers all {len(offsets)} at {offsets[0]}"
     else:
-        offsets_text = ", ".join("–" if o is None else str(o) for o in offsets) or "–"
+        layers = "layers at " + (", ".join("–" if o is None else str(o) for o in offsets) or "–")
+    source = f"from {rank['source']}" if rank.get("source") else "(cold prefill)"
+    stored = "" if rank.get("stored") is None else f" · stored {rank['stored']}"
     declines = rank.get("declines") or []
-    stored = rank.get("stored")
-    return [str(rank.get("rank", "?")), str(rank.get("host") or "–"), str(rank.get("restored", 0)),
-            str(rank.get("source") or "none"), "–" if stored is None else str(stored), offsets_text,
-            "; ".join(str(d) for d in declines) if declines else "none"]
+    refused = "; ".join(str(d) for d in declines) if declines else "no declines"
+    return f"{who}: restored {rank.get('restored', 0)} {source}{stored} · {layers} · {refused}"
 
 
 def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:
     """The cache store box from Engine.cache_stats(): key -> (text, tooltip)."""
+    if "remote" in stats:  # a server's (RemoteEngine.cache_stats): its cache is its own
+        ranks = int(stats.get("world_size") or 1)
+        where = f"each of {ranks} ranks in its own folder" if ranks > 1 else "the server's"
+        return {"entries": ("on the server", ""), "memory": (str(stats["remote"]), ""),
+                "disk": (where, ""), "hits": ("–", "")}
     budget = stats.get("memory_budget_bytes")
     rows = {
         "entries": (str(stats.get("memory_entries", "–")), ""),

@@ -55,8 +55,8 @@ def _loaded(w: MainWindow, spec: str, name: str, info: ModelInfo) -> None:
     link = w.chat.link
     if link is not None and link.url == spec:
         w.server_toggle.set_model(None)  # this window's own server serves only an in-process model
-        w.model_status.setText("on a Verbatim server")
-        w.model_picker.select(spec, link.where)
+        w.model_status.setText(f"on a Verbatim server: {link.where.split(' · ', 1)[-1]}")
+        w.model_picker.select(spec, f"{name} (server)")
         w.status(f"Connected: {link.where}", 4000)
         log.info("attached to %s", link.where)
         return

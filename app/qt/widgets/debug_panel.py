@@ -32,7 +32,6 @@ from app.core.view_models import (
     LAYER_COLUMNS,
     NO_REPLY,
     NO_REPORT,
-    RANK_COLUMNS,
     REPORT_FIELDS,
     STORE_FIELDS,
     TIMING_FIELDS,
@@ -105,8 +104,10 @@ class DebugPanel(QDockWidget):
         lay.addWidget(cache_box)
 
         # A run on several ranks (a Verbatim server under mlx.launch): what each rank's cache did.
-        self.ranks = _table(RANK_COLUMNS, "rankTable")
-        self.ranks.horizontalHeader().setStretchLastSection(True)
+        self.ranks = QLabel()
+        self.ranks.setObjectName("debug_ranks")
+        self.ranks.setWordWrap(True)
+        self.ranks.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.rank_box = QGroupBox("Ranks")
         QVBoxLayout(self.rank_box).addWidget(self.ranks)
         self.rank_box.setVisible(False)
@@ -200,7 +201,7 @@ class DebugPanel(QDockWidget):
             for key, _ in REPORT_FIELDS + TIMING_FIELDS + [("identity", "")]:
                 self.values[key].setText("–")
             self.layers.setRowCount(0)
-            self.ranks.setRowCount(0)
+            self.ranks.setText("")
             self.rank_box.setVisible(False)
             self.declines.setText("none")
             return
@@ -217,20 +218,9 @@ class DebugPanel(QDockWidget):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.layers.setItem(row, col, item)
         self.declines.setText(d.declines)
-        self.ranks.setRowCount(len(d.ranks))
-        for row, cells in enumerate(d.ranks):
-            for col, text in enumerate(cells):
-                self.ranks.setItem(row, col, QTableWidgetItem(text))
-        self.ranks.resizeRowsToContents()
-        self.ranks.setFixedHeight(self.ranks.horizontalHeader().height() + 4
-                                  + sum(self.ranks.rowHeight(i) for i in range(len(d.ranks))))
+        self.ranks.setText("\n".join(d.ranks))
         self.rank_box.setTitle(f"Ranks ({len(d.ranks)})")
         self.rank_box.setVisible(bool(d.ranks))
-
-    def rank_rows(self) -> list[list[str]]:
-        """The rank table's cells, row by row (what the panel shows of a distributed run)."""
-        return [[self.ranks.item(r, c).text() for c in range(self.ranks.columnCount())]
-                for r in range(self.ranks.rowCount())]
 
     # -- verify and the store --------------------------------------------------------------------
     def set_verifying(self, on: bool) -> None:

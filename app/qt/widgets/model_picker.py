@@ -45,6 +45,8 @@ class ModelPicker(QComboBox):
         if i < 0:
             i = max(self.findData(MANAGE), 0)
             self.insertItem(i, name, spec)
+        elif name:
+            self.setItemText(i, name)  # e.g. a server's address, then where its model runs
         self.setCurrentIndex(i)
         if self.findData(MANAGE) < 0:
             self.insertSeparator(self.count())
