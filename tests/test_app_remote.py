@@ -105,6 +105,10 @@ def test_the_window_attached_to_a_two_rank_server(
                      f"{again.result.report.ranks[k]['stored']} · layers all 4 at {n - 1} · no declines"
                      for k in (0, 1)]
     assert w.debug_panel.value("entries") == "on the server" and w.debug_panel.value("memory") == cluster.url
+    # The server's report is whole: the prefill forward, the layers, the context (not guesses).
+    assert w.debug_panel.value("chunks").startswith(f"1 forward: [{n - 1}, {n})")
+    assert w.debug_panel.layers.rowCount() == 4 and w.debug_panel.layers.item(0, 2).text() == str(n - 1)
+    assert w.debug_panel.value("context").startswith(f"{n} of {served['context_length']:,}")
 
     # Compare: the reply against a cold run on the server, token texts from the server's tokenizer.
     data = wait_compared(qtbot, w, lambda: qtbot.mouseClick(widget.compare_button, Qt.MouseButton.LeftButton),

@@ -16,7 +16,7 @@ import re
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -440,7 +440,12 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
             "max": max(known) if known else None,
             "without_offset": len(offsets) - len(known),
         },
+        "layers": [asdict(x) for x in r.layers],  # index, cache class, offset, size, trimmable
         "prefill_tokens": r.prefill_tokens,
+        "chunks": [list(c) for c in r.chunks],  # the prefill forwards [start, end)
+        "message_starts": list(r.message_starts),
+        "snapshots_stored": [{k: s.get(k) for k in ("kind", "length", "canonical")} for s in r.snapshots_stored],
+        "context": asdict(r.context) if r.context is not None else None,
         "mode": r.mode,
         "chunk_size": r.chunk_size,
         "seed": result.seed,
