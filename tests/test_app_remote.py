@@ -201,6 +201,23 @@ def test_a_server_that_cannot_be_reached_keeps_the_model_loaded(
     assert [(vm.role, vm.status) for vm in w.chat.vms] == [("user", "complete"), ("assistant", "complete")]
 
 
+def test_a_remembered_server_gone_at_start_falls_back_to_the_last_model_here(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    from tests.cluster import free_ports
+
+    data = tmp_path / "data"
+    open_window(data_dir=data).close()  # the tiny model was the last one used here
+    w = open_window(data_dir=data, model=f"http://127.0.0.1:{free_ports(1)[0]}", wait=False)
+    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
+    title, text = watch(w).errors[-1]
+    assert title == "Cannot connect to the server" and "cannot reach the server" in text
+    assert f"Using {tiny_model.name} on this computer instead" in text
+    assert w.chat.link is None and w.chat.model_spec == str(tiny_model) and w.model_label.text() == tiny_model.name
+    send(qtbot, w, "Still here?")
+    assert replies(w)[-1].status == "complete"
+
+
 def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
     qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
 ) -> None:

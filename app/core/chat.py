@@ -144,6 +144,8 @@ class ChatModel(Evented):
         self.link_interval = LINK_INTERVAL_S
         # Builds the in-process engine again after the window was attached to a server (the window's).
         self.make_local_engine: Optional[Callable[[], Any]] = None
+        # What to load here when a server cannot be reached and no model is loaded (the window's last).
+        self.fallback_spec: Optional[str] = None
         self.budget: Optional[ContextBudget] = None  # the last count of the next prompt (DRAFT)
         self._draft_timer: Optional[asyncio.TimerHandle] = None
         self._draft_seq = 0  # counts started; only the latest one's result is told

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from app.core import server_link
-from app.core.chat import LINK, ChatModel, ServerLink, mlx_memory, stop, user_message
+from app.core.chat import ERROR, LINK, STATUS, ChatModel, ServerLink, mlx_memory, stop, user_message
 from app.core.models import model_label
 from app.core.session import ModelIdentity
 from app.core.store import StoreError
@@ -111,7 +111,12 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
             chat.model_spec, chat.model_name, chat.model_info = previous
             chat.model_ready = True
             chat.emit(MODEL, "loaded", *previous)
-            chat.emit("error", "Cannot connect to the server", user_message(e))
+            chat.emit(ERROR, "Cannot connect to the server", user_message(e))
+        elif chat.fallback_spec:  # e.g. at start, the remembered server is gone: work here meanwhile
+            name = model_label(chat.fallback_spec)
+            chat.emit(ERROR, "Cannot connect to the server", f"{user_message(e)}. Using {name} on this computer "
+                      "instead; Models → Connect to a Verbatim server… tries again.")
+            load_model(chat, chat.fallback_spec, name)
         else:
             chat.emit(MODEL, "failed", user_message(e), "Cannot connect to the server")
         return
@@ -178,7 +183,7 @@ async def _verify(chat: ChatModel, reply_id: int, request: GenerationRequest, st
 
 def clear_cache(chat: ChatModel) -> None:
     if chat.link is not None:
-        chat.emit("status", "The prompt cache of a server is managed on that server", 5000)
+        chat.emit(STATUS, "The prompt cache of a server is managed on that server", 5000)
         return
     chat.spawn(chat.refresh_stats(clear=True))
     chat.emit("status", "Prompt cache cleared", 3000)
