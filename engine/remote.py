@@ -77,11 +77,15 @@ class RemoteEngine:
                               load_s=0.0, context_length=m.get("context_length"))
         return self.info
 
-    def describe(self) -> str:
-        """Where the model runs, for a status bar: 'demo · 3 ranks at 127.0.0.1:8765'."""
-        name = self.info.name if self.info is not None else "?"
+    @property
+    def placement(self) -> str:
+        """Where the model runs: '3 ranks at 127.0.0.1:8765' (or '1 process at …')."""
         ranks = f"{self.world_size} ranks" if self.world_size > 1 else "1 process"
-        return f"{name} · {ranks} at {self.address}"
+        return f"{ranks} at {self.address}"
+
+    def describe(self) -> str:
+        """The model and where it runs, for a status bar: 'demo · 3 ranks at 127.0.0.1:8765'."""
+        return f"{self.info.name if self.info is not None else '?'} · {self.placement}"
 
     # -- generation ------------------------------------------------------------------------
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
@@ -203,6 +207,11 @@ class RemoteEngine:
             return json.loads(raw)
         except ValueError:
             raise EngineError(f"{self.address} answered, but not as a Verbatim server does") from None
+
+
+def is_server_address(spec: str) -> bool:
+    """Whether a model spec names a Verbatim server (http:// or https://) rather than a model."""
+    return spec.startswith(("http://", "https://"))
 
 
 def connect(url: str, api_key: Optional[str] = None) -> RemoteEngine:

@@ -61,8 +61,7 @@ class ServerLink:
 
     url: str
     api_key: Optional[str]
-    where: str  # "demo · 3 ranks at 127.0.0.1:8765" (RemoteEngine.describe)
-    model_key: str
+    where: str  # "3 ranks at 127.0.0.1:8765" (RemoteEngine.placement)
     environment: dict[str, str] = field(default_factory=dict)  # the server's: its replies' receipts name it
     up: bool = True
     error: str = ""  # why it is not reachable (when not `up`)
@@ -98,7 +97,7 @@ class ReplyRecorder:
             now = time.perf_counter()
             if now - self.saved >= self.every:
                 self.saved = now
-                # A server's stream names tokens by text only (id -1): then no ids are kept.
+                # An id the stream did not name (-1: a server that does not send ids): keep none.
                 known = all(t >= 0 for t in self.tokens)
                 self.session.save_partial(self.pending, "".join(self.pieces), self.tokens if known else [],
                                           self.logprobs if known else [])

@@ -36,7 +36,7 @@ VERIFY = "verify"  # (reply_id, text): a cold run's verdict; text None while it 
 def load_model(chat: ChatModel, spec: str, name: Optional[str] = None, api_key: Optional[str] = None) -> None:
     """Load a model on the engine thread (a reply in progress is stopped first); a spec that is
     a server's address (http://host:port) attaches to that server instead (`api_key`: its key)."""
-    if server_link.is_server(spec):
+    if remote.is_server_address(spec):
         connect_server(chat, spec, api_key)
         return
     stop(chat)  # a reply in progress ends first (saved as interrupted)
@@ -123,7 +123,7 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
     if chat.closed:
         return
     info: ModelInfo = engine.info
-    chat.link = link = ServerLink(url, api_key, engine.describe(), info.key, dict(engine.environment))
+    chat.link = link = ServerLink(url, api_key, engine.placement, dict(engine.environment))
     chat.model_spec, chat.model_name, chat.model_info = url, info.name, info
     chat.model_ready = True
     chat.emit(MODEL, "loaded", url, info.name, info)
@@ -186,7 +186,7 @@ def clear_cache(chat: ChatModel) -> None:
         chat.emit(STATUS, "The prompt cache of a server is managed on that server", 5000)
         return
     chat.spawn(chat.refresh_stats(clear=True))
-    chat.emit("status", "Prompt cache cleared", 3000)
+    chat.emit(STATUS, "Prompt cache cleared", 3000)
 
 
 # ------------------------------------------------------------------------------- the inspector

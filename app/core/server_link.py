@@ -15,11 +15,6 @@ from app.core.chat import LINK, ChatModel, ServerLink, user_message
 from engine.remote import probe
 
 
-def is_server(spec: str) -> bool:
-    """Whether a model spec names a Verbatim server (http:// or https://) rather than a model."""
-    return spec.startswith(("http://", "https://"))
-
-
 async def watch(chat: ChatModel, link: ServerLink) -> None:
     """Probe the server of `link` until the chat is closed or attached elsewhere."""
     while not chat.closed and chat.link is link:
@@ -35,8 +30,9 @@ async def watch(chat: ChatModel, link: ServerLink) -> None:
             continue
         if chat.link is not link:
             return
-        if key != link.model_key:  # restarted with another model: the replies would not be its
-            chat.link_down(f"the server at {link.where.rsplit(' at ', 1)[-1]} now serves another model; "
+        served = chat.model_info.key if chat.model_info is not None else ""
+        if key != served:  # restarted with another model: the replies would not be its
+            chat.link_down(f"the server at {link.url} now serves another model; "
                            "connect again (Models → Connect to a Verbatim server…)")
             continue
         if not link.up:

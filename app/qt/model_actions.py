@@ -15,7 +15,6 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.core import engine_flows as flows
 from app.core.chat import ServerLink
-from app.core.server_link import is_server
 from app.core.view_models import format_bytes
 from engine.engine import ModelInfo
 
@@ -55,10 +54,10 @@ def _loaded(w: MainWindow, spec: str, name: str, info: ModelInfo) -> None:
     link = w.chat.link
     if link is not None and link.url == spec:
         w.server_toggle.set_model(None)  # this window's own server serves only an in-process model
-        w.model_status.setText(f"on a Verbatim server: {link.where.split(' · ', 1)[-1]}")
+        w.model_status.setText(f"on a Verbatim server: {link.where}")
         w.model_picker.select(spec, f"{name} (server)")
-        w.status(f"Connected: {link.where}", 4000)
-        log.info("attached to %s", link.where)
+        w.status(f"Connected: {name} · {link.where}", 4000)
+        log.info("attached to %s · %s", name, link.where)
         return
     w.server_toggle.set_model(info, spec)
     w.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
@@ -73,6 +72,7 @@ def _loaded(w: MainWindow, spec: str, name: str, info: ModelInfo) -> None:
 # ----------------------------------------------------------------------------- a server's model
 def show_link(w: MainWindow, link: Optional[ServerLink]) -> None:
     """Where the model runs ("demo · 3 ranks at 127.0.0.1:8765") and whether it answers."""
+    where = f"{w.chat.model_name} · {link.where}" if link is not None else ""
     if w._closed:
         return
     w.disconnect_action.setEnabled(link is not None)
@@ -83,11 +83,11 @@ def show_link(w: MainWindow, link: Optional[ServerLink]) -> None:
         w._update_actions()
         return
     if link.up:
-        w.model_label.setText(link.where)
+        w.model_label.setText(where)
         w.model_label.setToolTip(f"The model runs on the Verbatim server at {link.url}")
         w.banner_text("")
     else:
-        w.model_label.setText(f"{link.where} · not reachable")
+        w.model_label.setText(f"{where} · not reachable")
         w.model_label.setToolTip(link.error)
         w.banner_text(f"The server is not reachable: {link.error}. What you type is kept; Send works again "
                       "as soon as the server answers (or pick a local model).")
@@ -122,11 +122,8 @@ def open_server_dialog(w: MainWindow) -> Any:
 
 def disconnect_server(w: MainWindow) -> None:
     """Back to a model in this process: the last one used here (else the demo)."""
-    if w.chat.link is None:
-        return
-    last = w.qsettings.value("model/last_local")
-    spec = last if isinstance(last, str) and last and not is_server(last) else "demo"
-    w.load_model(spec)
+    if w.chat.link is not None:
+        w.load_model(w.chat.fallback_spec or "demo")
 
 
 def status_widgets(bar: QStatusBar) -> tuple[QProgressBar, QLabel, QLabel]:

@@ -29,12 +29,13 @@ from engine.errors import VerbatimError
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from engine.receipts import describe, open_engine, read, replay
+    from engine.remote import is_server_address
 
     try:
         receipt = read(args.file)
         print(f"receipt: {describe(receipt)}", file=sys.stderr)
         spec = args.model or receipt.model.spec
-        if spec.startswith(("http://", "https://")):
+        if is_server_address(spec):
             eng = open_server(receipt, spec, args.api_key or os.environ.get("VERBATIM_API_KEY"))
         else:
             eng = open_engine(receipt, args.model, args.cache_dir, use_disk=not args.no_cache)
