@@ -81,6 +81,8 @@ def run(require_demo: bool = False) -> int:
 
         value = (mx.arange(4, dtype=mx.float32) @ mx.ones((4,), dtype=mx.float32)).item()
         assert value == 6.0, value
+        if sys.platform == "darwin":  # the app's whole point on a Mac: MLX on the GPU
+            assert mx.metal.is_available() and mx.default_device() == mx.gpu, f"not Metal: {mx.default_device()}"
         return f"mlx {mx.__version__}, default device {mx.default_device()}"
 
     import app as app_package
