@@ -6,6 +6,7 @@ import atexit
 import gc
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -20,6 +21,35 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 _CACHE_ROOT = tempfile.mkdtemp(prefix="verbatim-test-cache-")
 os.environ["VERBATIM_CACHE_DIR"] = _CACHE_ROOT
 atexit.register(shutil.rmtree, _CACHE_ROOT, True)
+
+# Nor the user's keyring (macOS Keychain, Secret Service): API keys a window remembers go to a
+# JSON file in that throwaway root (tests/file_keyring.py); `file_keyring` gives a test its own.
+import keyring  # noqa: E402
+
+from tests.file_keyring import FileKeyring  # noqa: E402
+
+_SESSION_KEYRING = FileKeyring(Path(_CACHE_ROOT) / "keyring.json")
+keyring.set_keyring(_SESSION_KEYRING)
+
+
+@pytest.fixture
+def file_keyring(tmp_path: Path) -> Iterator[FileKeyring]:
+    """This test's own file-backed keyring (tmp_path/keyring.json), the session's one after."""
+    kr = FileKeyring(tmp_path / "keyring.json")
+    keyring.set_keyring(kr)
+    try:
+        yield kr
+    finally:
+        keyring.set_keyring(_SESSION_KEYRING)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`mac_only` / `linux_only` (pyproject markers): skipped on the other platform, saying why."""
+    for item in items:
+        if item.get_closest_marker("mac_only") and sys.platform != "darwin":
+            item.add_marker(pytest.mark.skip(reason="mac_only: needs macOS (Metal, Accelerate, the Keychain)"))
+        if item.get_closest_marker("linux_only") and not sys.platform.startswith("linux"):
+            item.add_marker(pytest.mark.skip(reason="linux_only: a Linux mechanism (OpenBLAS preload, Xvfb, tmpfs, nice)"))
 
 
 @pytest.fixture(scope="session")

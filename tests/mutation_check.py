@@ -217,6 +217,36 @@ MUTATIONS: list[Mutation] = [
           "                    named = []\n"),),
         (RE + "test_remote_engine_streams_reports_per_rank_verifies_and_sees_the_server_go",),
     ),
+    # issue 31: the key in the keyring, not settings.ini; the workflows' checks
+    Mutation(
+        "a key stored in the keyring is also written to settings.ini",
+        (("app/core/secrets.py", '            settings.remove(FILE_SETTING)\n            return "keyring"\n',
+          '            settings.setValue(FILE_SETTING, key)\n            return "keyring"\n'),),
+        ("tests/test_secrets.py::test_a_remembered_key_is_in_the_keyring_not_in_settings_ini_and_survives_a_restart",
+         AR + "test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
+    ),
+    Mutation(
+        "the migration copies the key into the keyring but leaves it in settings.ini",
+        (("app/core/secrets.py", "    settings.remove(FILE_SETTING)\n    log.info(", "    log.info("),),
+        ("tests/test_secrets.py::test_a_key_in_settings_ini_moves_to_the_keyring_at_the_next_start",
+         AR + "test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
+    ),
+    Mutation(
+        "keyring's fail backend taken for a keyring (the dialog claims a keyring it does not have)",
+        (("app/core/secrets.py", "(fail.Keyring, null.Keyring)", "(null.Keyring,)"),),
+        ("tests/test_secrets.py::test_without_a_keyring_the_key_stays_in_settings_ini_and_the_dialog_says_so",),
+    ),
+    Mutation(
+        "the macOS job runs a narrower test command than the README's",
+        ((".github/workflows/ci.yml", "        run: make test\n", "        run: make test ARGS=\"-m 'not slow'\"\n"),),
+        ("tests/test_workflows.py::test_the_macos_job_runs_the_readmes_test_command_on_apple_silicon",),
+    ),
+    Mutation(
+        "a checkout keeps the job's token in .git/config",
+        ((".github/workflows/release.yml", "          persist-credentials: false\n      - uses: actions/setup-python",
+          "          fetch-depth: 1\n      - uses: actions/setup-python"),),
+        ("tests/test_workflows.py::test_actionlint_and_zizmor_find_nothing_in_the_workflows",),
+    ),
 ]
 
 

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtGui import QAction  # noqa: E402
 
 from app.qt.widgets.server_dialog import ServerDialog  # noqa: E402
@@ -24,6 +24,7 @@ from app.qt.window import MainWindow  # noqa: E402
 from engine.remote import RemoteEngine  # noqa: E402
 from tests.app_helpers import wait_compared, watch  # noqa: E402
 from tests.cluster import Cluster, running  # noqa: E402
+from tests.file_keyring import FileKeyring  # noqa: E402
 from tests.test_app_window import LONG, open_window, replies, send, settings  # noqa: E402,F401 (a fixture)
 
 pytestmark = pytest.mark.gui
@@ -219,17 +220,29 @@ def test_a_remembered_server_gone_at_start_falls_back_to_the_last_model_here(
 
 
 def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
-    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path,  # noqa: F811
+    file_keyring: FileKeyring,
 ) -> None:
+    """The key is remembered in the keyring (a file-backed one here), never in settings.ini;
+    the next start attaches with it; a key an older version left in settings.ini moves to the
+    keyring at the next start, and the window attaches with it."""
     with running(str(tiny_model), 1, tmp_path, "--api-key", "s3cret") as server:
         data = tmp_path / "data"
+        ini = data / "settings.ini"
         w = open_window(data_dir=data)
         connect(qtbot, w, server.url)  # no key: refused, the local model stays
         qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=SERVER)
         assert "missing or wrong API key" in watch(w).errors[-1][1] and w.chat.link is None and w.chat.model_ready
+        w.findChild(QAction, "connectServerAction").trigger()
+        dlg = next(d for d in w.findChildren(ServerDialog, "serverDialog") if d.isVisible())
+        assert dlg.remember.text() == "Remember the key (kept in the system keyring)"  # not "not encrypted"
+        dlg.reject()
         connect(qtbot, w, server.url, key="s3cret", remember=True)
         qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
         assert w.model_label.text().endswith(f"1 process at 127.0.0.1:{server.port}")
+        w.qsettings.sync()
+        assert "s3cret" not in ini.read_text(encoding="utf-8")
+        assert file_keyring.items() == {"Verbatim": {server.url: "s3cret"}}
         send(qtbot, w, "Why is the sky blue?", wait=False)
         qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
         first = watch(w).finished.result
@@ -245,3 +258,14 @@ def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
         result = watch(again).finished.result
         assert result.tokens == first.tokens and result.logprobs == first.logprobs
         assert result.report.restored == result.report.prompt_tokens - 1
+        again.close()
+
+        # An older version's settings.ini, the key in plain text; the keyring has none.
+        old = QSettings(str(ini), QSettings.Format.IniFormat)
+        old.setValue("server/key", "s3cret")
+        old.sync()
+        file_keyring.delete_password("Verbatim", server.url)
+        third = open_window(data_dir=data, model=server.url)
+        assert third.chat.link is not None and third.chat.link.api_key == "s3cret"
+        assert "s3cret" not in ini.read_text(encoding="utf-8")
+        assert file_keyring.items() == {"Verbatim": {server.url: "s3cret"}}

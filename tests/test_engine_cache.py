@@ -375,6 +375,7 @@ def test_regenerate_identical_when_sampling(models, family, mode):
     assert other.tokens != a.tokens
 
 
+@pytest.mark.linux_only  # the CPU backend; on Metal 4-bit weights stay packed (tests/test_platform.py)
 def test_quantized_weights_expanded_on_cpu_when_they_fit(tmp_path):
     from engine import engine as engine_mod
     from tests.tiny_models import build_model

@@ -21,6 +21,7 @@ CHECKS = "tests/xcb_window_checks.py"
 
 
 @pytest.mark.gui
+@pytest.mark.linux_only  # Xvfb and Qt's xcb platform; a Mac runs the cocoa platform
 @pytest.mark.timeout(900)
 def test_window_under_xvfb_with_the_xcb_platform(tmp_path: Path) -> None:
     xvfb_run = shutil.which("xvfb-run")

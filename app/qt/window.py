@@ -83,6 +83,7 @@ class MainWindow(QMainWindow):
         store: ConversationStore
         store, self.lock = open_app_store(self.data_dir)
         self.read_only = self.lock is None
+        model_actions.move_key_to_keyring(self)  # a server key an older version left in settings.ini
         self.session = ChatSession(store)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else self.data_dir / "cache"
         if self.cache_dir != self.data_dir / "cache" and not self.read_only:  # the lock holder moves it

@@ -17,6 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core import secrets
+
 DEFAULT_URL = "http://127.0.0.1:8765"
 
 
@@ -44,7 +46,7 @@ class ServerDialog(QDialog):
         form.addRow("Address:", self.url)
         form.addRow("API key:", self.key)
         lay.addLayout(form)
-        self.remember = QCheckBox("Remember the key (kept in this data folder's settings, not encrypted)")
+        self.remember = QCheckBox(secrets.remember_label())  # the keyring, or (none there) settings.ini
         self.remember.setObjectName("rememberKey")
         self.remember.setChecked(bool(api_key))
         lay.addWidget(self.remember)

