@@ -220,21 +220,21 @@ MUTATIONS: list[Mutation] = [
     # issue 31: the key in the keyring, not settings.ini; the workflows' checks
     Mutation(
         "a key stored in the keyring is also written to settings.ini",
-        (("app/core/secrets.py", '            settings.remove(FILE_SETTING)\n            return "keyring"\n',
+        (("app/core/api_keys.py", '            settings.remove(FILE_SETTING)\n            return "keyring"\n',
           '            settings.setValue(FILE_SETTING, key)\n            return "keyring"\n'),),
-        ("tests/test_secrets.py::test_a_remembered_key_is_in_the_keyring_not_in_settings_ini_and_survives_a_restart",
+        ("tests/test_api_keys.py::test_a_remembered_key_is_in_the_keyring_not_in_settings_ini_and_survives_a_restart",
          AR + "test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
     ),
     Mutation(
         "the migration copies the key into the keyring but leaves it in settings.ini",
-        (("app/core/secrets.py", "    settings.remove(FILE_SETTING)\n    log.info(", "    log.info("),),
-        ("tests/test_secrets.py::test_a_key_in_settings_ini_moves_to_the_keyring_at_the_next_start",
+        (("app/core/api_keys.py", "    settings.remove(FILE_SETTING)\n    log.info(", "    log.info("),),
+        ("tests/test_api_keys.py::test_a_key_in_settings_ini_moves_to_the_keyring_at_the_next_start",
          AR + "test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
     ),
     Mutation(
         "keyring's fail backend taken for a keyring (the dialog claims a keyring it does not have)",
-        (("app/core/secrets.py", "(fail.Keyring, null.Keyring)", "(null.Keyring,)"),),
-        ("tests/test_secrets.py::test_without_a_keyring_the_key_stays_in_settings_ini_and_the_dialog_says_so",),
+        (("app/core/api_keys.py", "(fail.Keyring, null.Keyring)", "(null.Keyring,)"),),
+        ("tests/test_api_keys.py::test_without_a_keyring_the_key_stays_in_settings_ini_and_the_dialog_says_so",),
     ),
     Mutation(
         "the macOS job runs a narrower test command than the README's",

@@ -47,11 +47,11 @@ def test_the_mac_keyring_is_the_keychain_and_the_dialog_says_so(monkeypatch: pyt
     import keyring
     from keyring.backends import macOS
 
-    from app.core import secrets
+    from app.core import api_keys
 
     assert macOS.Keyring.viable  # what keyring picks on a Mac (nothing is written to it here)
     monkeypatch.setattr(keyring, "get_keyring", lambda: macOS.Keyring())
-    assert secrets.remember_label() == "Remember the key (kept in the macOS Keychain)"
+    assert api_keys.remember_label() == "Remember the key (kept in the macOS Keychain)"
 
 
 @pytest.mark.slow

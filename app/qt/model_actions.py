@@ -14,7 +14,7 @@ from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.core import engine_flows as flows
-from app.core import secrets
+from app.core import api_keys
 from app.core.chat import ServerLink
 from app.core.view_models import format_bytes
 from engine.engine import ModelInfo
@@ -96,15 +96,15 @@ def show_link(w: MainWindow, link: Optional[ServerLink]) -> None:
 
 
 def server_key(w: MainWindow, url: str) -> Optional[str]:
-    """The remembered API key of the server at `url`, if any (the keyring's: app/core/secrets.py)."""
-    return secrets.remembered_key(w.qsettings, url)
+    """The remembered API key of the server at `url`, if any (the keyring's: app/core/api_keys.py)."""
+    return api_keys.remembered_key(w.qsettings, url)
 
 
 def move_key_to_keyring(w: MainWindow) -> None:
     """At start: a key kept in settings.ini moves to the keyring (the window holding the data
     folder's lock does it; a read-only second window writes no settings)."""
     if not w.read_only:
-        secrets.migrate(w.qsettings)
+        api_keys.migrate(w.qsettings)
 
 
 def open_server_dialog(w: MainWindow) -> Any:
@@ -115,7 +115,7 @@ def open_server_dialog(w: MainWindow) -> Any:
     dlg = ServerDialog(url, server_key(w, url) or "", w)
 
     def chosen(url: str, key: str, remember: bool) -> None:
-        secrets.remember(w.qsettings, url, key, remember)
+        api_keys.remember(w.qsettings, url, key, remember)
         flows.connect_server(w.chat, url, key or None)
 
     dlg.chosen.connect(chosen)

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import secrets
+from app.core import api_keys
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 
@@ -46,7 +46,7 @@ class ServerDialog(QDialog):
         form.addRow("Address:", self.url)
         form.addRow("API key:", self.key)
         lay.addLayout(form)
-        self.remember = QCheckBox(secrets.remember_label())  # the keyring, or (none there) settings.ini
+        self.remember = QCheckBox(api_keys.remember_label())  # the keyring, or (none there) settings.ini
         self.remember.setObjectName("rememberKey")
         self.remember.setChecked(bool(api_key))
         lay.addWidget(self.remember)
