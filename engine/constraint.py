@@ -79,7 +79,8 @@ class Constraint:
         fmt = d.get("response_format")
         if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and "json_schema" not in fmt:
             fmt = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
-        made = cls.of(d.get("tools"), choice, d.get("parallel_tool_calls"), fmt)
+        tools = d.get("tools") or None
+        made = cls.of(tools, choice if tools else None, d.get("parallel_tool_calls") if tools else None, fmt)
         if made is None:
             raise RequestError("the constraint is empty", "constraint")
         return made
@@ -92,6 +93,8 @@ class Constraint:
         choice, function = _tool_choice(tool_choice, tool_list)
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise RequestError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+        if parallel_tool_calls is not None and not tool_list:
+            raise RequestError("'parallel_tool_calls' needs 'tools'", "parallel_tool_calls")
         fmt = _response_format(response_format)
         if fmt is not None and tool_list and choice in ("required", "function"):
             raise RequestError("a JSON 'response_format' cannot be combined with a tool_choice that forces a tool "

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from engine.errors import RequestError
 from engine.serve import tools
 from engine.types import (
     MAX_TOP_LOGPROBS,
@@ -335,9 +336,17 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if role not in ("system", "user", "assistant", "tool"):
             raise bad(f"messages[{i}].role must be one of system, user, assistant, tool; got {role!r}",
                       f"messages[{i}].role")
-        out.append({"role": role, "content": _content(m, i), **tools.message_extras(m, i)})
-    tools.check_results(out)  # every tool result answers a call made before it
+        out.append({"role": role, "content": _content(m, i), **_checked(tools.message_extras, m, i)})
+    _checked(tools.check_results, out)  # every tool result answers a call made before it
     return out
+
+
+def _checked(check: Any, *args: Any) -> Any:
+    """A tools.py check, its RequestError as a 400 naming the field."""
+    try:
+        return check(*args)
+    except RequestError as e:
+        raise bad(str(e), e.param) from None
 
 
 def _stream_options(body: dict[str, Any]) -> bool:
@@ -374,7 +383,7 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     stream = _bool(body, "stream")
     include_usage = _stream_options(body)
     req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
-                            constraint=tools.constraint_of(body), **{"mode": mode, **_verbatim_options(body)})
+                            constraint=_checked(tools.constraint_of, body), **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
                          token_ids_wanted(body))
 

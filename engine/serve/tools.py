@@ -27,38 +27,25 @@ from engine.errors import RequestError
 from engine.types import GenerationResult
 
 
-def _bad(e: RequestError) -> Exception:
-    from engine.serve.schema import bad
-
-    return bad(str(e), e.param)
-
-
 def constraint_of(body: dict[str, Any]) -> Optional[Constraint]:
-    """The request's tools and response format, checked (400 naming the field)."""
+    """The request's tools and response format, checked (RequestError naming the field: the
+    schema answers it as a 400)."""
     for legacy in ("functions", "function_call"):
         if body.get(legacy) is not None:
-            raise _bad(RequestError(f"'{legacy}' (OpenAI's deprecated function calling) is not supported: "
-                                    "send 'tools' and 'tool_choice'", legacy))
-    try:
-        return Constraint.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
-                             body.get("response_format"))
-    except RequestError as e:
-        raise _bad(e) from None
+            raise RequestError(f"'{legacy}' (OpenAI's deprecated function calling) is not supported: "
+                               "send 'tools' and 'tool_choice'", legacy)
+    return Constraint.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
+                         body.get("response_format"))
 
 
 def message_extras(m: dict[str, Any], i: int) -> dict[str, Any]:
     """An assistant message's `tool_calls` or a tool message's `tool_call_id`, checked."""
-    try:
-        return tool_message_keys(m, i)
-    except RequestError as e:
-        raise _bad(e) from None
+    return tool_message_keys(m, i)
 
 
 def check_results(messages: Sequence[dict[str, Any]]) -> None:
-    try:
-        check_tool_results(messages)
-    except RequestError as e:
-        raise _bad(e) from None
+    """Every tool result answers a call made before it."""
+    check_tool_results(messages)
 
 
 @dataclass
