@@ -64,6 +64,20 @@ class Constraint:
         return {"tools": [dict(t) for t in self.tools], "tool_choice": self.tool_choice, "function": self.function,
                 "parallel_tool_calls": self.parallel_tool_calls, "response_format": self.response_format}
 
+    def request_fields(self) -> dict[str, Any]:
+        """The OpenAI request fields that ask for this constraint (what engine/remote.py sends)."""
+        out: dict[str, Any] = {}
+        if self.tools:
+            out["tools"] = [dict(t) for t in self.tools]
+            out["tool_choice"] = ({"type": "function", "function": {"name": self.function}}
+                                  if self.tool_choice == "function" else self.tool_choice)
+            out["parallel_tool_calls"] = self.parallel_tool_calls
+        fmt = self.response_format
+        if fmt is not None:
+            out["response_format"] = fmt if fmt["type"] == "json_object" else {
+                "type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+        return out
+
     def identity(self) -> str:
         """A canonical string of everything that shapes the reply: equal iff the constraints are."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)

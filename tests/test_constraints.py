@@ -220,3 +220,13 @@ def test_a_template_without_tools_refuses_them(tiny_model: Path) -> None:
         assert e.value.param == "tools" and "no tool calling" in str(e.value)
     finally:
         eng.close()
+
+
+def test_a_constraint_round_trips_through_its_request_fields_and_its_receipt_form() -> None:
+    for c in (Constraint.of([WEATHER, CLOCK], {"type": "function", "function": {"name": "get_time"}}, False),
+              Constraint.of([WEATHER], "required"), Constraint.of(response_format=JSON_SCHEMA),
+              Constraint.of(response_format={"type": "json_object"})):
+        f = c.request_fields()
+        assert Constraint.of(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"),
+                             f.get("response_format")) == c
+        assert Constraint.from_dict(json.loads(json.dumps(c.to_dict()))) == c
