@@ -198,3 +198,12 @@ def test_reader_keeps_what_does_not_parse_as_content() -> None:
     r = reader.read(result(bad))
     assert r.calls == [] and r.content == bad
     assert reader.visible("Hello <tool") == "Hello " and reader.visible("Hello " + good) == "Hello "
+
+
+def test_top_logprobs_under_a_grammar_list_only_allowed_tokens(tool_server: Server) -> None:
+    """Where the grammar allows one token, the alternatives are that token alone (no -inf, which
+    JSON cannot carry)."""
+    r = ask(tool_server, tools=[WEATHER], tool_choice="required", logprobs=True, top_logprobs=5, seed=3)
+    entries = r.choices[0].logprobs.content
+    assert entries and all(t.logprob > float("-inf") for e in entries for t in e.top_logprobs)
+    assert any(len(e.top_logprobs) == 1 for e in entries)  # forced stretches (the markup, the name)

@@ -33,6 +33,7 @@ from engine.errors import EngineError, RequestError
 
 # JSON layout inside every grammar: no free whitespace, separators as templates write them.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_PARALLEL_CALLS = 8  # tool calls one forced reply may make
 _COMPILED_KEPT = 64  # grammars remembered per model (an agent sends the same tools every step)
 
 
@@ -127,7 +128,8 @@ class Grammars:
                 **(options[0] if len(options) == 1 else {"anyOf": options})}
         start = self._marker(self._tok.tool_call_start)
         end = self._marker(self._tok.tool_call_end)
-        calls = 'call ("\\n" call)*' if c.parallel_tool_calls else "call"
+        # Parallel calls: at most MAX_PARALLEL_CALLS, so a weak model cannot call forever.
+        calls = f'call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if c.parallel_tool_calls else "call"
         return (f"start: {calls}\n"
                 f"call: {start} \"\\n\" body \"\\n\" {end}\n"
                 f"body: %json {json.dumps(body)}\n")

@@ -417,7 +417,8 @@ def decode(
     def read_top(top: Any) -> Optional[list[tuple[int, float]]]:
         if top is None:
             return None
-        return list(zip((int(i) for i in top[0].tolist()), (float(v) for v in top[1].tolist())))
+        # Tokens a grammar forbids (logprob -inf) are no alternatives: left out (and JSON has no -inf).
+        return [(int(i), float(v)) for i, v in zip(top[0].tolist(), top[1].tolist()) if v != -float("inf")]
 
     def schedule(token_in: mx.array) -> Callable[[], tuple[mx.array, mx.array, Any]]:
         """Queue the forward of the newest decoded token (read or not yet); the returned call
