@@ -230,3 +230,19 @@ def test_a_constraint_round_trips_through_its_request_fields_and_its_receipt_for
         assert Constraint.of(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"),
                              f.get("response_format")) == c
         assert Constraint.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_cli_generate_takes_an_openai_request_file_and_its_receipt_verifies(tool_model: Path, tmp_path: Path,
+                                                                           capsys: Any) -> None:
+    """`generate --messages request.json` with tools and tool_choice: a forced call, and a
+    receipt that records the constraint and replays."""
+    req = tmp_path / "request.json"
+    req.write_text(json.dumps({"messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                               "parallel_tool_calls": False}))
+    receipt = tmp_path / "r.json"
+    assert cli(["generate", "--model", str(tool_model), "--messages", str(req), "--temperature", "1",
+                "--seed", "5", "--max-tokens", "80", "--no-cache", "--json", "--receipt", str(receipt)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["text"].startswith("<tool_call>") and out["finish_reason"] == "stop"
+    assert json.loads(receipt.read_text())["constraint"]["tool_choice"] == "required"
+    assert cli(["verify", str(receipt), "--no-cache"]) == 0
