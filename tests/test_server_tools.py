@@ -109,15 +109,15 @@ def test_json_object_is_an_object(tool_server: Server) -> None:
         assert isinstance(json.loads(text), dict)
 
 
-def agent_loop(s: Server) -> list[dict[str, Any]]:
+def agent_loop(s: Server, cache: bool = True) -> list[dict[str, Any]]:
     """user -> tool call -> tool result -> tool call -> tool result -> final answer: each step's
-    response as the server sent it."""
+    response as the server sent it (`cache` False: every step a cold run)."""
     tools = [WEATHER, CLOCK]
     messages: list[dict[str, Any]] = list(ASK)
     out = []
     for step, choice in enumerate(["required", NAMED, "none"]):
         r = ask(s, messages, tools=tools, tool_choice=choice, parallel_tool_calls=False, seed=10 + step, max_tokens=80,
-                extra_body={"verbatim": {"mode": "exact"}})
+                logprobs=True, extra_body={"verbatim": {"mode": "exact", "cache": cache}})
         body = r.model_dump()
         out.append(body)
         msg = r.choices[0].message
@@ -145,6 +145,10 @@ def test_an_agent_loop_sent_twice_is_byte_identical_and_each_step_restores_the_p
     for step in second:  # the second pass: every step a regenerate
         v = step["verbatim"]
         assert v["restored"] == v["prompt_tokens"] - 1 and v["identical_to_previous"] is True
+    # Exact mode: every step equals a cold run, logprobs bit for bit (they are in the choices).
+    for a, cold in zip(first, agent_loop(tool_server, cache=False)):
+        assert cold["verbatim"]["restored"] == 0
+        assert json.dumps(a["choices"]) == json.dumps(cold["choices"])
 
 
 def refused(s: Server, **kw: Any) -> Any:
