@@ -21,7 +21,8 @@ ContextPolicy = Literal["refuse", "truncate"]
 # also carry "tool_calls" (OpenAI's shape, arguments a JSON string), a tool message "tool_call_id".
 Message = dict[str, Any]
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "user", "assistant")  # what the app's conversations hold
+MESSAGE_ROLES = (*ROLES, "tool")  # what a request may send (tool results: engine/constraint.py)
 DEFAULT_CHUNK = 512
 MAX_TOP_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's limit)
 
@@ -121,8 +122,9 @@ def validate_messages(messages: Any) -> list[Message]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise RequestError(f"message {i} must be an object with 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise RequestError(f"message {i} has unknown role {m['role']!r} (expected one of {', '.join(ROLES)})")
+        if m["role"] not in MESSAGE_ROLES:
+            raise RequestError(f"message {i} has unknown role {m['role']!r} "
+                               f"(expected one of {', '.join(MESSAGE_ROLES)})")
         if not isinstance(m["content"], str):
             raise RequestError(f"message {i} content must be a string")
         out.append({"role": m["role"], "content": m["content"], **tool_message_keys(m, i)})
