@@ -18,7 +18,9 @@ from typing import Any, Callable, Generator, Optional
 from engine.cache.disk.tier import DiskCache
 from engine.cache.families import class_names
 from engine.cache.memory import PromptCache
+from engine.constraint import check_tool_results
 from engine.errors import EngineError, GGUFError, ModelError, RequestError
+from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
 from engine.generate.loop import LoadedModel, drain, stream
 from engine.generate.templating import (
@@ -59,6 +61,7 @@ class Prepared:
     prompt: list[int]
     message_starts: list[int]
     context: ContextInfo
+    grammar: Optional[str] = None  # the constraint's checked grammar (None: decoding is free)
 
 
 @dataclass
@@ -73,6 +76,7 @@ class ModelInfo:
     dequantized: bool
     load_s: float
     context_length: Optional[int] = None  # tokens the model was trained for (None: unknown)
+    tool_parser: Optional[str] = None  # mlx-lm's tool-call format its template implies (None: no tools)
 
 
 class Engine:
@@ -96,6 +100,7 @@ class Engine:
         # ranks in place and returns the sharding's identity, which joins the model key.
         self.shard = shard
         self._starts: Optional[MessageStarts] = None
+        self._grammars: Optional[Grammars] = None
         disk = None
         if use_disk:
             disk = DiskCache(cache_dir, budget_bytes=disk_budget)
@@ -151,6 +156,7 @@ class Engine:
             eos_ids=eos,
         )
         self._starts = MessageStarts(tokenizer)
+        self._grammars = Grammars(tokenizer, _vocab_size(self.lm), eos)
         cache = self.lm.new_cache()
         self.info = ModelInfo(
             name=self.lm.name,
@@ -163,11 +169,12 @@ class Engine:
             dequantized=dequantized,
             load_s=time.perf_counter() - t0,
             context_length=context_length_of(check_folder(folder)),
+            tool_parser=tool_format(tokenizer),
         )
         return self.info
 
     # -- generation ----------------------------------------------------------------------------
-    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         return render_prompt(self._lm().tokenizer, validate_messages(messages))
 
     @property
@@ -192,7 +199,7 @@ class Engine:
         if request.prompt is not None:
             prompt = render_text(lm.tokenizer, request.prompt)
         else:
-            prompt = render_prompt(lm.tokenizer, validate_messages(request.messages))
+            prompt = render_prompt(lm.tokenizer, validate_messages(request.messages), tools=_tools(request))
         return ContextInfo(self.limit_for(request), len(prompt))
 
     def prepare(self, request: GenerationRequest) -> Prepared:
@@ -203,20 +210,47 @@ class Engine:
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         _check_logit_bias(request, _vocab_size(lm))
+        grammar = self._check_constraint(request)
         limit = self.limit_for(request)
         if request.max_tokens_fit and limit:
             request = _fit_max_tokens(request, lm, limit)
         if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries
             prompt = render_text(lm.tokenizer, request.prompt)
             fit_to_context(lambda m: prompt, [], request.sampler.max_tokens, limit, "refuse")
-            return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)))
+            return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)), grammar)
         messages = validate_messages(request.messages)
-        fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m), messages, request.sampler.max_tokens,
-                                limit, request.context_policy, lambda m: len(lm.tokenizer.encode(m["content"])) + 4)
+        tools = _tools(request)
+        fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m, tools=tools), messages,
+                                request.sampler.max_tokens, limit, request.context_policy,
+                                lambda m: len(lm.tokenizer.encode(m["content"])) + 4)
         assert self._starts is not None
-        starts = self._starts(fitted.messages, fitted.prompt)
+        starts = self._starts(fitted.messages, fitted.prompt, tools)
         return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,
-                        ContextInfo(limit, len(fitted.prompt), fitted.dropped))
+                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar)
+
+    def _check_constraint(self, request: GenerationRequest) -> Optional[str]:
+        """A request's tools and output format, checked against the model before any prefill:
+        tools need a template that renders them and a tool-call format mlx-lm can parse; tool
+        results must answer calls made; a forced shape must compile. The grammar, if any."""
+        c = request.constraint
+        if request.prompt is None:
+            check_tool_results(request.messages)
+        if c is None:
+            return None
+        lm = self._lm()
+        if c.tools and tool_format(lm.tokenizer) is None:
+            raise RequestError("'tools': this model's chat template has no tool calling (mlx-lm finds no "
+                               "tool-call format in it), so it cannot be offered tools", "tools")
+        if c.tools and request.prompt is not None:
+            raise RequestError("'tools' need a chat (messages), not a raw prompt", "tools")
+        assert self._grammars is not None
+        return self._grammars.grammar(c)
+
+    def _guide(self, grammar: Optional[str]) -> Optional[Guide]:
+        if grammar is None:
+            return None
+        assert self._grammars is not None
+        return self._grammars.guide(grammar)
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
@@ -228,7 +262,7 @@ class Engine:
             disk.hold_writes()  # background snapshot writes wait while the model runs
         try:
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
-                                       p.context.limit)
+                                       p.context.limit, self._guide(p.grammar))
         finally:
             if disk is not None:
                 disk.release_writes()
@@ -256,7 +290,10 @@ class Engine:
             settings.pop("seed")  # greedy: the seed draws nothing, so replies compare whatever it was
         # The namespace too: whether a reply repeats another's must not tell one API client
         # what another asked (engine/cache/namespace.py).
-        k = (key, request.cache_namespace, tuple(prompt), json.dumps(settings, sort_keys=True), request.stop)
+        # And the constraint: the same prompt under another grammar is another request.
+        constraint = request.constraint.identity() if request.constraint is not None else None
+        k = (key, request.cache_namespace, tuple(prompt), json.dumps(settings, sort_keys=True), request.stop,
+             constraint)
         prev = self._previous.get(k)
         if prev is not None:
             cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
@@ -276,7 +313,7 @@ class Engine:
         """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
         p = self.prepare(request)
         result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                              p.message_starts, p.context.limit))
+                              p.message_starts, p.context.limit, self._guide(p.grammar)))
         result.report.context = p.context
         return result
 
@@ -312,6 +349,11 @@ def _vocab_size(lm: LoadedModel) -> int:
     return int(n) if isinstance(n, int) and n > 0 else len(lm.tokenizer.get_vocab())
 
 
+def _tools(request: GenerationRequest) -> Optional[list[dict[str, Any]]]:
+    """The tools the chat template shows for `request` (None: none offered)."""
+    return list(request.constraint.tools) if request.constraint is not None and request.constraint.tools else None
+
+
 def _check_logit_bias(request: GenerationRequest, vocab: int) -> None:
     for token, _ in request.sampler.logit_bias:
         if token >= vocab:
@@ -325,7 +367,7 @@ def _fit_max_tokens(request: GenerationRequest, lm: LoadedModel, limit: int) -> 
     if request.prompt is not None:
         n = len(render_text(lm.tokenizer, request.prompt))
     else:
-        n = len(render_prompt(lm.tokenizer, validate_messages(request.messages)))
+        n = len(render_prompt(lm.tokenizer, validate_messages(request.messages), tools=_tools(request)))
     room = limit - n
     if 1 <= room < request.sampler.max_tokens:
         return replace(request, sampler=replace(request.sampler, max_tokens=room))

@@ -20,7 +20,12 @@ class ServerUnreachable(EngineError):
 
 
 class RequestError(VerbatimError, ValueError):
-    """A bad generation request (unknown role, empty conversation, a template that rejects it)."""
+    """A bad generation request (unknown role, empty conversation, a template that rejects it).
+    `param`: the request field at fault, when one is (the server's 400 names it)."""
+
+    def __init__(self, message: str = "", param: "str | None" = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ContextLengthError(RequestError):

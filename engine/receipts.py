@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from engine.constraint import Constraint
 from engine.engine import Engine
 from engine.errors import EngineError, RequestError
 from engine.types import (
@@ -42,6 +43,9 @@ from engine.types import (
 
 RECEIPT_FORMAT = "verbatim.receipt"
 RECEIPT_VERSION = 1
+# A receipt with a constraint (tools, tool_choice, response_format) is version 2: an engine that
+# reads only version 1 would replay it unconstrained, so it refuses it instead.
+RECEIPT_VERSION_CONSTRAINED = 2
 ENVIRONMENT_KEYS = ("engine", "mlx", "mlx_lm", "blas", "device", "platform", "python")
 
 
@@ -112,20 +116,28 @@ class Receipt:
     prompt_sha256: Optional[str] = None  # of the prompt's token ids (int32 LE), when known
     environment: dict[str, str] = field(default_factory=dict)
     created_at: str = ""
+    # The tools offered and the shape forced on the reply (engine/constraint.py): a replay
+    # renders the same tools and decodes under the same grammar.
+    constraint: Optional[Constraint] = None
 
     def request(self, use_cache: bool = True) -> GenerationRequest:
         """The request that produced the reply."""
         return GenerationRequest(
             messages=list(self.messages or []), sampler=self.sampler, mode=self.mode,  # type: ignore[arg-type]
             use_cache=use_cache, stop=self.stop, context_policy=self.context_policy,  # type: ignore[arg-type]
-            prompt=self.prompt,
+            prompt=self.prompt, constraint=self.constraint,
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["sampler"] = self.sampler.to_dict()  # logit_bias as {"id": bias}, absent when empty
         d["stop"] = list(self.stop)
-        return {"format": RECEIPT_FORMAT, "version": RECEIPT_VERSION, **d}
+        d.pop("constraint")
+        version = RECEIPT_VERSION
+        if self.constraint is not None:
+            d["constraint"] = self.constraint.to_dict()
+            version = RECEIPT_VERSION_CONSTRAINED
+        return {"format": RECEIPT_FORMAT, "version": version, **d}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, ensure_ascii=False)
@@ -135,8 +147,9 @@ class Receipt:
         """Validate and rebuild a receipt; ReceiptError says what is wrong."""
         if not isinstance(d, dict) or d.get("format") != RECEIPT_FORMAT:
             raise ReceiptError(f"not a Verbatim receipt (expected \"format\": \"{RECEIPT_FORMAT}\")")
-        if not isinstance(d.get("version"), int) or d["version"] > RECEIPT_VERSION:
-            raise ReceiptError(f"receipt version {d.get('version')!r} is newer than this engine reads ({RECEIPT_VERSION})")
+        if not isinstance(d.get("version"), int) or d["version"] > RECEIPT_VERSION_CONSTRAINED:
+            raise ReceiptError(f"receipt version {d.get('version')!r} is newer than this engine reads "
+                               f"({RECEIPT_VERSION_CONSTRAINED})")
 
         def need(key: str, kind: Any, optional: bool = False) -> Any:
             value = d.get(key)
@@ -185,6 +198,14 @@ class Receipt:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise ReceiptError("receipt stop must be a list of strings")
         env = d.get("environment") or {}
+        constraint = None
+        if d.get("constraint") is not None:
+            try:
+                constraint = Constraint.from_dict(d["constraint"])
+            except RequestError as e:
+                raise ReceiptError(f"receipt constraint: {e}") from None
+        elif d["version"] >= RECEIPT_VERSION_CONSTRAINED:
+            raise ReceiptError("receipt version 2 records a constraint, and this one has none (the file was edited)")
         return cls(
             messages=messages if prompt is None else None,
             sampler=sampler,
@@ -205,6 +226,7 @@ class Receipt:
             prompt_sha256=need("prompt_sha256", str, optional=True),
             environment={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
             created_at=str(d.get("created_at") or ""),
+            constraint=constraint,
         )
 
 
@@ -233,6 +255,7 @@ def build(request: GenerationRequest, result: GenerationResult, model: ReceiptMo
         prompt_sha256=ids_sha256(result.prompt_ids) if result.prompt_ids else None,
         environment=env if env is not None else environment(),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        constraint=request.constraint,
     )
 
 
@@ -361,7 +384,15 @@ def describe(receipt: Receipt) -> str:
     what = f"{len(receipt.messages or [])} messages" if receipt.prompt is None else "a raw prompt"
     return (f"{receipt.model.name or receipt.model.spec} ({receipt.model.key[:12]}), {what}, {receipt.mode} mode, "
             f"chunk {receipt.chunk}, seed {s.seed}, T {s.temperature:g}, {len(receipt.tokens)} tokens "
-            f"({receipt.finish_reason})")
+            f"({receipt.finish_reason})" + (f", constrained ({_constraint_note(receipt.constraint)})"
+                                            if receipt.constraint is not None else ""))
+
+
+def _constraint_note(c: Constraint) -> str:
+    parts = [f"{len(c.tools)} tools, tool_choice {c.function or c.tool_choice}"] if c.tools else []
+    if c.response_format is not None:
+        parts.append(f"response_format {c.response_format['type']}")
+    return ", ".join(parts)
 
 
 __all__ = [

@@ -239,6 +239,8 @@ def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
         body["stop"] = list(request.stop)
     if chat:
         body.update(messages=request.messages, logprobs=True)
+        if request.constraint is not None:  # tools and response_format (engine/constraint.py)
+            body.update(request.constraint.request_fields())
         if request.top_logprobs:
             body["top_logprobs"] = request.top_logprobs
     else:

@@ -11,14 +11,18 @@ import threading
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Literal, Optional, Union
 
+from engine.constraint import Constraint, tool_message_keys
 from engine.errors import Cancelled, RequestError
 
 Mode = Literal["exact", "fast"]
 Progress = Callable[[float, str], None]  # (fraction done 0..1, what is happening)
 ContextPolicy = Literal["refuse", "truncate"]
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+# {"role": "system" | "user" | "assistant" | "tool", "content": str}; an assistant message may
+# also carry "tool_calls" (OpenAI's shape, arguments a JSON string), a tool message "tool_call_id".
+Message = dict[str, Any]
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant")  # what the app's conversations hold
+MESSAGE_ROLES = (*ROLES, "tool")  # what a request may send (tool results: engine/constraint.py)
 DEFAULT_CHUNK = 512
 MAX_TOP_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's limit)
 
@@ -105,21 +109,25 @@ class GenerationRequest:
     # max_tokens is a default, not the client's: shrink it to the room left in the context
     # rather than refuse the request (the server's default max_tokens).
     max_tokens_fit: bool = False
+    # Tools offered and the output's shape (tool_choice, response_format): engine/constraint.py.
+    constraint: Optional[Constraint] = None
 
 
 def validate_messages(messages: Any) -> list[Message]:
-    """Check an OpenAI-style message list and return it normalised; raise RequestError if bad."""
+    """Check an OpenAI-style message list and return it normalised; raise RequestError if bad.
+    Tool calls and tool results keep their own keys (engine/constraint.py checks them)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects")
     out: list[Message] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise RequestError(f"message {i} must be an object with 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise RequestError(f"message {i} has unknown role {m['role']!r} (expected one of {', '.join(ROLES)})")
+        if m["role"] not in MESSAGE_ROLES:
+            raise RequestError(f"message {i} has unknown role {m['role']!r} "
+                               f"(expected one of {', '.join(MESSAGE_ROLES)})")
         if not isinstance(m["content"], str):
             raise RequestError(f"message {i} content must be a string")
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append({"role": m["role"], "content": m["content"], **tool_message_keys(m, i)})
     return out
 
 

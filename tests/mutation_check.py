@@ -247,6 +247,22 @@ MUTATIONS: list[Mutation] = [
           "          fetch-depth: 1\n      - uses: actions/setup-python"),),
         ("tests/test_workflows.py::test_actionlint_and_zizmor_find_nothing_in_the_workflows",),
     ),
+    # issue 30: tools and structured output (the constraint in the receipt, the mask before sampling)
+    Mutation(
+        "a receipt leaves the constraint (tools, tool_choice, response_format) out",
+        (("engine/receipts.py", "        constraint=request.constraint,\n    )\n", "    )\n"),),
+        ("tests/test_constraints.py::test_a_constrained_receipt_verifies_and_a_tampered_one_is_refused",),
+    ),
+    Mutation(
+        "the grammar's mask applied after sampling (to the reported logprobs) instead of before",
+        (("engine/generate/sampling.py", "        logits = masked(logits.astype(mx.float32), mask)\n",
+          "        logits = logits.astype(mx.float32)\n"),
+         ("engine/generate/sampling.py",
+          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n",
+          "        logprobs = masked(logprobs, mask)\n"
+          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n")),
+        ("tests/test_constraints.py::test_the_mask_holds_under_every_sampler_setting",),
+    ),
 ]
 
 

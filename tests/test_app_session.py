@@ -206,6 +206,18 @@ def test_markdown_a_dangling_fence_is_text_not_an_empty_code_block() -> None:
     assert render("Here:\n```", streaming=True).code_blocks == [""]  # being written: a block
 
 
+def test_markdown_shows_tool_calls_as_calls_not_markup() -> None:
+    """A reply made for an agent (imported or exported) carries its calls in the template's
+    markup: shown as a labelled call with its arguments, and nothing raw."""
+    text = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
+            '</tool_call>\n<tool_call>\nnot json\n</tool_call>')
+    r = render(text)
+    assert "tool_call" not in r.html and "&lt;tool_call" not in r.html
+    assert "Tool call:" in r.html and "get_weather" in r.html
+    assert r.code_blocks == ['{\n  "city": "Paris",\n  "days": 2\n}', "not json"]
+    assert render("no calls here").html == render("no calls here").html  # plain text unchanged
+
+
 def _highlighted(html: str) -> list[bool]:
     """For each code block in rendered HTML: whether Pygments styled it."""
     return ["<span" in body for body in re.findall(r"<pre[^>]*>(.*?)</pre>", html, re.S)]

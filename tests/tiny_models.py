@@ -85,9 +85,60 @@ FAMILIES: dict[str, dict[str, Any]] = {
 ENGINE_OPTIONS: dict[str, dict[str, Any]] = {"kvquant": {"kv_bits": 8, "kv_group_size": 64}}
 
 
-def build_tokenizer(folder: Path) -> None:
-    """Train a small byte-level BPE on a fixed corpus and write HF tokenizer files."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+# A Qwen2.5-style template with tools (issue 30): the tools in the system turn, assistant tool
+# calls as <tool_call>{"name": ..., "arguments": ...}</tool_call>, tool results as user turns in
+# <tool_response>. mlx-lm infers its tool format from "<tool_call>" and "tool_call.name"
+# (mlx_lm/tokenizer_utils.py: json_tools), as it does for the real Qwen templates.
+QWEN_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}{%- else %}You are a helpful assistant.{%- endif %}"
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant"
+    "{%- if message.content %}\n{{ message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}"
+    "{%- set tool_call = tool_call.function %}{%- endif %}"
+    "\n<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}"
+    "\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{%- endif %}"
+    "\n<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]  # added, not special: as in Qwen's tokenizer.json
+_TOOL_CORPUS = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+    '{"city": "Rome", "temp": 21, "sunny": true, "note": "warm"}',
+    "<tool_response>\n{\"temp\": 18}\n</tool_response>",
+]
+# Tiny Qwen2 (model_type qwen2) with that template: the tests' model whose family has a tool parser.
+TOOL_FAMILY = {**_BASE, "model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+               "vocab_size": VOCAB_SIZE + 8}  # room for the added tool tokens
+
+
+def build_tool_model(folder: Path | str, seed: int = 0) -> Path:
+    """A random-weight tiny Qwen2 whose chat template takes tools (mlx-lm's json_tools format)."""
+    folder = build_model(folder, "llama", seed, _config=TOOL_FAMILY)
+    build_tokenizer(Path(folder), QWEN_TOOLS_TEMPLATE, TOOL_TOKENS, _CORPUS + _TOOL_CORPUS)
+    return Path(folder)
+
+
+def build_tokenizer(folder: Path, template: str = CHATML_TEMPLATE, added: list[str] | None = None,
+                    corpus: list[str] | None = None) -> None:
+    """Train a small byte-level BPE on a fixed corpus and write HF tokenizer files (`added`:
+    tokens added after training, not special, e.g. a template's tool-call markers)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -98,7 +149,9 @@ def build_tokenizer(folder: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator((corpus or _CORPUS) * 4, trainer=trainer)
+    if added:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
@@ -108,7 +161,7 @@ def build_tokenizer(folder: Path) -> None:
                 "eos_token": "<|im_end|>",
                 "pad_token": "<|endoftext|>",
                 "unk_token": None,
-                "chat_template": CHATML_TEMPLATE,
+                "chat_template": template,
                 "model_max_length": 4096,
             },
             indent=2,
@@ -128,7 +181,7 @@ def build_model(folder: Path | str, family: str = "llama", seed: int = 0, quanti
     from mlx_lm.utils import _get_classes
 
     folder = Path(folder)
-    config = {**FAMILIES[family], **overrides}
+    config = {**overrides.pop("_config", FAMILIES[family]), **overrides}
     if quantize_bits:
         config["quantization"] = {"group_size": 64, "bits": quantize_bits}
     marker = folder / "config.json"

@@ -18,6 +18,8 @@ only code it has not seen.
 from __future__ import annotations
 
 import html
+import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -57,9 +59,35 @@ def _parser() -> MarkdownIt:
     return md
 
 
+# A tool call in the JSON markup of Qwen-style templates (mlx-lm's json_tools format), as a reply
+# made for an agent carries it (an imported or exported conversation): shown as a call.
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def tool_calls_as_markdown(text: str) -> str:
+    """Each `<tool_call>{"name": ..., "arguments": ...}</tool_call>` as a labelled JSON block
+    ("Tool call: `name`" and its arguments), not raw markup; a body that does not parse is shown
+    as it is, in a block of its own."""
+
+    def one(m: "re.Match[str]") -> str:
+        body = m.group(1)
+        try:
+            call = json.loads(body)
+            name, args = call["name"], call.get("arguments", {})
+            if isinstance(args, str):
+                args = json.loads(args)
+            shown = json.dumps(args, indent=2, ensure_ascii=False)
+        except (ValueError, KeyError, TypeError):
+            return f"\n\n**Tool call**\n\n```\n{body}\n```\n\n"
+        return f"\n\n**Tool call:** `{name}`\n\n```json\n{shown}\n```\n\n"
+
+    return _TOOL_CALL_RE.sub(one, text) if "<tool_call>" in text else text
+
+
 def render(text: str, palette: Palette = Palette(), streaming: bool = False) -> Rendered:
     """Markdown -> HTML. `streaming` appends a cursor (an unclosed fence renders as code)."""
     md = _parser()
+    text = tool_calls_as_markdown(text)
     tokens = md.parse(text)
     out = Rendered("")
     lines = text.split("\n")

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 from engine.cli.models import add_subcommands
 from engine.cli.serve import add_serve_parser
 from engine.cli.verify import add_verify_parser
+from engine.constraint import Constraint
 from engine.errors import RequestError, VerbatimError
 from engine.generate.loop import drain
 from engine.types import (
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate replies for conversation files")
     _add_sampler_args(g)
     g.add_argument("--messages", action="append", required=True, type=Path,
-                   help="JSON file with a conversation: [{role, content}, ...] (repeatable)")
+                   help="JSON file with a conversation: [{role, content}, ...], or an OpenAI chat request "
+                        "{messages, tools, tool_choice, response_format} (repeatable)")
     g.add_argument("--repeat", type=int, default=1, help="generate each conversation K times")
     g.add_argument("--json", action="store_true", help="one JSON object per generation on stdout")
     g.add_argument("--receipt", type=Path, metavar="FILE",
@@ -115,6 +117,20 @@ def read_messages(path: Path) -> list[dict[str, str]]:
         raise CLIError(f"{path}: {e}")
 
 
+def read_constraint(path: Path) -> Optional[Constraint]:
+    """A messages file written as an OpenAI chat request ({"messages": [...], "tools": [...],
+    "tool_choice": ..., "response_format": ...}) also gives the tools and the output format
+    (engine/constraint.py); a plain list of messages gives none."""
+    data = json.loads(path.read_text(encoding="utf-8-sig"))  # read_messages checked it already
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Constraint.of(data.get("tools"), data.get("tool_choice"), data.get("parallel_tool_calls"),
+                             data.get("response_format"))
+    except RequestError as e:
+        raise CLIError(f"{path}: {e}")
+
+
 def print_summary(result: GenerationResult) -> None:
     for w in result.report.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -163,16 +179,16 @@ def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    conversations = [read_messages(p) for p in args.messages]  # all input checked before loading
+    conversations = [(read_messages(p), read_constraint(p)) for p in args.messages]  # all checked before loading
     if args.repeat < 1:
         raise CLIError("--repeat must be at least 1")
     eng = _engine(args)
     n = 0
     try:
-        for messages in conversations:
+        for messages, constraint in conversations:
             for _ in range(args.repeat):
                 req = GenerationRequest(messages, _sampler(args), mode=args.mode, use_cache=not args.no_cache,
-                                        stop=tuple(args.stop), context_policy=_policy(args))
+                                        stop=tuple(args.stop), context_policy=_policy(args), constraint=constraint)
                 result = eng.generate(req)
                 n += 1
                 if args.receipt is not None:

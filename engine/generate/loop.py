@@ -47,6 +47,7 @@ from engine.cache.snapshot import (
     describe_layers,
     new_snapshot_id,
 )
+from engine.generate.constraints import Guide
 from engine.generate.sampling import Sampler, top_logprobs
 from engine.generate.stops import StopStrings
 from engine.generate.templating import TextStream, render_prompt
@@ -258,13 +259,15 @@ def stream(
     prompt: Optional[list[int]] = None,
     message_starts: Sequence[int] = (),
     context_limit: Optional[int] = None,
+    guide: Optional[Guide] = None,
 ) -> Generator[Event, None, GenerationResult]:
     """Generate a reply to `prompt` (rendered from the request if not given). `message_starts`
     are the token positions where rendered messages start (canonical cuts, see cache/planner.py);
     `context_limit` ends decoding (finish reason "context") before the model's context is full."""
     t0 = time.perf_counter()
     is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
-    prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages)
+    tools = request.constraint.tools if request.constraint is not None else None
+    prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages, tools=tools)
     cuts = schedule_cuts(len(prompt), chunk, message_starts)
     if not request.use_cache:
         prompt_cache = None
@@ -289,7 +292,7 @@ def stream(
         pre = yield from prefill(lm, prompt, cache, rest.restored, cuts, points, snaps, is_cancelled)
         if pre.cancelled:
             return result(pre, None)
-        decoded = yield from decode(lm, request, prompt, cache, is_cancelled, context_limit)
+        decoded = yield from decode(lm, request, prompt, cache, is_cancelled, context_limit, guide)
         mx.eval(cache_arrays(cache))
         if prompt_cache is not None and decoded.tokens:
             fed = prompt + decoded.tokens[: decoded.forwarded]
@@ -378,10 +381,11 @@ class Decoded:
 
 def decode(
     lm: LoadedModel, request: GenerationRequest, prompt: list[int], cache: list[Any], is_cancelled: Callable[[], bool],
-    context_limit: Optional[int] = None,
+    context_limit: Optional[int] = None, guide: Optional[Guide] = None,
 ) -> Generator[Event, None, Decoded]:
     """Forward the last prompt token, then sample and feed back tokens; yield one event per token.
-    Never runs past `context_limit` positions: then it ends with finish reason "context"."""
+    Never runs past `context_limit` positions: then it ends with finish reason "context".
+    `guide`: the request's grammar (engine/generate/constraints.py), masking every step."""
     settings = request.sampler
     sampler = Sampler(settings)
     use_history = settings.repetition_penalty != 1.0
@@ -398,25 +402,39 @@ def decode(
     t_first: Optional[float] = None
     t_last: Optional[float] = None
 
-    def step(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
-        logits = lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
-        token, logprob, dist = sampler.sample(logits, history)
+    def forward(token_in: mx.array) -> mx.array:
+        return lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
+
+    def pick(logits: mx.array) -> tuple[mx.array, mx.array, Any]:
+        # A grammar's mask reflects every token read so far (the guide consumed them).
+        mask = guide.mask() if guide is not None else None
+        token, logprob, dist = sampler.sample(logits, history, mask)
         return token, logprob, (top_logprobs(dist, n_top) if n_top > 0 else None)
+
+    def step(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
+        return pick(forward(token_in))
 
     def read_top(top: Any) -> Optional[list[tuple[int, float]]]:
         if top is None:
             return None
-        return list(zip((int(i) for i in top[0].tolist()), (float(v) for v in top[1].tolist())))
+        # Tokens a grammar forbids (logprob -inf) are no alternatives: left out (and JSON has no -inf).
+        return [(int(i), float(v)) for i, v in zip(top[0].tolist(), top[1].tolist()) if v != -float("inf")]
 
-    def schedule(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:
-        """Queue the forward of the newest decoded token (read or not yet)."""
+    def schedule(token_in: mx.array) -> Callable[[], tuple[mx.array, mx.array, Any]]:
+        """Queue the forward of the newest decoded token (read or not yet); the returned call
+        gives the next (token, logprob, top). Under a grammar only the forward is queued: the
+        mask needs the token read and consumed first, so sampling waits for that call."""
         nonlocal history, forwarded
         forwarded += 1
         if use_history:
             history = mx.concatenate([history, token_in])
+        if guide is not None:
+            logits = forward(token_in)
+            mx.async_eval(logits)
+            return lambda: pick(logits)
         out = step(token_in)
         mx.async_eval(out[0], out[1], *(out[2] or ()))
-        return out
+        return lambda: out
 
     y, lp, top = step(mx.array([prompt[-1]]))
     max_tokens = settings.max_tokens
@@ -431,8 +449,10 @@ def decode(
         # most of a second decode step into the time to first token.
         queue_next = t_first is not None and len(tokens) + 1 < max_tokens
         if queue_next:
-            next_y, next_lp, next_top = schedule(y)
+            pending = schedule(y)
         token, logprob, top_read = int(y.item()), float(lp.item()), read_top(top)
+        if guide is not None and token not in lm.eos_ids:
+            guide.consume(token)
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
@@ -454,9 +474,9 @@ def decode(
             sent = shown
             ended = "cancelled" if is_cancelled() else None
         if queue_next:
-            y, lp, top = next_y, next_lp, next_top
+            y, lp, top = pending()
         elif ended is None and len(tokens) < max_tokens:
-            y, lp, top = schedule(y)
+            y, lp, top = schedule(y)()
     if final_text is None:
         text.flush()  # the last characters, decoded as they are, may complete a stop string
         final_text = text.text if (stop_at := stops.find(text.text)) is None else text.text[:stop_at]

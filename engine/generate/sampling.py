@@ -63,12 +63,18 @@ class Sampler:
         token, logprob, _ = self.sample(logits, history)
         return token, logprob
 
-    def sample(self, logits: mx.array, history: Optional[mx.array] = None) -> tuple[mx.array, mx.array, mx.array]:
-        """`__call__`, plus the whole (lazy) log-distribution [1, vocab] the logprob comes from."""
+    def sample(self, logits: mx.array, history: Optional[mx.array] = None, mask: Optional[mx.array] = None
+               ) -> tuple[mx.array, mx.array, mx.array]:
+        """`__call__`, plus the whole (lazy) log-distribution [1, vocab] the logprob comes from.
+        `mask` [1, vocab] (bool): the tokens a grammar allows (engine/generate/constraints.py)."""
         # The key advances every step, greedy or not, so a step's draw never depends on
         # which settings earlier steps used.
         self._key, step_key = mx.random.split(self._key)
-        logits = self._apply_repetition_penalty(logits.astype(mx.float32), history)
+        # The grammar's mask first, before anything picks: every setting below (penalty, bias,
+        # greedy, temperature, truncation) chooses among allowed tokens only, and the logprob is
+        # that of the constrained distribution.
+        logits = masked(logits.astype(mx.float32), mask)
+        logits = self._apply_repetition_penalty(logits, history)
         logits = self._apply_logit_bias(logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         s = self.s
@@ -78,6 +84,13 @@ class Sampler:
             scores = _truncate(logprobs / s.temperature, s.top_k, s.top_p, s.min_p)
             token = mx.random.categorical(scores, axis=-1, key=step_key)
         return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs
+
+
+def masked(logits: mx.array, mask: Optional[mx.array]) -> mx.array:
+    """`logits` with the tokens `mask` forbids set to -inf (no mask: unchanged)."""
+    if mask is None:
+        return logits
+    return mx.where(mask, logits, mx.array(-float("inf"), dtype=logits.dtype))
 
 
 def top_logprobs(logprobs: mx.array, n: int) -> tuple[mx.array, mx.array]:

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional, Sequence
 
+from engine.constraint import template_messages
 from engine.errors import RequestError
 from engine.types import Message
 
+Tools = Optional[Sequence[dict[str, Any]]]  # OpenAI tool definitions, handed to the template as is
 
-def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of the conversation, by default with the generation prompt added (ready for a reply)."""
+
+def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
+                  tools: Tools = None) -> list[int]:
+    """Token ids of the conversation, by default with the generation prompt added (ready for a
+    reply). `tools` go to the chat template as transformers passes them (`tools=`), and tool-call
+    arguments as objects (engine/constraint.py: template_messages)."""
     if getattr(tokenizer, "chat_template", None):
+        extra = {"tools": list(tools)} if tools else {}
         try:
-            ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                                tokenize=True)
+            ids = tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=add_generation_prompt,
+                                                tokenize=True, **extra)
         except Exception as e:  # jinja errors: e.g. a template that rejects a system message
             raise RequestError(f"the model's chat template rejected the conversation: {e}") from e
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -44,24 +52,26 @@ class MessageStarts:
 
     def __init__(self, tokenizer: Any, max_entries: int = 4096) -> None:
         self._tok = tokenizer
-        self._memo: dict[tuple[tuple[str, str], ...], Optional[list[int]]] = {}
+        self._memo: dict[tuple[str, ...], Optional[list[int]]] = {}
         self._max = max_entries
 
-    def __call__(self, messages: Sequence[Message], prompt: Sequence[int]) -> list[int]:
+    def __call__(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None) -> list[int]:
         out: list[int] = []
         for i in range(1, len(messages) + 1):
-            ids = self._render(messages[:i])
+            ids = self._render(messages[:i], tools)
             if ids is not None and 0 < len(ids) < len(prompt) and list(prompt[: len(ids)]) == ids:
                 out.append(len(ids))
         return out
 
-    def _render(self, messages: Sequence[Message]) -> Optional[list[int]]:
-        key = tuple((m["role"], m["content"]) for m in messages)
+    def _render(self, messages: Sequence[Message], tools: Tools) -> Optional[list[int]]:
+        # Keyed by every key of every message (tool calls too) and the tools the template shows.
+        key = (json.dumps(list(tools or ()), sort_keys=True),
+               *(json.dumps(m, sort_keys=True, ensure_ascii=False) for m in messages))
         if key not in self._memo:
             if len(self._memo) >= self._max:
                 self._memo.pop(next(iter(self._memo)))
             try:
-                self._memo[key] = render_prompt(self._tok, messages, add_generation_prompt=False)
+                self._memo[key] = render_prompt(self._tok, messages, add_generation_prompt=False, tools=tools)
             except RequestError:
                 self._memo[key] = None  # a template that will not render this prefix: no cut here
         return self._memo[key]

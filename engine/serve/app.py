@@ -33,7 +33,7 @@ from aiohttp import web
 
 from engine.bridge import Done, StreamEvent, engine_batches
 from engine.errors import ContextLengthError, EngineError, RequestError
-from engine.serve import DEFAULT_QUEUE_LIMIT, schema
+from engine.serve import DEFAULT_QUEUE_LIMIT, schema, tools
 from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
 from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
@@ -84,7 +84,8 @@ def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
         return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
                         code="context_length_exceeded")
     if isinstance(e, RequestError):
-        return APIError(400, str(e), param="logit_bias" if str(e).startswith("logit_bias") else None)
+        param = getattr(e, "param", None) or ("logit_bias" if str(e).startswith("logit_bias") else None)
+        return APIError(400, str(e), param=param)
     if isinstance(e, ModelChanged):
         return APIError(409, str(e), code="model_changed")
     if isinstance(e, Withdrawn):  # cancelled while it waited, its client still here: the server stops
@@ -252,8 +253,11 @@ async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.S
             raise _engine_error(e, parsed.kind) from None
         if done.result.finish_reason == "cancelled":
             raise _cancelled()
-        return web.json_response(schema.full_response(parsed, name, done.result, ticket.entries,
-                                                      ticket.queue_info()))
+        body = schema.full_response(parsed, name, done.result, ticket.entries, ticket.queue_info())
+        reader = tools.reader_for(model.tool_parser, parsed.request.constraint)
+        if reader is not None:  # the reply's tool calls, read with the model's mlx-lm parser
+            tools.shape_message(body["choices"][0], reader.read(done.result), done.result.finish_reason)
+        return web.json_response(body)
 
 
 async def _final(batches: Batches) -> Done:
@@ -275,6 +279,8 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
         batch = await anext(batches)
     except Exception as e:
         raise _engine_error(e, parsed.kind) from None
+    reader = tools.reader_for(request.app[CONFIG_KEY].model.tool_parser if request.app[CONFIG_KEY].model else None,
+                              parsed.request.constraint)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
@@ -294,14 +300,15 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
                     if entry is not None:
                         entries, seen = [entry], event.index + 1
                 ids = [event.token] if parsed.token_ids and event.index >= named else None
-                delta = text[sent:]
+                # Tool calls are held back until the reply is whole (then sent as tool_calls deltas).
+                delta = (reader.visible(text) if reader is not None else text)[sent:]
                 if delta or entries or ids:
                     c = schema.chunk(parsed, name, delta, entries, text_offset=sent)
                     if ids:
                         c["verbatim"] = {"token_ids": ids}
                         named = event.index + 1
                     out.append(c)
-                    sent = len(text)
+                    sent += len(delta)
             elif isinstance(event, Done):
                 done = event
         if done is not None:
@@ -318,10 +325,17 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     if result.finish_reason == "cancelled":  # the server is stopping (a client that left reads nothing)
         await resp.write(_sse([*out, _cancelled().body()]))  # no [DONE]: the reply is not complete
         return resp
-    rest = result.text[sent:] if result.text.startswith(text[:sent]) else ""
+    reply = reader.read(result) if reader is not None else None
+    content = reply.content or "" if reply is not None else result.text
+    rest = content[sent:] if content.startswith(text[:sent]) else ""
     entries = ticket.entries[seen:] if ticket.entries is not None else None
-    last = schema.chunk(parsed, name, rest, entries if parsed.logprobs else None,
-                        finish=schema.finish_reason(result), text_offset=sent)
+    finish = (tools.finish_reason(reply, result.finish_reason) if reply is not None else None) \
+        or schema.finish_reason(result)
+    if reply is not None and reply.calls:
+        calls = schema.chunk(parsed, name, None, None)
+        calls["choices"][0]["delta"]["tool_calls"] = tools.call_deltas(reply.calls)
+        out.append(calls)
+    last = schema.chunk(parsed, name, rest, entries if parsed.logprobs else None, finish=finish, text_offset=sent)
     last["system_fingerprint"] = schema.fingerprint(result.report.model_key)
     last["verbatim"] = schema.verbatim_report(result, ticket.queue_info())
     if parsed.include_usage:

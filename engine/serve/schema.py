@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from engine.errors import RequestError
+from engine.serve import tools
 from engine.types import (
     MAX_TOP_LOGPROBS,
     GenerationRequest,
@@ -96,6 +98,7 @@ class ServedModel:
     key: Optional[str] = None  # the engine's model key: a request runs only on this model
     aliases: tuple[str, ...] = ()
     context_length: Optional[int] = None
+    tool_parser: Optional[str] = None  # mlx-lm's tool-call format of the model (tools.py reads calls with it)
 
     @classmethod
     def of(cls, info: Any, spec: Optional[str] = None) -> "ServedModel":
@@ -107,7 +110,7 @@ class ServedModel:
             if "/" not in spec and "\\" not in spec:
                 ident = spec  # a short spec ('demo', a repo id's tail) is what users will type
         return cls(ident, info.key, tuple(n for n in dict.fromkeys(names) if n and n != ident),
-                   getattr(info, "context_length", None))
+                   getattr(info, "context_length", None), getattr(info, "tool_parser", None))
 
     def matches(self, name: str) -> bool:
         return name == "" or name == self.id or name in self.aliases
@@ -204,19 +207,10 @@ def _unsupported(body: dict[str, Any]) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
             raise bad(f"'{name}' is not supported (use 'repetition_penalty')", name)
-    if body.get("tools") or body.get("functions"):
-        raise bad("tool calling is not supported", "tools")
-    for name in ("tool_choice", "function_call"):  # without tools only "none" means anything
-        if body.get(name) not in (None, "none"):
-            raise bad(f"'{name}' is not supported (this server has no tool calling)", name)
-    if body.get("parallel_tool_calls") is not None:
-        raise bad("'parallel_tool_calls' is not supported (this server has no tool calling)", "parallel_tool_calls")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise bad("only the 'text' modality is supported", "modalities")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in (None, "text")):
-        raise bad("only the 'text' response_format is supported", "response_format")
+    # tools, tool_choice, parallel_tool_calls, response_format, functions: tools.py (constraint_of)
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -314,6 +308,8 @@ def token_ids_wanted(body: dict[str, Any]) -> bool:
 
 def _content(m: dict[str, Any], i: int) -> str:
     c = m.get("content")
+    if c is None and m.get("role") == "assistant" and m.get("tool_calls"):
+        return ""  # a reply that is only tool calls
     if isinstance(c, str):
         return _text(c, f"messages[{i}].content")
     if isinstance(c, list):  # content parts: only text ones
@@ -337,11 +333,20 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         role = m.get("role")
         if role == "developer":  # OpenAI's newer name for the system role
             role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise bad(f"messages[{i}].role must be one of system, user, assistant; got {role!r}",
+        if role not in ("system", "user", "assistant", "tool"):
+            raise bad(f"messages[{i}].role must be one of system, user, assistant, tool; got {role!r}",
                       f"messages[{i}].role")
-        out.append({"role": role, "content": _content(m, i)})
+        out.append({"role": role, "content": _content(m, i), **_checked(tools.message_extras, m, i)})
+    _checked(tools.check_results, out)  # every tool result answers a call made before it
     return out
+
+
+def _checked(check: Any, *args: Any) -> Any:
+    """A tools.py check, its RequestError as a 400 naming the field."""
+    try:
+        return check(*args)
+    except RequestError as e:
+        raise bad(str(e), e.param) from None
 
 
 def _stream_options(body: dict[str, Any]) -> bool:
@@ -378,7 +383,7 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     stream = _bool(body, "stream")
     include_usage = _stream_options(body)
     req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
-                            **{"mode": mode, **_verbatim_options(body)})
+                            constraint=_checked(tools.constraint_of, body), **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
                          token_ids_wanted(body))
 

@@ -1,0 +1,248 @@
+"""Constrained decoding in the engine (issue 30): the grammar's mask before sampling under every
+sampler setting, tools rendered by the model's own template, constrained replies that
+regenerate instantly and identically and equal a cold run, receipts that record the constraint
+(verified; tampered ones refused), and "identical to previous" keyed by the constraint.
+
+A tiny random-weight Qwen2 with a Qwen-style tools template (tests/tiny_models.py:
+build_tool_model): mlx-lm infers its json_tools format, as for real Qwen models. Random
+weights at T=1 pick freely, so only the grammar keeps the output valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import receipts
+from engine.cli.main import main as cli
+from engine.constraint import Constraint
+from engine.engine import Engine
+from engine.errors import EngineError, RequestError
+from engine.receipts import ReceiptModel
+from engine.types import GenerationRequest, SamplerSettings
+from tests.engine_helpers import require_openblas
+from tests.tiny_models import build_tool_model
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                           "temp": {"type": "integer", "minimum": -20, "maximum": 45},
+                                           "sunny": {"type": "boolean"}},
+          "required": ["city", "temp", "sunny"], "additionalProperties": False}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "weather", "strict": True, "schema": SCHEMA}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")
+
+
+@pytest.fixture(scope="module")
+def engine(tool_model: Path) -> Any:
+    eng = Engine(use_disk=False, chunk=8)
+    eng.load(str(tool_model))
+    yield eng
+    eng.close()
+
+
+def valid_weather(obj: Any) -> bool:
+    return (isinstance(obj, dict) and set(obj) == {"city", "temp", "sunny"} and isinstance(obj["city"], str)
+            and len(obj["city"]) <= 8 and isinstance(obj["temp"], int) and -20 <= obj["temp"] <= 45
+            and isinstance(obj["sunny"], bool))
+
+
+def generate(engine: Engine, constraint: Constraint, **sampler: Any) -> Any:
+    sampler.setdefault("max_tokens", 160)
+    try:
+        return engine.generate(GenerationRequest(ASK, SamplerSettings(**sampler), constraint=constraint))
+    except EngineError as e:  # the sampler picked a token the grammar forbids
+        pytest.fail(f"a sampled token broke the grammar: {e}")
+
+
+SETTINGS = [
+    {"temperature": 0.0},
+    {"temperature": 1.0},
+    {"temperature": 1.5, "top_k": 5},
+    {"temperature": 1.0, "top_p": 0.5},
+    {"temperature": 1.0, "min_p": 0.2},
+    {"temperature": 1.0, "repetition_penalty": 1.3},
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_the_mask_holds_under_every_sampler_setting(engine: Engine, settings: dict) -> None:
+    c = Constraint.of(response_format=JSON_SCHEMA)
+    for seed in range(3):
+        r = generate(engine, c, seed=seed, **settings)
+        assert r.finish_reason == "stop", (seed, r.text)
+        obj = json.loads(r.text)
+        assert valid_weather(obj), r.text
+        # Bounded whitespace: fixed separators and nothing else.
+        assert r.text == json.dumps(obj, ensure_ascii=False), r.text
+
+
+def test_logit_bias_cannot_bring_back_a_forbidden_token(engine: Engine) -> None:
+    """The mask comes first: +100 on a token the grammar never allows first still loses."""
+    newline = engine.lm.tokenizer.encode("\n", add_special_tokens=False)[0]
+    c = Constraint.of(response_format=JSON_SCHEMA)
+    r = generate(engine, c, temperature=1.0, seed=4, logit_bias=((newline, 100.0),))
+    assert r.tokens[0] != newline and r.text.startswith("{"), r.text
+    assert valid_weather(json.loads(r.text))
+
+
+def test_without_the_grammar_the_random_model_writes_no_json(engine: Engine) -> None:
+    """The control: the same seeds unconstrained are not valid JSON, so the tests above can fail."""
+    free = [engine.generate(GenerationRequest(ASK, SamplerSettings(temperature=1.0, seed=s, max_tokens=40)))
+            for s in range(3)]
+    for r in free:
+        with pytest.raises(ValueError):
+            json.loads(r.text)
+
+
+def test_forced_tool_calls_name_an_offered_tool_with_valid_arguments(engine: Engine) -> None:
+    tok = engine.lm.tokenizer
+    start, end = tok.tool_call_start, tok.tool_call_end
+    for seed in range(4):
+        named = generate(engine, Constraint.of([WEATHER, CLOCK], {"type": "function", "function": {"name": "get_time"}},
+                                                False), temperature=1.0, seed=seed)
+        body = named.text.removeprefix(start + "\n").removesuffix("\n" + end)
+        call = json.loads(body)
+        assert named.text.count(start) == 1 and call["name"] == "get_time", named.text
+        assert set(call["arguments"]) == {"zone"} and len(call["arguments"]["zone"]) <= 6
+        any_tool = generate(engine, Constraint.of([WEATHER, CLOCK], "required"), temperature=1.0, seed=seed)
+        blocks = [b for b in any_tool.text.split(start)[1:]]
+        assert blocks and any_tool.text.startswith(start), any_tool.text
+        for b in blocks:
+            call = json.loads(b.strip().removesuffix(end).strip())
+            assert call["name"] in ("get_weather", "get_time")
+
+
+def test_tools_reach_the_template_and_tool_results_render(engine: Engine) -> None:
+    with_tools = engine.prepare(GenerationRequest(ASK, constraint=Constraint.of([WEATHER], "auto")))
+    text = engine.lm.tokenizer.decode(with_tools.prompt)
+    assert "# Tools" in text and '"name": "get_weather"' in text
+    history = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 18}'},
+    ]
+    p = engine.prepare(GenerationRequest(history, constraint=Constraint.of([WEATHER], "auto")))
+    text = engine.lm.tokenizer.decode(p.prompt)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>' in text
+    assert '<tool_response>\n{"temp": 18}\n</tool_response>' in text
+    assert len(p.message_starts) >= 2  # the tools' system turn and the calls keep message cuts
+
+
+def test_a_constrained_reply_regenerates_instantly_identically_and_equals_a_cold_run(tool_model: Path,
+                                                                                    tmp_path: Path) -> None:
+    require_openblas()
+    eng = Engine(cache_dir=tmp_path / "cache", chunk=8)
+    eng.load(str(tool_model))
+    try:
+        for c in (Constraint.of(response_format=JSON_SCHEMA), Constraint.of([WEATHER, CLOCK], "required")):
+            req = GenerationRequest(ASK, SamplerSettings(temperature=1.0, seed=7, max_tokens=120), constraint=c)
+            first = eng.generate(req)
+            again = eng.generate(req)
+            assert again.report.restored == again.report.prompt_tokens - 1
+            assert again.tokens == first.tokens and again.logprobs == first.logprobs
+            assert again.report.identical is True
+            assert eng.verify(req, again).identical  # a cold run, no cache at all
+        # Another constraint on the same prompt is another request: nothing to compare with.
+        req = GenerationRequest(ASK, SamplerSettings(temperature=1.0, seed=7, max_tokens=120),
+                                constraint=Constraint.of(response_format={"type": "json_object"}))
+        assert eng.generate(req).report.identical is None
+        assert eng.generate(req).report.identical is True
+    finally:
+        eng.close()
+
+
+def test_a_constrained_receipt_verifies_and_a_tampered_one_is_refused(engine: Engine, tool_model: Path,
+                                                                     tmp_path: Path, capsys: Any) -> None:
+    req = GenerationRequest(ASK, SamplerSettings(temperature=1.0, seed=3, max_tokens=120),
+                            constraint=Constraint.of(response_format=JSON_SCHEMA))
+    result = engine.generate(req)
+    receipt = receipts.build(req, result, ReceiptModel(str(tool_model), engine.info.key, "qwen-tools"), engine.chunk)
+
+    def verify(doc: dict, name: str) -> tuple[int, str]:
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        capsys.readouterr()
+        code = cli(["verify", str(path), "--no-cache"])
+        return code, capsys.readouterr().out
+
+    doc = receipt.to_dict()
+    assert doc["version"] == 2 and doc["constraint"]["response_format"]["schema"] == SCHEMA
+    code, out = verify(doc, "good.json")
+    assert code == 0 and out.startswith("OK"), out
+    # The schema edited: the replay decodes under another grammar and parts from the receipt.
+    edited = json.loads(json.dumps(doc))
+    edited["constraint"]["response_format"]["schema"]["properties"]["temp"]["maximum"] = 3
+    edited["constraint"]["response_format"]["schema"]["properties"]["city"]["maxLength"] = 2
+    code, out = verify(edited, "schema.json")
+    assert code == 1 and out.startswith("MISMATCH"), out
+    # The constraint dropped (and the version with it): replayed free, it cannot match.
+    dropped = {k: v for k, v in doc.items() if k != "constraint"}
+    code, out = verify({**dropped, "version": 1}, "dropped.json")
+    assert code == 1 and out.startswith("MISMATCH"), out
+    # Version 2 without its constraint is not a receipt this engine replays.
+    assert verify(dropped, "v2.json")[0] == 2
+
+
+@pytest.mark.parametrize("constraint,param", [
+    (lambda: Constraint.of(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=a)b"}}}}}),
+     "response_format"),
+])
+def test_a_schema_the_library_cannot_compile_is_refused_naming_the_field(engine: Engine, constraint: Any,
+                                                                        param: str) -> None:
+    with pytest.raises(RequestError) as e:
+        engine.prepare(GenerationRequest(ASK, constraint=constraint()))
+    assert e.value.param == param
+
+
+def test_a_template_without_tools_refuses_them(tiny_model: Path) -> None:
+    eng = Engine(use_disk=False, chunk=8)
+    eng.load(str(tiny_model))
+    try:
+        with pytest.raises(RequestError) as e:
+            eng.prepare(GenerationRequest(ASK, constraint=Constraint.of([WEATHER], "auto")))
+        assert e.value.param == "tools" and "no tool calling" in str(e.value)
+    finally:
+        eng.close()
+
+
+def test_a_constraint_round_trips_through_its_request_fields_and_its_receipt_form() -> None:
+    for c in (Constraint.of([WEATHER, CLOCK], {"type": "function", "function": {"name": "get_time"}}, False),
+              Constraint.of([WEATHER], "required"), Constraint.of(response_format=JSON_SCHEMA),
+              Constraint.of(response_format={"type": "json_object"})):
+        f = c.request_fields()
+        assert Constraint.of(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"),
+                             f.get("response_format")) == c
+        assert Constraint.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_cli_generate_takes_an_openai_request_file_and_its_receipt_verifies(tool_model: Path, tmp_path: Path,
+                                                                           capsys: Any) -> None:
+    """`generate --messages request.json` with tools and tool_choice: a forced call, and a
+    receipt that records the constraint and replays."""
+    req = tmp_path / "request.json"
+    req.write_text(json.dumps({"messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                               "parallel_tool_calls": False}))
+    receipt = tmp_path / "r.json"
+    assert cli(["generate", "--model", str(tool_model), "--messages", str(req), "--temperature", "1",
+                "--seed", "5", "--max-tokens", "80", "--no-cache", "--json", "--receipt", str(receipt)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["text"].startswith("<tool_call>") and out["finish_reason"] == "stop"
+    assert json.loads(receipt.read_text())["constraint"]["tool_choice"] == "required"
+    assert cli(["verify", str(receipt), "--no-cache"]) == 0
