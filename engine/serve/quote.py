@@ -1,0 +1,53 @@
+"""What an error message may repeat of the request: a short, escaped prefix (`quote`).
+
+An error names what was wrong ("the model 'x' does not exist"), but never echoes the input
+whole: a 2 MB model name must not come back as 6 MB of escapes, nor any control character or
+markup come back raw. Also the checks on the fields inside a chat message (`message_fields`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QUOTE_CHARS = 64  # characters of client input an error message repeats at most
+
+
+def _escaped(text: str, limit: int) -> tuple[str, bool]:
+    """The longest prefix of `text` whose escaped form (printable ASCII) fits `limit` characters."""
+    out, n = [], 0
+    for ch in text[: limit + 1]:
+        e = ascii(ch)[1:-1]
+        if n + len(e) > limit:
+            return "".join(out), True
+        out.append(e)
+        n += len(e)
+    return "".join(out), False
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """`value` as a short printable-ASCII literal: 'abc', 'é' as '\\xe9', long ones cut ('...')."""
+    text, cut = _escaped(value if isinstance(value, str) else repr(value), limit)
+    return f"'{text}'" + ("... (cut)" if cut else "")
+
+
+def bare(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """A field name for a message or `param`: `quote` without the quotes ('x...' for long ones)."""
+    text, cut = _escaped(value if isinstance(value, str) else repr(value), limit)
+    return text + ("..." if cut else "")
+
+
+# The fields a chat message may carry here. `name` (OpenAI: the participant's name) and
+# `tool_calls` would change the prompt the model sees, and this server does not render them:
+# refused, naming the field, rather than silently dropped.
+MESSAGE_FIELDS = ("role", "content")
+
+
+def message_fields(m: dict[str, Any], i: int) -> None:
+    """A 400 naming the first field of messages[i] that is not `role` or `content`."""
+    from engine.serve.schema import bad
+
+    extra = sorted(k for k in m if k not in MESSAGE_FIELDS)
+    if extra:
+        k = extra[0]
+        raise bad(f"messages[{i}].{bare(k)} is not supported by this server "
+                  "(a message carries only 'role' and 'content' here)", f"messages[{i}].{bare(k)}")
