@@ -6,8 +6,8 @@
 limit at 1,024 as on a desktop (so its connection cap is 768). N clients (default 2,000) each
 connect, half of them send nothing and half send part of a request head, and reconnect as
 soon as the server drops them, for as long as the run lasts. Meanwhile R (default 6) normal
-chat requests (1 token, `Connection: close`) are sent one after another from a separate
-process: each one's status and time to answer, with the flood running and, for the ratio,
+chat requests (1 token, `Connection: close`) are sent one after another, once the flood has
+made 2 x N connections (it is reconnecting in earnest; 60 s at most): each one's status and time to answer, with the flood running and, for the ratio,
 without it. Bounded: every socket has a 60 s timeout; the flood stops with the last request.
 """
 
@@ -111,8 +111,10 @@ def main() -> None:
             stop, connects = mp.Event(), mp.Value("l", 0)
             f = mp.Process(target=flood, args=(port, args.clients, stop, connects))
             f.start()
-            while connects.value < args.clients:  # every flood client has connected at least once
+            end = time.monotonic() + 60
+            while connects.value < 2 * args.clients and time.monotonic() < end:  # reconnecting in earnest
                 time.sleep(0.1)
+            warm = connects.value
             t0 = time.monotonic()
             loud = [normal_request(port) for _ in range(args.requests)]
             during = time.monotonic() - t0
@@ -131,7 +133,8 @@ def main() -> None:
             p.wait(60)
     ok = sum(1 for c, _ in loud if c == 200)
     med_q, med_l = statistics.median(t for _, t in quiet), statistics.median(t for _, t in loud)
-    print(f"{args.clients} reconnecting clients, {reconnects} connects in {during:.1f} s; server: {conns}")
+    print(f"{args.clients} reconnecting clients, {warm} connects before the first normal request, "
+          f"{reconnects - warm} more during the {during:.1f} s of normal requests; server: {conns}")
     print(f"normal requests answered: {ok}/{len(loud)} with the flood (statuses {[c for c, _ in loud]}), "
           f"{sum(1 for c, _ in quiet if c == 200)}/{len(quiet)} without")
     print(f"median time to answer: {med_l:.2f} s with the flood, {med_q:.2f} s without "

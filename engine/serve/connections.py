@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -35,6 +36,12 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from engine.serve.guard import RateLimitedLog
+
+try:  # FIONREAD: whether a connection that looks idle has request bytes waiting (POSIX)
+    import fcntl
+    import termios
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 REQUEST_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 15.0
@@ -119,6 +126,7 @@ class Connection(asyncio.Protocol):
         self.scan = RequestScan()
         self.paused_since: Optional[float] = None  # writing paused: the client is not reading
         self.closing = False  # closed by the guard, its unsent bytes (none) still going out
+        self.arriving = False  # looked idle, but request bytes wait in the kernel: not evicted
 
     # -- asyncio.Protocol, delegated ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -134,6 +142,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if data:
+            self.arriving = False
             if self.phase == IDLE:
                 self.phase, self.since = RECEIVING, self.guard.clock()
             elif self.phase == HANDLING:
@@ -232,15 +241,21 @@ class ConnectionGuard:
                 victim.drop()
 
     def _victim(self, newest: Connection) -> Connection:
-        idle = None
-        for c in self.open:  # oldest first
-            if c is newest or c.closing or c.paused_since is not None:
-                continue  # going already, or a reply being written: the write timeout sees to it
-            if c.phase == RECEIVING and not c.complete:
-                return c
-            if c.phase == IDLE and not c.buffered() and (idle is None or c.since < idle.since):
-                idle = c  # the one idle longest: not a keep-alive connection that just answered
-        return idle if idle is not None else newest  # all busy: the newcomer waits for none
+        for _ in range(8):  # an idle one whose request already waits in the kernel is passed over
+            idle = None
+            for c in self.open:  # oldest first
+                if c is newest or c.closing or c.paused_since is not None or c.arriving:
+                    continue  # going already, a reply being written (the write timeout sees to it), or bytes in
+                if c.phase == RECEIVING and not c.complete:
+                    return c
+                if c.phase == IDLE and not c.buffered() and (idle is None or c.since < idle.since):
+                    idle = c  # the one idle longest: not a keep-alive connection that just answered
+            if idle is None:
+                break
+            if not unread_bytes(idle.transport):
+                return idle
+            idle.arriving = True  # accepted, its request not read yet: it is not idle, it is next
+        return newest  # all busy: the newcomer waits for none
 
     def _closed(self, conn: Connection) -> None:
         self.open.pop(conn, None)
@@ -326,6 +341,17 @@ class GuardedSite(web.TCPSite):
                                                 reuse_port=self._reuse_port)
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
+def unread_bytes(transport: Any) -> int:
+    """Bytes the kernel holds for us on this connection, not yet read (FIONREAD); 0 if unknown."""
+    if fcntl is None or transport is None:
+        return 0
+    sock = transport.get_extra_info("socket")
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, AttributeError, ValueError):
+        return 0
 
 
 def raise_fd_limit(wanted: int) -> int:
