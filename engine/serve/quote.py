@@ -7,7 +7,7 @@ markup come back raw. Also the checks on the fields inside a chat message (`mess
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 QUOTE_CHARS = 64  # characters of client input an error message repeats at most
 
@@ -42,12 +42,12 @@ def bare(value: Any, limit: int = QUOTE_CHARS) -> str:
 MESSAGE_FIELDS = ("role", "content")
 
 
-def message_fields(m: dict[str, Any], i: int) -> None:
-    """A 400 naming the first field of messages[i] that is not `role` or `content`."""
-    from engine.serve.schema import bad
-
+def message_fields(m: dict[str, Any], i: int) -> Optional[tuple[str, str]]:
+    """(message, param) of a 400 naming the first field of messages[i] that is not `role` or
+    `content`; None if there is none (schema.py raises it: this module imports nothing of ours)."""
     extra = sorted(k for k in m if k not in MESSAGE_FIELDS)
-    if extra:
-        k = extra[0]
-        raise bad(f"messages[{i}].{bare(k)} is not supported by this server "
-                  "(a message carries only 'role' and 'content' here)", f"messages[{i}].{bare(k)}")
+    if not extra:
+        return None
+    name = f"messages[{i}].{bare(extra[0])}"
+    return (f"{name} is not supported by this server (a message carries only 'role' and 'content' here)",
+            name)

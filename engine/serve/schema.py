@@ -342,7 +342,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if role not in ("system", "user", "assistant"):
             raise bad(f"messages[{i}].role must be one of system, user, assistant; got {quote(role)}",
                       f"messages[{i}].role")
-        message_fields(m, i)  # name, tool_calls...: refused by name, not dropped (quote.py)
+        refused = message_fields(m, i)  # name, tool_calls...: refused by name, not dropped (quote.py)
+        if refused:
+            raise bad(*refused)
         out.append({"role": role, "content": _content(m, i)})
     return out
 
