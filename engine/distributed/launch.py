@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Optional, Sequence
+from typing import IO, Callable, Optional, Sequence
 
 from engine.distributed.group import EXIT_GROUP_FAILED
 
@@ -50,12 +50,29 @@ class RankExits:
         return 0
 
 
-def _relay(src: IO[bytes], dst: IO[str], exits: RankExits) -> None:
+def _relay(src: IO[bytes], dst: IO[str], exits: RankExits, on_serving: Callable[[], None]) -> None:
     for raw in iter(src.readline, b""):
         line = raw.decode(errors="replace")
         exits.feed(line)
+        if "Verbatim server:" in line:
+            on_serving()
         dst.write(line)
         dst.flush()
+
+
+def _quiet_launcher(stdin: Optional[IO[bytes]]) -> None:
+    """Stop mlx.launch (0.32) spinning while the ranks idle: each of its per-rank relay threads
+    select()s on that rank's stdin pipe for writing, always ready. The ranks have closed their
+    stdin (serve.py), so one byte sent to mlx.launch, which it passes on to every rank, fails
+    with EPIPE there and it stops watching those pipes (local ranks only: a remote one's stdin
+    is its ssh). The pipe to mlx.launch stays open, so its own loop keeps waiting on it."""
+    if stdin is None:
+        return
+    try:
+        stdin.write(b"\n")
+        stdin.flush()
+    except OSError:
+        pass
 
 
 def server_argv(argv: Sequence[str]) -> list[str]:
@@ -87,9 +104,11 @@ def launch(hosts: Optional[str], hostfile: Optional[str], backend: str, ring_por
     cmd += ["--", sys.executable, "-m", "engine", "serve", *server_argv(argv)]
     print("running: " + " ".join(cmd), file=sys.stderr, flush=True)
     # Its own session: a Ctrl-C here must not reach mlx.launch, which dies of it (exit 254).
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     exits = RankExits()
-    relays = [threading.Thread(target=_relay, args=(src, dst, exits), daemon=True)
+    relays = [threading.Thread(target=_relay, args=(src, dst, exits, lambda: _quiet_launcher(proc.stdin)),
+                               daemon=True)
               for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
     for t in relays:
         t.start()

@@ -117,7 +117,19 @@ def _make_engine(args: argparse.Namespace, group: Group) -> Callable[[], Any]:
     return make
 
 
+def _close_stdin() -> None:
+    """A rank reads nothing from its stdin: make it /dev/null, so a launcher that relays input
+    to us sees its pipe closed (launch.py `_quiet_launcher`) instead of spinning on it."""
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def serve_rank(args: argparse.Namespace, group: Group, keys: Sequence[str] = ()) -> int:
+    _close_stdin()
     if group.rank == 0:
         return _lead(args, group, keys)
     return _follow(args, group)
