@@ -346,5 +346,10 @@ def test_error_messages_echo_only_a_short_escaped_prefix_of_the_input(plain: Ser
         err = out["error"]
         assert code in (400, 404) and len(err["message"]) < 300 and len(err["param"] or "") < 100, code
         assert "<script>" not in err["message"] and "é" not in err["message"]
+    for path, body in (("/verbatim/tokenize", {"messages": [{"role": huge, "content": "x"}]}),
+                       ("/v1/chat/completions", {"messages": SKY, "logit_bias": {"5": huge}})):
+        code, out = post(plain, path, body)
+        assert code == 400 and len(out["error"]["message"]) < 400, out["error"]["message"][:200]
+        assert "<script>" not in out["error"]["message"]
     r = http(plain.url + "/models/" + urllib.parse.quote("é" * 1000 + "<script>", safe=""))  # < 8 KB of URL
     assert r.status_code == 404 and len(r.body) < 500

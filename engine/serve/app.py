@@ -39,7 +39,7 @@ from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
 from engine.serve.keys import Keys
 from engine.serve.engine_routes import add_engine_routes
-from engine.serve.quote import quote
+from engine.serve.quote import clip, quote
 from engine.serve.schema import APIError, ServedModel
 from engine.types import TokenEvent
 
@@ -85,7 +85,7 @@ def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
         return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
                         code="context_length_exceeded")
     if isinstance(e, RequestError):
-        return APIError(400, str(e), param="logit_bias" if str(e).startswith("logit_bias") else None)
+        return APIError(400, clip(str(e)), param="logit_bias" if str(e).startswith("logit_bias") else None)
     if isinstance(e, ModelChanged):
         return APIError(409, str(e), code="model_changed")
     if isinstance(e, Withdrawn):  # cancelled while it waited, its client still here: the server stops

@@ -23,6 +23,7 @@ from aiohttp import web
 from engine.errors import VerbatimError
 from engine.receipts import environment
 from engine.serve.admission import ModelChanged, Ticket, Withdrawn
+from engine.serve.quote import clip
 from engine.serve.schema import APIError
 
 MAX_TOKENS_TO_NAME = 1 << 16
@@ -65,7 +66,7 @@ def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any, 
             raise APIError(503, "the request was cancelled: the server is stopping", "server_error",
                            code="cancelled") from None
         except VerbatimError as e:
-            raise APIError(400, str(e)) from None
+            raise APIError(400, clip(str(e))) from None
         finally:
             if fut.done():
                 ticket.finished()  # a job that never ran (the executor failed it) frees its place too

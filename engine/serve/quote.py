@@ -36,6 +36,13 @@ def bare(value: Any, limit: int = QUOTE_CHARS) -> str:
     return text + ("..." if cut else "")
 
 
+def clip(message: str, limit: int = 4 * QUOTE_CHARS) -> str:
+    """An error message from deeper down (the engine's checks quote what they were given):
+    escaped to printable ASCII and cut, as `quote` does for one value."""
+    text, cut = _escaped(message, limit)
+    return text + ("... (cut)" if cut else "")
+
+
 # The fields a chat message may carry here. `name` (OpenAI: the participant's name) and
 # `tool_calls` would change the prompt the model sees, and this server does not render them:
 # refused, naming the field, rather than silently dropped.

@@ -27,7 +27,7 @@ from engine.types import (
     SamplerSettings,
     normalize_logit_bias,
 )
-from engine.serve.quote import bare, message_fields, quote
+from engine.serve.quote import bare, clip, message_fields, quote
 
 DEFAULT_MAX_TOKENS = 512  # as mlx_lm.server: a reply that never ends must still end (less if the context is fuller)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
@@ -245,7 +245,7 @@ def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
     try:
         return normalize_logit_bias(v)
     except ValueError as e:
-        raise bad(str(e), "logit_bias") from None
+        raise bad(clip(str(e)), "logit_bias") from None
 
 
 def _max_tokens(body: dict[str, Any]) -> Optional[int]:
