@@ -307,7 +307,7 @@ def test_serve_hosts_exits_non_zero_when_a_rank_crashed(tiny_model: Path, tmp_pa
         p.kill()
 
 
-def test_ranks_stop_by_themselves_when_mlx_launch_is_killed_and_idle_ranks_sleep(
+def test_ranks_stop_by_themselves_when_mlx_launch_is_killed(
         tiny_model: Path, tmp_path: Path, clusters: list[Cluster]) -> None:
     """SIGTERM to mlx.launch itself (the README's one-machine command): every rank notices that
     its launcher is gone and stops (issue 29: they kept serving with parent 1)."""
