@@ -263,6 +263,50 @@ MUTATIONS: list[Mutation] = [
           "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n")),
         ("tests/test_constraints.py::test_the_mask_holds_under_every_sampler_setting",),
     ),
+    # issue 29: the server and the cluster under an attacker (guard, keys, connections, admission, ranks)
+    Mutation(
+        "the Host check lets any IP literal through",
+        (("engine/serve/guard.py", "        return local_ip is not None and _same_ip(name, local_ip)\n",
+          "        return True\n"),),
+        ("tests/test_server_guard.py::test_a_dns_rebinding_host_is_refused_and_loopback_names_are_served",
+         "tests/test_server_guard.py::test_origin_and_host_rules_as_plain_functions"),
+    ),
+    Mutation(
+        "the Origin of a web page is not checked",
+        (("engine/serve/guard.py", "        if origin is not None and not self.origin_allowed(origin):\n",
+          "        if False:\n"),),
+        ("tests/test_server_guard.py::test_a_web_pages_simple_cross_origin_post_is_refused_before_any_work",),
+    ),
+    Mutation(
+        "a POST body of any content type is read",
+        (("engine/serve/guard.py", '            if ctype != "application/json":\n', "            if False:\n"),),
+        ("tests/test_server_guard.py::test_a_web_pages_simple_cross_origin_post_is_refused_before_any_work",),
+    ),
+    Mutation(
+        "every API key shares one cache namespace",
+        (("engine/serve/keys.py",
+          '        return "key:" + hashlib.sha256(match.encode("utf-8", "surrogateescape")).hexdigest()\n',
+          "        return API_NAMESPACE\n"),),
+        ("tests/test_server_privacy.py::test_two_keys_never_see_each_others_cache_in_memory_or_on_disk",),
+    ),
+    Mutation(
+        "the half-open (slow request) timeout is never applied",
+        (("engine/serve/connections.py",
+          "            if c.phase == RECEIVING and not c.complete and now - c.since > self.limits.request_timeout:\n",
+          "            if False:\n"),),
+        ("tests/test_server_guard.py::test_partly_sent_requests_and_idle_connections_are_closed",),
+    ),
+    Mutation(
+        "the ranks do not agree on one restore point",
+        (("engine/distributed/agree.py", "            if low == high:\n", "            if True:\n"),),
+        ("tests/test_distributed.py::test_two_ranks_exact_cache_restart_and_lost_snapshots",),
+    ),
+    Mutation(
+        "tokenize bypasses the admission queue",
+        (("engine/serve/engine_routes.py", "        ticket = Ticket(request.app[state_key], served.key, False)\n",
+          "        ticket = Ticket(type(request.app[state_key])(1 << 20), served.key, False)\n"),),
+        ("tests/test_server_hardening.py::test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow",),
+    ),
 ]
 
 

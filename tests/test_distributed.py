@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -251,9 +252,97 @@ def test_serve_hosts_runs_mlx_launch_for_the_user(tiny_model: Path, tmp_path: Pa
                 break
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/verbatim/status", timeout=TIMEOUT) as r:
             assert json.loads(r.read())["world_size"] == 2
+        c = Cluster(str(tiny_model), 2, tmp_path / "cache", tmp_path / "logs")
+        c.port = http
+        c.chat(SKY, max_tokens=2)  # a snapshot for every rank's disk tier
         p.send_signal(signal.SIGTERM)
         rest = p.stderr.read()
         assert p.wait(TIMEOUT) == 0, rest
         assert "[rank 1/2] stopped: rank 0 stopped" in rest and "[rank 0/2] stopped" in rest, rest
+        # Issue 29: rank 0 raised TypeError in _fail_pending here and never closed its engine.
+        assert "Traceback" not in rest and "TypeError" not in rest, rest
+        for r in range(2):  # every rank's engine closed: its disk writes are on disk
+            entries = json.loads((tmp_path / "cache" / f"rank-{r}-of-2" / "index.json").read_text())["entries"]
+            assert entries, r
     finally:
         p.kill()
+
+
+def _wrapper(tiny_model: Path, tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    ring, http = free_ports(2), free_ports(1)[0]
+    p = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(tiny_model), "--port", str(http),
+                          "--cache-dir", str(tmp_path / "cache"), "--hosts", "127.0.0.1,127.0.0.1",
+                          "--ring-port", str(ring[0])], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    for line in p.stderr:  # ends at EOF if the server dies
+        if "Verbatim server:" in line and "on 2 ranks" in line:
+            return p, http
+    raise AssertionError(f"the ranks did not start: rc {p.wait(TIMEOUT)}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_serve_hosts_exits_non_zero_when_a_rank_crashed(tiny_model: Path, tmp_path: Path) -> None:
+    """kill -9 one rank under `serve --hosts`: the others exit 3, and so does the wrapper (issue 29:
+    it exited 0, so a supervisor could not see the failure)."""
+    p, http = _wrapper(tiny_model, tmp_path)
+    try:
+        c = Cluster(str(tiny_model), 2, tmp_path / "cache", tmp_path / "logs", launcher=True)
+        c.port = http
+        pids = c.rank_pids()
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGKILL)
+        assert p.stderr is not None
+        rest = p.stderr.read()
+        rc = p.wait(TIMEOUT)
+        assert rc != 0, rest
+        assert "[rank 1/2] stopped" not in rest and "did not stop cleanly" in rest, rest
+    finally:
+        p.kill()
+
+
+def test_ranks_stop_by_themselves_when_mlx_launch_is_killed(
+        tiny_model: Path, tmp_path: Path, clusters: list[Cluster]) -> None:
+    """SIGTERM to mlx.launch itself (the README's one-machine command): every rank notices that
+    its launcher is gone and stops (issue 29: they kept serving with parent 1)."""
+    c = Cluster(str(tiny_model), 2, tmp_path / "cache", tmp_path / "logs", launcher=True)
+    clusters.append(c)
+    c.start()
+    pids = c.rank_pids()
+    assert sorted(pids) == [0, 1], pids
+    assert len(c.chat(SKY, max_tokens=2)["verbatim"]["token_ids"]) == 2
+    os.kill(c.procs[0].pid, signal.SIGTERM)
+    c.procs[0].wait(TIMEOUT)
+    end = time.monotonic() + 60  # "within a few seconds" (a poll each second); the deadline only fails
+    while any(_alive(pid) for pid in pids.values()):
+        assert time.monotonic() < end, f"ranks still running without their launcher: {pids}\n{c.log()}"
+        time.sleep(0.1)
+    log = c.log()
+    assert "Traceback" not in log, log
+
+
+def test_a_clean_stop_fails_queued_jobs_past_wake_ups_and_the_stop_itself() -> None:
+    """Rank 0's queue at a clean stop can hold a follower's wake-up (None: `peer_stop`) and the
+    stop marker besides real jobs; draining it must fail the jobs, skip the rest, and raise
+    nothing (issue 29: TypeError on None[1], so the engine was never closed)."""
+    import concurrent.futures
+    import queue
+
+    from engine.distributed.group import GroupError
+    from engine.distributed.lockstep import _STOP, Leader
+
+    leader = Leader.__new__(Leader)  # the queue alone: no group, no thread
+    leader._jobs = queue.Queue()
+    job: concurrent.futures.Future = concurrent.futures.Future()
+    for item in (None, _STOP, (lambda engine: None, job), None):
+        leader._jobs.put(item)
+    leader._fail_pending(None)
+    assert leader._jobs.empty()
+    with pytest.raises(GroupError, match="shutting down"):
+        job.result(0)

@@ -133,7 +133,10 @@ class Group:
             elif time.monotonic() - self._last > self.timeout_s:
                 why = (f"rank {self.rank} heard nothing from the other ranks for {self.timeout_s:g} s "
                        f"(last: {self._what}): a peer is stuck or gone")
-                print(f"error: {why}; exiting", file=sys.stderr, flush=True)
+                try:
+                    print(f"error: {why}; exiting", file=sys.stderr, flush=True)
+                except (OSError, ValueError):  # nobody reads our output any more: exit anyway
+                    pass
                 if on_stuck is not None:
                     on_stuck(why)
                     time.sleep(GRACE_S)

@@ -257,9 +257,11 @@ class Leader:
             log.error("rank 0: %s", e)
         if self.error is None:
             self.error = error
-        self._fail_pending(error)
-        self._close(engine)
-        self._on_exit(self.error)
+        try:
+            self._fail_pending(error)
+        finally:
+            self._close(engine)  # whatever happened: pending disk writes are flushed
+            self._on_exit(self.error)
 
     def _loop(self, engine: LeaderEngine) -> None:
         while True:
@@ -304,7 +306,9 @@ class Leader:
                 item = self._jobs.get_nowait()
             except queue.Empty:
                 return
-            if item is not _STOP and item[1].set_running_or_notify_cancel():
+            if item is None or item is _STOP:  # a wake-up (peer_stop), or the stop itself
+                continue
+            if item[1].set_running_or_notify_cancel():
                 item[1].set_exception(err)
 
     @staticmethod

@@ -7,7 +7,9 @@ demo is imported once), shard it, check that all ranks hold the same model, keep
 cache in D/rank-R-of-N. Rank 0 then serves HTTP through a `Leader`; the others `follow`.
 Exit status: 0 after a clean stop (SIGINT/SIGTERM on any rank stops all), 2 when the model
 cannot be loaded or sharded (every rank says why), 3 when the group failed (a peer died or
-hung): then every rank exits non-zero.
+hung): then every rank exits non-zero. A rank whose parent (mlx.launch, or the ssh session it
+runs in) is gone stops by itself within `PARENT_POLL_S` or so, as after a SIGTERM: a launcher
+killed on its own leaves no rank behind serving.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from engine.distributed.agree import AgreedPromptCache
@@ -28,6 +31,20 @@ from engine.distributed.shard import shard_model
 from engine.errors import EngineError, VerbatimError
 
 T = TypeVar("T")
+PARENT_POLL_S = 1.0  # how often a rank checks that its launcher is still there
+
+
+def watch_parent(on_gone: Callable[[], None], poll_s: float = PARENT_POLL_S) -> None:
+    """Call `on_gone` once, from a daemon thread, when this process's parent has exited (the
+    process was re-parented: getppid() changed)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)  # a poll, not a spin: the rank sleeps in between
+        on_gone()
+
+    threading.Thread(target=watch, name="verbatim-parent-watch", daemon=True).start()
 
 
 def maybe_serve_distributed(args: argparse.Namespace, keys: Sequence[str] = ()) -> Optional[int]:
@@ -46,7 +63,10 @@ def maybe_serve_distributed(args: argparse.Namespace, keys: Sequence[str] = ()) 
 
 
 def _say(group: Group, msg: str) -> None:
-    print(f"[rank {group.rank}/{group.size}] {msg}", file=sys.stderr, flush=True)
+    try:
+        print(f"[rank {group.rank}/{group.size}] {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # the launcher that read our output is gone: say nothing, go on
+        pass
 
 
 def on_every_rank(group: Group, fn: Callable[[], T], what: str) -> T:
@@ -97,7 +117,19 @@ def _make_engine(args: argparse.Namespace, group: Group) -> Callable[[], Any]:
     return make
 
 
+def _close_stdin() -> None:
+    """A rank reads nothing from its stdin: make it /dev/null, so a launcher that relays input
+    to us sees its pipe closed (launch.py `_quiet_launcher`) instead of spinning on it."""
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def serve_rank(args: argparse.Namespace, group: Group, keys: Sequence[str] = ()) -> int:
+    _close_stdin()
     if group.rank == 0:
         return _lead(args, group, keys)
     return _follow(args, group)
@@ -106,7 +138,6 @@ def serve_rank(args: argparse.Namespace, group: Group, keys: Sequence[str] = ())
 def _exit_now(group: Group, message: str) -> None:
     """The group is gone: say so and exit non-zero at once (MLX may hold this rank in a collective)."""
     _say(group, f"error: {message}")
-    sys.stderr.flush()
     os._exit(EXIT_GROUP_FAILED)
 
 
@@ -114,6 +145,12 @@ def _follow(args: argparse.Namespace, group: Group) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+
+    def orphaned() -> None:
+        stop.set()  # this rank's stop vote: rank 0 then stops every rank
+        _say(group, "the launcher is gone: stopping")
+
+    watch_parent(orphaned)
     engine = _make_engine(args, group)()
     links = PeerLinks(group, lambda why: _exit_now(group, why))
     try:
@@ -145,6 +182,12 @@ def _lead(args: argparse.Namespace, group: Group, keys: Sequence[str]) -> int:
 
     stop_server: list[Callable[[], None]] = []
     links = PeerLinks(group, lambda why: None)
+
+    def orphaned() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # the clean stop a SIGTERM makes (serve_until_stopped)
+        _say(group, "the launcher is gone: stopping")
+
+    watch_parent(orphaned)
 
     def startup(engine: Any) -> Any:  # on the engine thread, before its first tick
         info = load_everywhere(group, engine, args.model)

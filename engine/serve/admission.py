@@ -134,6 +134,10 @@ class Ticket:
         elif isinstance(event, Failed):
             self._call(self._mark_finished)
 
+    def finished(self) -> None:
+        """A request that is not a generation (tokenize) is done: free its place (any thread)."""
+        self._call(self._mark_finished)
+
     def _call(self, fn: Callable[[], None]) -> None:
         try:
             self.loop.call_soon_threadsafe(fn)

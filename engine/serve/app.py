@@ -39,6 +39,7 @@ from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
 from engine.serve.keys import Keys
 from engine.serve.engine_routes import add_engine_routes
+from engine.serve.quote import clip, quote
 from engine.serve.schema import APIError, ServedModel
 from engine.types import TokenEvent
 
@@ -85,7 +86,7 @@ def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
                         code="context_length_exceeded")
     if isinstance(e, RequestError):
         param = getattr(e, "param", None) or ("logit_bias" if str(e).startswith("logit_bias") else None)
-        return APIError(400, str(e), param=param)
+        return APIError(400, clip(str(e)), param=param)
     if isinstance(e, ModelChanged):
         return APIError(409, str(e), code="model_changed")
     if isinstance(e, Withdrawn):  # cancelled while it waited, its client still here: the server stops
@@ -104,7 +105,8 @@ async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaita
     conn = config.connections.of(request) if config.connections is not None else None
     try:
         try:
-            origin = config.browser.check(request.method, request.headers) if config.browser else None
+            origin = (config.browser.check(request.method, request.headers, _local_ip(request))
+                      if config.browser else None)
             if origin is not None:
                 request[ORIGIN_KEY] = origin
             if request.method == "OPTIONS":
@@ -120,6 +122,12 @@ async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaita
     finally:
         if conn is not None:
             conn.answered()
+
+
+def _local_ip(request: web.Request) -> Optional[str]:
+    """The address this connection arrived on (this machine's own)."""
+    sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return str(sock[0]) if isinstance(sock, tuple) and sock else None
 
 
 async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
@@ -185,7 +193,7 @@ def _served(request: web.Request, parsed: schema.ParsedRequest) -> ServedModel:
     if model is None:
         raise APIError(503, "no model is loaded", "server_error", code="no_model")
     if not model.matches(parsed.model):
-        raise APIError(404, f"the model {parsed.model!r} does not exist; this server serves {model.id!r}",
+        raise APIError(404, f"the model {quote(parsed.model)} does not exist; this server serves {model.id!r}",
                        param="model", code="model_not_found")
     return model
 
@@ -201,10 +209,13 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def one_model(request: web.Request) -> web.Response:
+    """Only the listed names (the id and the aliases /v1/models shows): a file system path that
+    a request may use as the model's name is not answered here, so whether a path exists (a
+    user name, a model folder) cannot be probed: every other name gets the same 404."""
     served = request.app[CONFIG_KEY].model
     name = request.match_info["id"]
-    if served is None or not name or not served.matches(name):
-        raise APIError(404, f"the model {name!r} does not exist", param="model", code="model_not_found")
+    if served is None or not name or (name != served.id and name not in served.public_aliases):
+        raise APIError(404, f"the model {quote(name)} does not exist", param="model", code="model_not_found")
     return web.json_response(_model_object(served))
 
 
@@ -352,7 +363,7 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
-    raise APIError(404, f"no route {request.method} {request.path}", code="not_found")
+    raise APIError(404, f"no route {quote(request.method)} {quote(request.path)}", code="not_found")
 
 
 def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Keys] = None,
@@ -371,5 +382,5 @@ def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Ke
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/verbatim/status", status)
-    add_engine_routes(app, CONFIG_KEY, EXECUTOR_KEY)  # what engine/remote.py needs (engine_routes.py)
+    add_engine_routes(app, CONFIG_KEY, EXECUTOR_KEY, STATE_KEY, _read_json)  # what engine/remote.py needs (engine_routes.py)
     return app

@@ -10,8 +10,15 @@ protocol in front of aiohttp's own), which a once-a-tick watchdog checks:
 - a connection with no request in progress is closed after `idle_timeout` (keep-alive, or a
   client that connects and sends nothing);
 - at most `max_connections` are open: one more drops the oldest half-open connection (a request
-  started and not finished), else the oldest idle one; busy ones (a request being answered) are
-  never dropped. So a normal request is served within seconds, however many slow ones are held.
+  started and not finished), else the oldest idle one; busy ones (a request being answered), ones
+  whose request is all in (`RequestScan`: the headers and Content-Length bytes of body seen, even
+  before aiohttp got to it) and ones whose reply is being written are never dropped for it. So a
+  normal request is served within seconds, however many slow ones are held or reconnect;
+- a connection counts until its socket is closed, not until its reply was handed to the kernel:
+  a reply the client does not read (writing paused) for `write_timeout` is aborted, and so is one
+  whose unsent bytes pass `max_buffered`, or the oldest paused ones while all connections'
+  unsent bytes together pass `max_buffered_total`; the kernel's share is capped too (SO_SNDBUF
+  `send_buffer`). Unread replies cannot pin memory or sockets.
 
 `GuardedSite` is aiohttp's TCPSite with these connections; `raise_fd_limit` lifts the process's
 soft RLIMIT_NOFILE toward its hard limit so the cap, not the OS, is what refuses.
@@ -20,6 +27,8 @@ soft RLIMIT_NOFILE toward its hard limit so the cap, not the OS, is what refuses
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -28,9 +37,20 @@ from aiohttp import web
 
 from engine.serve.guard import RateLimitedLog
 
+try:  # FIONREAD: whether a connection that looks idle has request bytes waiting (POSIX)
+    import fcntl
+    import termios
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 REQUEST_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 15.0
+WRITE_TIMEOUT_S = 15.0
 MAX_CONNECTIONS = 512
+SEND_BUFFER = 256 << 10  # the kernel's send buffer per connection (Linux doubles it): bounded, not autotuned to MBs
+MAX_BUFFERED = 16 << 20  # unsent reply bytes one connection may hold
+MAX_BUFFERED_TOTAL = 128 << 20  # ... and all of them together
+HEAD_SCAN_LIMIT = 16 << 10  # request-head bytes `RequestScan` looks at (aiohttp refuses longer heads)
 FD_RESERVE = 256  # descriptors kept for everything else (model files, the disk cache, logs)
 MIN_CONNECTIONS = 16
 
@@ -40,10 +60,55 @@ class Limits:
     request_timeout: float = REQUEST_TIMEOUT_S  # from a request's first byte to its last
     idle_timeout: float = IDLE_TIMEOUT_S  # no request in progress
     max_connections: int = MAX_CONNECTIONS
+    write_timeout: float = WRITE_TIMEOUT_S  # a reply not read by the client (writing paused)
+    max_buffered: int = MAX_BUFFERED
+    max_buffered_total: int = MAX_BUFFERED_TOTAL
+    send_buffer: int = SEND_BUFFER  # SO_SNDBUF of each connection
 
     def __post_init__(self) -> None:
-        if self.request_timeout <= 0 or self.idle_timeout <= 0 or self.max_connections < 1:
+        if (self.request_timeout <= 0 or self.idle_timeout <= 0 or self.write_timeout <= 0
+                or self.max_connections < 1 or self.max_buffered < 1 or self.max_buffered_total < 1):
             raise ValueError("connection limits must be positive")
+
+
+class RequestScan:
+    """Whether a request's bytes are all in, from the bytes alone: the head up to its blank line,
+    then Content-Length bytes of body (no Content-Length: none; chunked: unknown until the
+    handler read it). Only the first request of a phase is scanned; pipelined ones are not."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.body_left: Optional[int] = None  # None: the head is not all in yet
+        self.complete = False
+        self.unknown = False  # chunked or unreadable: only the app can tell (`received`)
+
+    def feed(self, data: bytes) -> None:
+        if self.complete or self.unknown:
+            return
+        if self.body_left is None:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.head) > HEAD_SCAN_LIMIT:
+                    self.unknown = True
+                return
+            head, data = self.head[:end].lower(), self.head[end + 4:]
+            self.head = b""
+            if b"transfer-encoding:" in head:
+                self.unknown = True
+                return
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip() == b"content-length":
+                    value = value.strip()
+                    if not value.isdigit():
+                        self.unknown = True
+                        return
+                    length = int(value)
+            self.body_left = length
+        self.body_left -= len(data)
+        self.complete = self.body_left <= 0
 
 
 IDLE, RECEIVING, HANDLING = "idle", "receiving", "handling"
@@ -58,19 +123,32 @@ class Connection(asyncio.Protocol):
         self.phase = IDLE
         self.since = guard.clock()  # when the current phase began
         self.early = False  # bytes of a next request came while this one was answered
+        self.scan = RequestScan()
+        self.paused_since: Optional[float] = None  # writing paused: the client is not reading
+        self.closing = False  # closed by the guard, its unsent bytes (none) still going out
+        self.arriving = False  # looked idle, but request bytes wait in the kernel: not evicted
 
     # -- asyncio.Protocol, delegated ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # what a client that does not read can make the kernel hold for us
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.guard.limits.send_buffer)
+            except OSError:
+                pass
         self.guard._opened(self)
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if data:
+            self.arriving = False
             if self.phase == IDLE:
                 self.phase, self.since = RECEIVING, self.guard.clock()
             elif self.phase == HANDLING:
                 self.early = True
+            if self.phase == RECEIVING:
+                self.scan.feed(data)
         self.inner.data_received(data)
 
     def eof_received(self) -> Optional[bool]:
@@ -81,10 +159,22 @@ class Connection(asyncio.Protocol):
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        self.paused_since = self.guard.clock()
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self.paused_since = None
         self.inner.resume_writing()
+
+    @property
+    def complete(self) -> bool:
+        """A request all in (received by the app, or every byte of it seen): never evicted."""
+        return self.phase == HANDLING or (self.phase == RECEIVING and self.scan.complete)
+
+    def buffered(self) -> int:
+        """Reply bytes written but not yet taken by the kernel (the client is not reading)."""
+        t = self.transport
+        return t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
 
     # -- phases, set by the app ----------------------------------------------------------------
     def received(self) -> None:
@@ -96,6 +186,9 @@ class Connection(asyncio.Protocol):
         already, if bytes of the next one came meanwhile: pipelining)."""
         self.phase, self.since = (RECEIVING if self.early else IDLE), self.guard.clock()
         self.early = False
+        self.scan = RequestScan()  # a pipelined next request is not scanned: only the app can tell
+        if self.phase == RECEIVING:
+            self.scan.unknown = True
 
     def drop(self) -> None:
         """Abort now, and stop counting it now: connection_lost only comes on a later loop turn,
@@ -115,6 +208,8 @@ class ConnectionGuard:
         self.timed_out = 0  # requests not received in time
         self.evicted = 0  # dropped for a newer connection
         self.idle_closed = 0
+        self.unread = 0  # replies aborted: not read within write_timeout, or too many bytes unsent
+        self.checks = 0  # watchdog rounds so far (tests wait on these, not on the clock)
         self._tick: Optional[asyncio.TimerHandle] = None
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], Connection]:
@@ -125,7 +220,8 @@ class ConnectionGuard:
 
     def stats(self) -> dict[str, int]:
         return {"open": len(self.open), "limit": self.limits.max_connections, "timed_out": self.timed_out,
-                "evicted": self.evicted, "idle_closed": self.idle_closed}
+                "evicted": self.evicted, "idle_closed": self.idle_closed, "unread": self.unread,
+                "buffered": sum(c.buffered() for c in self.open)}
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _opened(self, conn: Connection) -> None:
@@ -136,18 +232,30 @@ class ConnectionGuard:
             self.evicted += 1
             self.log("evicted", f"local server: more than {self.limits.max_connections} connections open; "
                                 "dropping the oldest half-open or idle one")
-            victim.drop()
+            if victim.phase == IDLE and victim is not conn:  # nothing unsent here: a plain close, so
+                self.open.pop(victim, None)  # a reply the kernel still holds is delivered, not reset
+                victim.closing = True
+                if victim.transport is not None:
+                    victim.transport.close()
+            else:
+                victim.drop()
 
     def _victim(self, newest: Connection) -> Connection:
-        idle = None
-        for c in self.open:  # oldest first
-            if c is newest:
-                continue
-            if c.phase == RECEIVING:
-                return c
-            if idle is None and c.phase == IDLE:
-                idle = c
-        return idle if idle is not None else newest  # all busy: the newcomer waits for none
+        for _ in range(8):  # an idle one whose request already waits in the kernel is passed over
+            idle = None
+            for c in self.open:  # oldest first
+                if c is newest or c.closing or c.paused_since is not None or c.arriving:
+                    continue  # going already, a reply being written (the write timeout sees to it), or bytes in
+                if c.phase == RECEIVING and not c.complete:
+                    return c
+                if c.phase == IDLE and not c.buffered() and (idle is None or c.since < idle.since):
+                    idle = c  # the one idle longest: not a keep-alive connection that just answered
+            if idle is None:
+                break
+            if not unread_bytes(idle.transport):
+                return idle
+            idle.arriving = True  # accepted, its request not read yet: it is not idle, it is next
+        return newest  # all busy: the newcomer waits for none
 
     def _closed(self, conn: Connection) -> None:
         self.open.pop(conn, None)
@@ -167,10 +275,13 @@ class ConnectionGuard:
         self._tick = asyncio.get_running_loop().call_later(period, self._check)
 
     def _check(self) -> None:
+        self.checks += 1
         now = self.clock()
         slow, idle = [], []
         for c in self.open:
-            if c.phase == RECEIVING and now - c.since > self.limits.request_timeout:
+            if c.closing:
+                continue
+            if c.phase == RECEIVING and not c.complete and now - c.since > self.limits.request_timeout:
                 slow.append(c)
             elif c.phase == IDLE and now - c.since > self.limits.idle_timeout:
                 idle.append(c)
@@ -178,14 +289,38 @@ class ConnectionGuard:
             self.timed_out += len(slow)
             self.log("slow", f"local server: closed {len(slow)} connection(s) whose request was not fully "
                              f"received within {self.limits.request_timeout:g} s")
-        self.idle_closed += len(idle)
         for c in slow:
             c.drop()
         for c in idle:
-            self.open.pop(c, None)
-            if c.transport is not None:
+            if c.buffered():  # an unread reply: close() would wait for the client for ever
+                self.unread += 1
+                c.drop()
+            elif c.transport is not None:
+                self.idle_closed += 1
+                c.closing = True  # counted until connection_lost: the socket is really gone then
                 c.transport.close()
+        self._check_unread(now)
         self._schedule()
+
+    def _check_unread(self, now: float) -> None:
+        """Abort replies the client does not read: paused for write_timeout, or too big unsent."""
+        lim = self.limits
+        sizes = {c: c.buffered() for c in self.open}
+        unread = [c for c, n in sizes.items() if n > lim.max_buffered
+                  or (c.paused_since is not None and now - c.paused_since > lim.write_timeout)]
+        total = sum(sizes.values()) - sum(sizes[c] for c in unread)
+        for c in sorted((c for c in self.open if c.paused_since is not None and c not in unread),
+                        key=lambda c: c.paused_since or 0.0):  # the longest paused first
+            if total <= lim.max_buffered_total:
+                break
+            unread.append(c)
+            total -= sizes[c]
+        if unread:
+            self.unread += len(unread)
+            self.log("unread", f"local server: closed {len(unread)} connection(s) whose client did not read "
+                               f"its reply (within {lim.write_timeout:g} s, or too many bytes unsent)")
+        for c in unread:
+            c.drop()
 
 
 class GuardedSite(web.TCPSite):
@@ -206,6 +341,17 @@ class GuardedSite(web.TCPSite):
                                                 reuse_port=self._reuse_port)
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
+def unread_bytes(transport: Any) -> int:
+    """Bytes the kernel holds for us on this connection, not yet read (FIONREAD); 0 if unknown."""
+    if fcntl is None or transport is None:
+        return 0
+    sock = transport.get_extra_info("socket")
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, AttributeError, ValueError):
+        return 0
 
 
 def raise_fd_limit(wanted: int) -> int:

@@ -5,26 +5,73 @@
     POST /verbatim/tokenize   {"messages": [...]} -> {"ids": [...]}  (the chat template applied)
                               {"tokens": [...]}   -> {"texts": [...]} (the text each token adds)
 
-The tokenizer runs on the engine thread like everything else, through `engine_call` (on rank 0
-only in a distributed run: it needs no other rank).
+The tokenizer runs on the engine thread like everything else, through the executor (on rank 0
+only in a distributed run: it needs no other rank), and a tokenize request is admitted as a
+generation is (a `Ticket` in the bounded queue: 429 when full, 503 while stopping, counted in
+/verbatim/status): it waits its turn behind generations, never beside them, and the slow-request
+timer stops once its body is in (`read_json`), however long the engine is busy. Token ids are
+checked against the tokenizer's vocabulary (a 400 naming `tokens`, never a 500).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from engine.bridge import engine_call
 from engine.errors import VerbatimError
 from engine.receipts import environment
+from engine.serve.admission import ModelChanged, Ticket, Withdrawn
+from engine.serve.quote import clip
 from engine.serve.schema import APIError
 
 MAX_TOKENS_TO_NAME = 1 << 16
+MAX_TOKEN_ID = (1 << 31) - 1  # beyond any vocabulary; checked before the engine sees it
 
 
-def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any) -> None:
+def vocabulary_size(tokenizer: Any) -> int:
+    """Token ids the tokenizer can name (its base vocabulary and added tokens)."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    try:
+        return len(inner)
+    except TypeError:
+        return int(getattr(inner, "vocab_size"))
+
+
+def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any, state_key: Any,
+                      read_json: Callable[[web.Request], Awaitable[Any]]) -> None:
     env: dict[str, str] = {}  # the server's environment: the same for every request, read once
+
+    async def admitted(request: web.Request, fn: Callable[[Any], Any]) -> Any:
+        """`fn(engine)` on the engine thread in its turn, as an admitted request (a Ticket)."""
+        served = request.app[config_key].model
+        if served is None:
+            raise APIError(503, "no model is loaded", "server_error", code="no_model")
+        ticket = Ticket(request.app[state_key], served.key, False)
+
+        def job(engine: Any) -> Any:
+            try:
+                ticket.start(engine)  # withdrawn (client gone, server stopping), or the model changed
+                return fn(engine)
+            finally:
+                ticket.finished()
+
+        fut = request.app[executor_key].submit(job)
+        try:
+            return await asyncio.wrap_future(fut)
+        except ModelChanged as e:
+            raise APIError(409, str(e), code="model_changed") from None
+        except Withdrawn:
+            raise APIError(503, "the request was cancelled: the server is stopping", "server_error",
+                           code="cancelled") from None
+        except VerbatimError as e:
+            raise APIError(400, clip(str(e))) from None
+        finally:
+            if fut.done():
+                ticket.finished()  # a job that never ran (the executor failed it) frees its place too
+            else:
+                ticket.cancel.cancel()  # the client left: the job, when its turn comes, does nothing
 
     async def model(request: web.Request) -> web.Response:
         config = request.app[config_key]
@@ -38,26 +85,28 @@ def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any) 
                                   "environment": env})
 
     async def tokenize(request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except ValueError as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json")
+        body = await read_json(request)  # the request is all in: no deadline from here on
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
-        executor = request.app[executor_key]
         tokens = body.get("tokens")
-        try:
-            if tokens is not None:
-                if (not isinstance(tokens, list) or len(tokens) > MAX_TOKENS_TO_NAME
-                        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens)):
-                    raise APIError(400, "'tokens' must be a list of token ids", param="tokens")
-                texts = await engine_call(executor, lambda eng: eng.token_texts(tokens))
-                return web.json_response({"texts": texts})
-            messages = body.get("messages")
-            ids = await engine_call(executor, lambda eng: eng.prompt_ids(messages))
-            return web.json_response({"ids": ids})
-        except VerbatimError as e:
-            raise APIError(400, str(e))
+        if tokens is not None:
+            if (not isinstance(tokens, list) or len(tokens) > MAX_TOKENS_TO_NAME
+                    or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+                               for t in tokens)):
+                raise APIError(400, f"'tokens' must be a list of at most {MAX_TOKENS_TO_NAME} token ids",
+                               param="tokens")
+
+            def texts(engine: Any) -> list[str]:
+                size = vocabulary_size(engine.lm.tokenizer)
+                out_of_range = next((t for t in tokens if t >= size), None)
+                if out_of_range is not None:
+                    raise APIError(400, f"'tokens' holds {out_of_range}, past the vocabulary ({size} tokens)",
+                                   param="tokens")
+                return engine.token_texts(tokens)
+
+            return web.json_response({"texts": await admitted(request, texts)})
+        messages = body.get("messages")
+        return web.json_response({"ids": await admitted(request, lambda eng: eng.prompt_ids(messages))})
 
     app.router.add_get("/verbatim/model", model)
     app.router.add_post("/verbatim/tokenize", tokenize)

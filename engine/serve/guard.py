@@ -3,10 +3,11 @@
 A browser lets any page send a "simple" cross-origin POST (no preflight) and, through DNS
 rebinding, even read the reply. So, before any work and before the body is read:
 
-- Host: only loopback names with the server's port (127.0.0.1, localhost, [::1]) and the bound
-  address are served; another (a rebinding page's own name) gets 421. IP literals are always
-  fine: rebinding needs a DNS name. A server bound to all interfaces also takes this machine's
-  own host name (it needs an API key there anyway).
+- Host: only the loopback names with the server's port (localhost, 127.0.0.1, [::1]) and the
+  bound address are served: the name it was bound to, and the IP the connection actually
+  arrived on (on a wildcard bind, 0.0.0.0 or ::, any of this machine's, and its host name:
+  it needs an API key there anyway). Anything else, a rebinding page's own name or an IP
+  literal that is not this server's (10.9.9.9, 8.8.8.8), gets 421.
 - Origin: a request that carries one gets 403 unless it is in `--allow-origin`; only those get
   CORS headers and an answered preflight (OPTIONS).
 - Content-Type: a POST body must be `application/json` (415): a page cannot send that without
@@ -30,6 +31,7 @@ from engine.serve.schema import APIError
 LOG_INTERVAL_S = 60.0
 CORS_MAX_AGE_S = 600
 WILDCARDS = ("0.0.0.0", "::", "")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def normalize_origin(url: str) -> str:
@@ -52,12 +54,15 @@ def _host_name(host: str) -> str:
     return host.strip("[]").lower()
 
 
-def _is_ip(name: str) -> bool:
+def _same_ip(a: str, b: str) -> bool:
+    """Two spellings of one IP address ('::ffff:10.0.0.2' is '10.0.0.2'); False unless both are IPs."""
     try:
-        ipaddress.ip_address(name)
-        return True
+        x, y = ipaddress.ip_address(a), ipaddress.ip_address(b)
     except ValueError:
         return False
+    x = x.ipv4_mapped or x if isinstance(x, ipaddress.IPv6Address) else x
+    y = y.ipv4_mapped or y if isinstance(y, ipaddress.IPv6Address) else y
+    return x == y
 
 
 @dataclass
@@ -71,7 +76,7 @@ class BrowserGuard:
 
     def __post_init__(self) -> None:
         self.allow_origins = tuple(normalize_origin(o) for o in self.allow_origins)
-        names = {"localhost"}
+        names = set(LOOPBACK_NAMES)
         bound = _host_name(self.bind_host)
         if bound in WILDCARDS:
             try:
@@ -82,7 +87,9 @@ class BrowserGuard:
             names.add(bound)
         self._names = names
 
-    def host_allowed(self, host: Optional[str]) -> bool:
+    def host_allowed(self, host: Optional[str], local_ip: Optional[str] = None) -> bool:
+        """`host` (the Host header) names this server, with its port: a loopback name, the bound
+        name, or `local_ip`, the address the connection arrived on."""
         if not host:
             return False
         host = host.strip()
@@ -99,7 +106,9 @@ class BrowserGuard:
         if port != self.port:
             return False
         name = name.lower().rstrip(".")
-        return _is_ip(name) or name in self._names
+        if name in self._names or any(_same_ip(name, n) for n in self._names):
+            return True
+        return local_ip is not None and _same_ip(name, local_ip)
 
     def origin_allowed(self, origin: str) -> bool:
         try:
@@ -107,9 +116,10 @@ class BrowserGuard:
         except ValueError:
             return False  # "null" (sandboxed frames, files) and anything malformed
 
-    def check(self, method: str, headers: Mapping[str, str]) -> Optional[str]:
-        """The allowed Origin to answer with CORS headers (None: no Origin sent); APIError if refused."""
-        if not self.host_allowed(headers.get("Host")):
+    def check(self, method: str, headers: Mapping[str, str], local_ip: Optional[str] = None) -> Optional[str]:
+        """The allowed Origin to answer with CORS headers (None: no Origin sent); APIError if refused.
+        `local_ip`: the address the connection arrived on (this server's own)."""
+        if not self.host_allowed(headers.get("Host"), local_ip):
             raise APIError(421, "this server answers only requests addressed to it by a loopback name "
                                 "(127.0.0.1, localhost, [::1]) or its own address, with its port",
                            code="host_not_allowed")

@@ -29,6 +29,7 @@ from engine.types import (
     SamplerSettings,
     normalize_logit_bias,
 )
+from engine.serve.quote import bare, clip, message_fields, quote
 
 DEFAULT_MAX_TOKENS = 512  # as mlx_lm.server: a reply that never ends must still end (less if the context is fuller)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
@@ -185,8 +186,8 @@ def _fields(body: dict[str, Any], known: set[str]) -> None:
     """Unknown fields are refused by name (they would change the reply in a way we do not)."""
     unknown = sorted(k for k in body if k not in known)
     if unknown:
-        raise bad(f"'{unknown[0]}' is not supported by this server"
-                  + (f" (nor {', '.join(repr(u) for u in unknown[1:])})" if len(unknown) > 1 else ""), unknown[0])
+        more = f" (nor {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise bad(f"{quote(unknown[0])} is not supported by this server{more}", bare(unknown[0]))
 
 
 def _no_ops(body: dict[str, Any]) -> None:
@@ -231,13 +232,14 @@ def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
                   "logit_bias")
     if len(v) > MAX_LOGIT_BIAS:
         raise bad(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
-    for k in v:
-        if not k.isdigit() or not k.isascii():
-            raise bad(f"'logit_bias' keys must be token ids written as decimal strings, got {k!r}", "logit_bias")
+    for k in v:  # one spelling per id: {"05": 1, "5": 2} would merge silently
+        if not k.isdigit() or not k.isascii() or (k != "0" and k.startswith("0")):
+            raise bad("'logit_bias' keys must be token ids written as decimal strings without leading zeros, "
+                      f"got {quote(k)}", "logit_bias")
     try:
         return normalize_logit_bias(v)
     except ValueError as e:
-        raise bad(str(e), "logit_bias") from None
+        raise bad(clip(str(e)), "logit_bias") from None
 
 
 def _max_tokens(body: dict[str, Any]) -> Optional[int]:
@@ -282,8 +284,8 @@ def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids"))
     if unknown:
-        raise bad(f"'verbatim.{unknown[0]}' is not supported (only 'mode', 'cache' and 'token_ids')",
-                  f"verbatim.{unknown[0]}")
+        name = bare(unknown[0])
+        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache' and 'token_ids')", f"verbatim.{name}")
     if "mode" in v:
         if v["mode"] not in ("exact", "fast"):
             raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
@@ -334,8 +336,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if role == "developer":  # OpenAI's newer name for the system role
             role = "system"
         if role not in ("system", "user", "assistant", "tool"):
-            raise bad(f"messages[{i}].role must be one of system, user, assistant, tool; got {role!r}",
+            raise bad(f"messages[{i}].role must be one of system, user, assistant, tool; got {quote(role)}",
                       f"messages[{i}].role")
+        refused = message_fields(m, i)  # name, …: refused by name, not dropped (quote.py)
+        if refused:
+            raise bad(*refused)
         out.append({"role": role, "content": _content(m, i), **_checked(tools.message_extras, m, i)})
     _checked(tools.check_results, out)  # every tool result answers a call made before it
     return out
@@ -349,8 +354,8 @@ def _checked(check: Any, *args: Any) -> Any:
         raise bad(str(e), e.param) from None
 
 
-def _stream_options(body: dict[str, Any]) -> bool:
-    """stream_options.include_usage."""
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """stream_options.include_usage (only with "stream": true, as OpenAI says)."""
     opts = body.get("stream_options")
     if opts is None:
         return False
@@ -358,7 +363,10 @@ def _stream_options(body: dict[str, Any]) -> bool:
         raise bad("'stream_options' must be an object", "stream_options")
     unknown = sorted(k for k in opts if k != "include_usage")
     if unknown:
-        raise bad(f"'stream_options.{unknown[0]}' is not supported", f"stream_options.{unknown[0]}")
+        name = bare(unknown[0])
+        raise bad(f"'stream_options.{name}' is not supported", f"stream_options.{name}")
+    if not stream:
+        raise bad("'stream_options' is only allowed with \"stream\": true", "stream_options")
     return _bool(opts, "include_usage")
 
 
@@ -381,7 +389,7 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     if top and not logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     stream = _bool(body, "stream")
-    include_usage = _stream_options(body)
+    include_usage = _stream_options(body, stream)
     req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
                             constraint=_checked(tools.constraint_of, body), **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
@@ -405,7 +413,7 @@ def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
     settings, seed_given, max_given = _sampler(body)
     top = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)  # legacy: an int, the alternatives wanted
     stream = _bool(body, "stream")
-    include_usage = _stream_options(body)
+    include_usage = _stream_options(body, stream)
     req = GenerationRequest([], settings, stop=_stop(body), prompt=prompt, top_logprobs=top or 0,
                             max_tokens_fit=not max_given, **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("completion", _model(body), req, stream, include_usage, top is not None, top or 0,
