@@ -224,6 +224,9 @@ def tool_message_keys(m: dict[str, Any], i: int) -> dict[str, Any]:
             raise RequestError(f"messages[{i}].tool_call_id must name the tool call this message answers",
                                f"messages[{i}].tool_call_id")
         return {"tool_call_id": call_id}
+    if "tool_call_id" in m:
+        raise RequestError(f"messages[{i}].tool_call_id: only tool messages answer a tool call",
+                           f"messages[{i}].tool_call_id")
     calls = m.get("tool_calls")
     if calls is None or role != "assistant":
         if calls is not None:

@@ -315,7 +315,9 @@ def plain(tiny_model: Path) -> Iterator[Server]:
 
 def test_fields_that_would_change_the_reply_inside_messages_are_refused_by_name(plain: Server) -> None:
     for extra, param in [({"name": "alice"}, "messages[0].name"),
+                         # tool fields only where they belong (an assistant's calls, a tool's result)
                          ({"tool_calls": [{"id": "x", "type": "function"}]}, "messages[0].tool_calls"),
+                         ({"tool_call_id": "x"}, "messages[0].tool_call_id"),
                          ({"weight": 2}, "messages[0].weight")]:
         code, body = post(plain, "/v1/chat/completions",
                           {"messages": [{**SKY[0], **extra}], "max_tokens": 1})
