@@ -374,6 +374,16 @@ class ChatSession:
                                  result.text, shared_length=True)
         return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content, result.text)
 
+    def withdraw(self, pending: PendingReply) -> bool:
+        """Take back a send the engine refused: its user message (and the placeholder) leave
+        the conversation; the conversation too if that message was its only one (True then)."""
+        with self.store.transaction():
+            self.store.delete_message(pending.user_id)
+            if self.store.messages(pending.conversation_id):
+                return False
+            self.store.delete_conversation(pending.conversation_id)
+            return True
+
     def fail(self, pending: PendingReply, keep_text: str = "") -> None:
         """A generation that raised: drop an empty placeholder (the user's message stays), keep
         any streamed text as an interrupted reply."""

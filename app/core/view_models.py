@@ -9,7 +9,7 @@ cold-run verdict. Inputs are typed: the engine's `CacheReport` and the session's
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from app.core.store import Message, ReplyOutcome, Run
@@ -48,6 +48,7 @@ class MessageVM:
     runs: tuple[Run, ...] = field(default=(), compare=False, hash=False)
     run_lines: tuple[str, ...] = ()  # one footer line per run, oldest first (the runs menu)
     settings_note: str = ""  # what Regenerate and New variant use (the footer's tooltip)
+    shown: Optional[int] = None  # the run shown (an index of `runs`, picked in the runs menu); None: the latest
 
     @property
     def navigator(self) -> str:
@@ -96,6 +97,18 @@ def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = ()) -> 
         run_lines=lines,
         settings_note=settings_note(m) if assistant else "",
     )
+
+
+def run_shown(vm: MessageVM, k: int) -> MessageVM:
+    """`vm` showing its run `k` (0: the first), picked in the runs menu: its footer, badge and
+    report are that run's, so the footer and the debug panel show the same run."""
+    if not 0 <= k < len(vm.runs) - 1:
+        return vm  # the latest run: as built
+    run = vm.runs[k]
+    c = run.outcome.comparison
+    return replace(vm, footer=vm.run_lines[k], identity=identity_text(run.outcome, mode=run.report.mode),
+                   identical=c.identical if c is not None else None, report=run.report,
+                   outcome=run.outcome, shown=k)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- formatting
@@ -342,7 +355,9 @@ class DebugVM:
 
 
 def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
-    """The debug panel's reading of a reply's run: `run`, else its latest."""
+    """The debug panel's reading of a reply's run: `run`, else the one it shows (`vm.shown`)."""
+    if run is None and vm.shown is not None:
+        run = vm.runs[vm.shown]
     r = run.report if run is not None else vm.report
     outcome = run.outcome if run is not None else vm.outcome
     assert r is not None

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QFileDialog
 
 from app.core import engine_flows as flows
 from app.core.compare import CompareData, Side, compare
 from app.core.session import ModelIdentity
 from app.core.store import StoreError
-from app.qt import jobs
+from app.qt import dialogs, jobs
 from app.qt.widgets.compare_view import CompareView
 
 MainWindow = Any  # app/qt/window.py's (not imported: the window imports this module)
@@ -137,8 +136,8 @@ class Inspector(QObject):
             self.w.show_error("Cannot export a receipt", str(e))
             return None
         if path is None:
-            path, _ = QFileDialog.getSaveFileName(self.w, "Export receipt", f"reply-{reply_id}.receipt.json",
-                                                  "Verbatim receipt (*.json)")
+            path = dialogs.save_path(self.w, self.w.qsettings, "Export receipt", f"reply-{reply_id}.receipt.json",
+                                     "Verbatim receipt (*.json)")
             if not path:
                 return None
         try:

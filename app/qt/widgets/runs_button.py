@@ -7,6 +7,8 @@ others; picking one shows it in the footer and the debug panel.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QToolButton
@@ -24,16 +26,21 @@ class RunsButton(QToolButton):
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.setMenu(QMenu(self))
         self.lines: tuple[str, ...] = ()
+        self.shown: Optional[int] = None
 
-    def set_runs(self, lines: tuple[str, ...]) -> None:
-        """One footer line per run, oldest first; shown only when there is more than one."""
-        if lines == self.lines:
+    def set_runs(self, lines: tuple[str, ...], shown: Optional[int] = None) -> None:
+        """One footer line per run, oldest first, the one shown checked (None: the latest);
+        shown only when there is more than one."""
+        if (lines, shown) == (self.lines, self.shown):
             return
-        self.lines = lines
+        self.lines, self.shown = lines, shown
         menu = self.menu()
         menu.clear()
+        current = len(lines) - 1 if shown is None else shown
         for k, line in enumerate(lines):
             action = QAction(line, menu)
+            action.setCheckable(True)
+            action.setChecked(k == current)
             action.triggered.connect(lambda _=False, k=k, line=line: self.chosen.emit(k, line))
             menu.addAction(action)
         self.setText(f"{len(lines)} runs")

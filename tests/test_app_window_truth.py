@@ -1,0 +1,157 @@
+"""What a new user hits (issue 28), each as the window shows it (pytest-qt, offscreen, tiny real
+model): a send the meter refuses is disabled and never touches the conversation, the composer
+stays editable while the server is away, drafts survive a restart, one selected run drives
+the footer and the debug panel, and the rest of the list."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import Qt  # noqa: E402
+
+from app.core import chat as ops  # noqa: E402
+from app.qt.window import MainWindow  # noqa: E402
+from tests.app_helpers import watch  # noqa: E402
+from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
+
+pytestmark = pytest.mark.gui
+TURN = "Tell me more about the colours of the evening sky over the sea, please. " * 3  # ~50 tokens
+
+
+def path_of(w: MainWindow) -> list[tuple[int, str, str]]:
+    return [(vm.id, vm.role, vm.content) for vm in w.chat.vms]
+
+
+# -- 4. a draft too long for the context --------------------------------------------------------
+def test_a_send_the_meter_refuses_is_disabled_and_never_touches_the_conversation(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(max_tokens=8, temperature=0.0)
+    send(qtbot, w, "Hello there.")
+    limit = 120  # this conversation's own limit; the model's is larger
+    w.apply_settings(replace(w.current_settings(), context_length=limit), as_default=False)
+    before = path_of(w)
+    draft = TURN * 3  # ~150 tokens alone: no turn left out can make room
+    w.composer.setPlainText(draft)
+    qtbot.waitUntil(lambda: "Send will be refused" in w.context_meter.warning.text(), timeout=LONG)
+    assert not w.send_button.isEnabled()
+    assert w.send_button.toolTip() == w.context_meter.warning.text()
+    qtbot.keyClick(w.composer, Qt.Key.Key_Return)  # Enter: refused as the button is
+    assert not w.chat.generating and path_of(w) == before and w.composer.toPlainText() == draft
+    # Typed and sent before the meter counted it: the engine refuses, the send is taken back.
+    again = draft + " And the stars?"
+    w.composer.setPlainText(again)
+    assert w.send_button.isEnabled()  # not counted yet: the meter does not know
+    qtbot.mouseClick(w.send_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=LONG)
+    wait_idle(qtbot, w)
+    assert path_of(w) == before and w.composer.toPlainText() == again
+    title, text = watch(w).errors[-1]
+    assert title == "Not sent" and f"this conversation's {limit:,}-token context limit" in text
+    model = w.chat.model_info.context_length
+    assert f"the model's own is {model:,}" in text and "model's context is" not in text
+
+
+def test_a_refused_first_message_makes_no_conversation(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(max_tokens=8, temperature=0.0, context_length=100)  # the model's own context
+    send(qtbot, w, "Hello there.")
+    w.new_conversation()
+    chats = w.sidebar.list.count()
+    w.composer.setPlainText(TURN * 3)
+    qtbot.mouseClick(w.send_button, Qt.MouseButton.LeftButton)  # before the count: the engine refuses
+    qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=LONG)
+    wait_idle(qtbot, w)
+    assert w.conv_id is None and w.chat.vms == [] and w.sidebar.list.count() == chats
+    assert len(w.session.store.list_conversations()) == chats
+    assert w.composer.toPlainText() == TURN * 3
+    assert "the model's 100-token context" in watch(w).errors[-1][1]
+
+
+# -- 1. typing while the server is away -----------------------------------------------------------
+def test_the_composer_stays_editable_and_send_waits_while_the_server_is_away(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    from tests.cluster import running
+    from tests.test_app_remote import SERVER, connect
+
+    w = open_window()
+    w.chat.link_interval = 0.2  # probe often: the test waits on what the window shows
+    with running(str(tiny_model), 1, tmp_path) as server:
+        connect(qtbot, w, server.url)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        server.stop()
+        server.wait_exit()
+        qtbot.waitUntil(lambda: w.chat.link is not None and not w.chat.link.up, timeout=SERVER)
+    assert "What you type is kept" in w.banner.text()
+    w.composer.setFocus()
+    qtbot.keyClicks(w.composer, "typed while the server is away")
+    assert not w.composer.isReadOnly() and w.composer.toPlainText() == "typed while the server is away"
+    assert not w.send_button.isEnabled() and "not reachable" in w.send_button.toolTip()
+    qtbot.keyClick(w.composer, Qt.Key.Key_Return)  # Enter: not sent, the text stays
+    assert not w.chat.generating and w.chat.vms == [] and w.composer.toPlainText() == "typed while the server is away"
+
+
+# -- 5. drafts survive quitting ----------------------------------------------------------------
+def test_drafts_are_stored_with_their_conversation_and_restored_at_start(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path  # noqa: F811
+) -> None:
+    data = tmp_path / "data"
+    w = open_window(data_dir=data, max_tokens=4)
+    send(qtbot, w, "first chat")
+    first = w.conv_id
+    w.new_conversation()
+    send(qtbot, w, "second chat")
+    second = w.conv_id
+    qtbot.keyClicks(w.composer, "a draft for the second")
+    w.sidebar.list.setCurrentRow(w.sidebar.ids().index(first))
+    qtbot.keyClicks(w.composer, "a draft for the first")
+    w.close()  # right away: the draft being typed is saved at close
+    again = open_window(data_dir=data, max_tokens=4)
+    assert again.conv_id == second and again.composer.toPlainText() == "a draft for the second"
+    again.sidebar.list.setCurrentRow(again.sidebar.ids().index(first))
+    assert again.composer.toPlainText() == "a draft for the first"
+    send(qtbot, again, "sent now")  # sent: no longer a draft, after a restart either
+    again.close()
+    third = open_window(data_dir=data, max_tokens=4)
+    assert third.conv_id == first and third.composer.toPlainText() == ""
+    third.sidebar.list.setCurrentRow(third.sidebar.ids().index(second))
+    assert third.composer.toPlainText() == "a draft for the second"
+
+
+# -- 3. one selected run drives the footer and the debug panel ---------------------------------
+def test_the_run_picked_in_the_runs_menu_is_the_one_the_footer_badge_and_debug_panel_show(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window()
+    send(qtbot, w, "Explain how a prompt cache works in two sentences.")
+    reply = replies(w)[-1]
+    first = watch(w).finished.result.report
+    for _ in range(2):
+        ops.regenerate(w.chat, fresh=False)
+        wait_idle(qtbot, w)
+    assert replies(w)[-1].id == reply.id  # identical: three runs of one reply
+    w.debug_panel.show()
+    widget = w.chat_view.widget_for(reply.id)
+    assert "run 3 of 3" in w.debug_panel.title.text() and widget.identity.isVisible()
+    runs = widget.runs_button.menu().actions()
+    runs[0].trigger()
+    widget = w.chat_view.widget_for(reply.id)
+    qtbot.mouseClick(widget.body, Qt.MouseButton.LeftButton)  # a click on the reply: the same run stays
+    assert widget.footer.text().startswith("run 1 of 3 · ") and f"restored 0 / {first.prompt_tokens}" in widget.footer.text()
+    assert "run 1 of 3" in w.debug_panel.title.text()
+    assert w.debug_panel.value("restored_stored").startswith("0 / ")
+    assert not widget.identity.isVisible()  # the original run is compared with nothing
+    assert [a.isChecked() for a in widget.runs_button.menu().actions()] == [True, False, False]
+    ops.regenerate(w.chat, fresh=False)  # a new run: the latest is shown again
+    wait_idle(qtbot, w)
+    widget = w.chat_view.widget_for(reply.id)
+    assert widget.footer.text().startswith("run 4 of 4 · ") and "run 4 of 4" in w.debug_panel.title.text()
