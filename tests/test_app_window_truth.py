@@ -155,3 +155,54 @@ def test_the_run_picked_in_the_runs_menu_is_the_one_the_footer_badge_and_debug_p
     wait_idle(qtbot, w)
     widget = w.chat_view.widget_for(reply.id)
     assert widget.footer.text().startswith("run 4 of 4 · ") and "run 4 of 4" in w.debug_panel.title.text()
+
+
+# -- 12. closing while a search waits -------------------------------------------------------------
+def test_a_search_typed_just_before_closing_never_reaches_the_closed_store(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "fruit salad")
+    qtbot.keyClicks(w.sidebar.search, "fruit")  # debounced: the search starts once typing pauses
+    w.close()  # the store closes with the window
+    qtbot.waitUntil(lambda: not w.sidebar._debounce.isActive(), timeout=LONG)
+    w.sidebar.search.setText("")  # a late change (Qt clears a field as it goes): nothing runs
+    w.sidebar.searchChanged.emit("fruit")
+    w.refresh_conversations()  # pytest-qt fails the test on an exception raised in any of these
+    assert w.engine_closed and w.windowTitle() == "fruit salad — Verbatim"
+
+
+# -- 2. Compare shows this comparison, and reuses Verify's cold run -------------------------------
+def test_compare_never_shows_another_comparison_and_reuses_the_cold_run_verify_made(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    from engine.engine import Engine
+    from tests.app_helpers import wait_compared
+
+    cold_runs: list[int] = []  # prompts run cold (on the engine thread)
+    real = Engine.cold_run
+
+    def counted(self: Engine, request: Any, cancel: Any = None) -> Any:
+        result = real(self, request, cancel)
+        cold_runs.append(result.report.prompt_tokens)
+        return result
+
+    monkeypatch.setattr(Engine, "cold_run", counted)
+    w = open_window()
+    send(qtbot, w, "Why is the sky blue? " * 8)
+    earlier = wait_compared(qtbot, w, lambda: w.inspector.open_compare(replies(w)[-1].id))  # B: a cold run
+    assert len(cold_runs) == 1 and w.inspector.view.data is earlier
+    w.new_conversation()
+    send(qtbot, w, "Hi.")
+    reply = replies(w)[-1]
+    w.debug_panel.show()
+    qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.chat.verifying, timeout=LONG)
+    assert w.debug_panel.value("verify").startswith("✓ identical") and len(cold_runs) == 2
+    view = w.inspector.open_compare(reply.id)
+    # At once: nothing of the earlier conversation's comparison is on screen.
+    assert view.data is None and view.side_a.text() == "" and view.model.rowCount() == 0
+    data = wait_compared(qtbot, w, lambda: None)
+    assert data.a.tokens == w.session.store.get_message(reply.id).tokens == data.b.tokens
+    assert len(cold_runs) == 2  # Verify's cold run is B: not run again
+    assert "cold run of" in view.side_b.text() and data.comparison.identical

@@ -139,6 +139,9 @@ class ChatModel(Evented):
         self.cache_stats: dict[str, Any] = {}
         self.mlx_memory = 0
         self.verifying = False
+        # The last cold runs (reply id -> model key, request, result, token texts): Verify's
+        # is Compare's B side, and the other way round (app/core/engine_flows.py).
+        self.cold_runs: dict[int, tuple[str, Any, GenerationResult, list[str]]] = {}
         self.draft = ""
         self.link: Optional[ServerLink] = None  # set while the engine is a server
         self.link_interval = LINK_INTERVAL_S

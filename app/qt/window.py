@@ -432,7 +432,9 @@ class MainWindow(QMainWindow):
 
     def refresh_conversations(self) -> None:
         """The conversation list; a search runs on a thread (the FTS5 index; the GUI stays live)
-        and only the latest one's results are shown."""
+        and only the latest one's results are shown. Not once the window closed (the store is)."""
+        if self._closed:
+            return
         self._update_title()
         self._search_seq += 1
         query = self.sidebar.search.text().strip()
@@ -570,6 +572,7 @@ class MainWindow(QMainWindow):
         self._closed = True
         self._mem_timer.stop()
         self.gc_pacer.stop()
+        self.sidebar.stop()  # a search typed just before closing must not reach the closed store
         self.save_draft()  # what was typed and not sent is there at the next start
         try:
             self._save_geometry()

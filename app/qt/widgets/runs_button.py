@@ -26,17 +26,18 @@ class RunsButton(QToolButton):
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.setMenu(QMenu(self))
         self.lines: tuple[str, ...] = ()
-        self.shown: Optional[int] = None
 
     def set_runs(self, lines: tuple[str, ...], shown: Optional[int] = None) -> None:
         """One footer line per run, oldest first, the one shown checked (None: the latest);
         shown only when there is more than one."""
-        if (lines, shown) == (self.lines, self.shown):
+        current = len(lines) - 1 if shown is None else shown
+        if lines == self.lines:  # the same runs (a menu entry may be mid-trigger: keep the actions)
+            for k, action in enumerate(self.menu().actions()):
+                action.setChecked(k == current)
             return
-        self.lines, self.shown = lines, shown
+        self.lines = lines
         menu = self.menu()
         menu.clear()
-        current = len(lines) - 1 if shown is None else shown
         for k, line in enumerate(lines):
             action = QAction(line, menu)
             action.setCheckable(True)
