@@ -206,3 +206,60 @@ def test_compare_never_shows_another_comparison_and_reuses_the_cold_run_verify_m
     assert data.a.tokens == w.session.store.get_message(reply.id).tokens == data.b.tokens
     assert len(cold_runs) == 2  # Verify's cold run is B: not run again
     assert "cold run of" in view.side_b.text() and data.comparison.identical
+
+
+# -- 6. a search hit is scrolled to and highlighted ----------------------------------------------
+def test_a_search_hit_in_the_middle_of_a_long_conversation_is_scrolled_to_and_highlighted(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    from PySide6.QtCore import QPoint, QRect
+
+    w = open_window(max_tokens=4)
+    w.resize(1000, 700)
+    for i in range(8):
+        send(qtbot, w, f"filler message {i} " + "words " * 60)
+        if i == 4:
+            send(qtbot, w, "Which rivers cross Vienna? The Danube does.")
+    first = w.conv_id
+    hit_id = next(vm.id for vm in w.chat.vms if "Danube" in vm.content)
+    w.new_conversation()
+    send(qtbot, w, "something else")
+    w.sidebar.search.setText("danube")
+    qtbot.waitUntil(lambda: w.sidebar.ids() == [first], timeout=LONG)
+    w.sidebar.list.setCurrentRow(0)
+    assert w.conv_id == first
+    target = w.chat_view.widget_for(hit_id)
+    assert target.property("flash") is True  # highlighted
+    bar = w.chat_view.verticalScrollBar()
+    vp = w.chat_view.viewport()
+
+    def in_view() -> bool:
+        return vp.rect().intersects(QRect(target.mapTo(vp, QPoint(0, 0)), target.size()))
+
+    qtbot.waitUntil(lambda: target.property("flash") is False, timeout=LONG)  # the flash ends:
+    assert in_view() and 0 < bar.value() < bar.maximum()  # the hit in view: not the top, not the bottom
+
+
+# -- 10. a disabled menu item looks disabled -------------------------------------------------------
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_disabled_menu_item_is_drawn_unlike_an_enabled_one(
+    qtbot: Any, open_window: Callable[..., MainWindow], theme: str  # noqa: F811
+) -> None:
+    from PySide6.QtGui import QAction
+
+    w = open_window(wait=False, theme=theme)
+    menu = w.disconnect_action.associatedObjects()[0]  # the Models menu
+    connect = w.findChild(QAction, "connectServerAction")
+    assert not w.disconnect_action.isEnabled() and connect.isEnabled()  # not attached to a server
+    menu.adjustSize()
+    image = menu.grab().toImage()
+
+    def ink(action: Any) -> int:
+        """How far the item's darkest (light theme) or brightest (dark) pixel is from its background."""
+        r = menu.actionGeometry(action)
+        bg = image.pixelColor(r.left() + 2, r.top() + 2).lightness()
+        return max(abs(image.pixelColor(x, y).lightness() - bg)
+                   for x in range(r.left(), r.right()) for y in range(r.top(), r.bottom()))  # fmt: skip
+
+    enabled, disabled = ink(connect), ink(w.disconnect_action)
+    assert disabled < 0.75 * enabled, (enabled, disabled)
