@@ -263,3 +263,37 @@ def test_a_disabled_menu_item_is_drawn_unlike_an_enabled_one(
 
     enabled, disabled = ink(connect), ink(w.disconnect_action)
     assert disabled < 0.75 * enabled, (enabled, disabled)
+
+
+# -- 14. attached to a server: its chunk size, the window's memory; docs name real files -------
+def test_on_a_server_replies_record_its_chunk_size_and_the_memory_figure_says_whose(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    import re
+
+    from tests.test_app_remote import SERVER, connect
+    from tests.cluster import running
+
+    w = open_window(chunk=16)
+    assert re.fullmatch(r"Memory \d+(\.\d+)? [KMG]B \(MLX \d+(\.\d+)? [KMG]?B\)", w.memory_label.text())
+    with running(str(tiny_model), 1, tmp_path, "--chunk", "24") as server:
+        connect(qtbot, w, server.url)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        assert w.memory_label.text().startswith("This window ") and "on the server" in w.memory_label.text()
+        send(qtbot, w, "Why is the sky blue? " * 4, wait=False)
+        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        done = watch(w).finished
+        assert done.result.report.chunk_size == 24  # the server prefills in its own chunks
+        assert done.pending.chunk == 24  # and a partial save or a receipt names them, not the window's 16
+        receipt = w.session.receipt(done.pending.reply_id, w.inspector.model_identity())
+        assert receipt.to_dict()["chunk"] == 24
+
+
+def test_the_window_module_names_only_files_that_exist() -> None:
+    import re
+
+    import app.qt.window as window
+
+    root = Path(window.__file__).resolve().parents[2]
+    named = set(re.findall(r"app/[\w/]+\.py", window.__doc__ or ""))
+    assert named and [p for p in sorted(named) if not (root / p).is_file()] == []

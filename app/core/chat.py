@@ -124,6 +124,7 @@ class ChatModel(Evented):
         self._spawn_on_loop = spawn
         self.default_settings = default_settings
         self.chunk = chunk
+        self.engine_chunk: Optional[int] = None  # the loaded engine's own (a server's may differ)
         self.batch_interval = batch_interval
         self.read_only = read_only
         self.conv_id: Optional[int] = None
@@ -286,7 +287,7 @@ class ChatModel(Evented):
     # ----------------------------------------------------------------------------- one reply
     def _start(self, pending: PendingReply) -> None:
         pending.model_key = self.model_info.key if self.model_info is not None else ""
-        pending.chunk = self.chunk
+        pending.chunk = self.engine_chunk or self.chunk  # what the engine prefills with: receipts name it
         self.pending = pending
         self.stream = StreamState()
         self._cancel = self.cancel_token()

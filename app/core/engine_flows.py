@@ -52,14 +52,14 @@ async def _load(chat: ChatModel, spec: str) -> None:
                          chat.batch_interval)
     cancel = chat.cancel_token()
 
-    def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int]:
+    def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int, Optional[int]]:
         info = engine.load(spec, progress=progress, cancel=cancel)
-        return info, engine.cache_stats(), mlx_memory()
+        return info, engine.cache_stats(), mlx_memory(), getattr(engine, "chunk", None)
 
     try:
         if chat.link is not None:  # attached to a server: the in-process engine comes back first
             await _detach(chat)
-        info, stats, memory = await chat.call(job)
+        info, stats, memory, chunk = await chat.call(job)
     except Exception as e:
         if not chat.closed:
             chat.model_ready = False
@@ -72,6 +72,7 @@ async def _load(chat: ChatModel, spec: str) -> None:
         return
     chat.model_ready = True
     chat.model_info = info
+    chat.engine_chunk = chunk
     # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
     # reach, so the full collections the GC pacer runs between replies stay short. Collect first
     # (once, while nothing is streaming) so the loader's garbage is freed rather than frozen.
@@ -124,6 +125,7 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
         return
     info: ModelInfo = engine.info
     chat.link = link = ServerLink(url, api_key, engine.placement, dict(engine.environment))
+    chat.engine_chunk = engine.chunk  # the server's prefill chunk (None: a server that does not say)
     chat.model_spec, chat.model_name, chat.model_info = url, info.name, info
     chat.model_ready = True
     chat.emit(MODEL, "loaded", url, info.name, info)

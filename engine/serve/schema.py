@@ -96,6 +96,7 @@ class ServedModel:
     key: Optional[str] = None  # the engine's model key: a request runs only on this model
     aliases: tuple[str, ...] = ()
     context_length: Optional[int] = None
+    chunk: Optional[int] = None  # the engine's prefill chunk size (a client's receipts name it)
 
     @classmethod
     def of(cls, info: Any, spec: Optional[str] = None) -> "ServedModel":
