@@ -40,6 +40,7 @@ from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.drafts import Drafts
 from app.core.view_models import MessageVM, context_marker, settings_summary
 from app.qt import conversation_actions, dialogs, jobs, menus, model_actions
+from app.qt.dock_width import DockWidth
 from app.qt.gc_pacer import GcPacer
 from app.qt.inspector import Inspector
 from app.qt.theme import Theme, apply_theme, theme_named
@@ -207,14 +208,16 @@ class MainWindow(QMainWindow):
         self.new_variant_button.clicked.connect(lambda: ops.regenerate(self.chat, fresh=True))
         actions.addWidget(self.regenerate_button)
         actions.addWidget(self.new_variant_button)
-        self.settings_summary = ElidedLabel()
-        self.settings_summary.setObjectName("hint")
-        self.settings_summary.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        actions.addWidget(self.settings_summary, 1)
+        actions.addStretch(1)
         self.context_meter = ContextMeter()  # right above the composer, in line with Send
         actions.addWidget(self.context_meter)
         bl.addLayout(actions)
+        # What Regenerate and New variant use, on a line of its own: beside the buttons a narrow
+        # window (a small screen, the debug dock open) squeezed it to nothing.
+        self.settings_summary = ElidedLabel()
+        self.settings_summary.setObjectName("hint")
+        self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        bl.addWidget(self.settings_summary)
         bl.addWidget(self.context_meter.warning)  # what Send will do when the next prompt does not fit
         row = QHBoxLayout()
         self.composer = Composer()
@@ -257,28 +260,19 @@ class MainWindow(QMainWindow):
         self.debug_panel.verifyRequested.connect(lambda rid: flows.verify(self.chat, rid))
         self.debug_panel.clearRequested.connect(lambda: flows.clear_cache(self.chat))
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.debug_panel)
-        # Narrow enough that sidebar + chat + dock fit an 800 px window; opens at DOCK_WIDTH.
-        self.debug_panel.setMinimumWidth(self.DOCK_MIN_WIDTH)
         self.debug_panel.hide()
-        self._dock_sized = False
+        self.dock_width = DockWidth(self, self.debug_panel, self._dock_room)  # app/qt/dock_width.py
         self.debug_panel.visibilityChanged.connect(self.debug_button.setChecked)
-        self.debug_panel.visibilityChanged.connect(self._size_dock)
         self.debug_button.toggled.connect(self.debug_panel.setVisible)
 
         self.progress, self.model_label, self.memory_label = model_actions.status_widgets(self.statusBar())
+        self.setMinimumSize(*self.MIN_SIZE)  # what the layout checks (tests/xcb_window_checks.py) cover
         self.resize(1200, 800)
 
-    DOCK_MIN_WIDTH, DOCK_WIDTH = 260, 360
+    MIN_SIZE = (800, 600)
 
-    def _size_dock(self, visible: bool) -> None:
-        """The first time the dock opens (no saved window state): its default width, at most
-        what leaves the chat column its own minimum."""
-        if not visible or self._dock_sized:
-            return
-        self._dock_sized = True
-        room = self.width() - self.sidebar.width() - self.splitter.widget(1).minimumSizeHint().width() - 16
-        width = max(self.DOCK_MIN_WIDTH, min(self.DOCK_WIDTH, room))
-        self.resizeDocks([self.debug_panel], [width], Qt.Orientation.Horizontal)
+    def _dock_room(self) -> int:
+        return self.width() - self.sidebar.width() - self.splitter.widget(1).minimumSizeHint().width() - 16
 
     # ---------------------------------------------------------------------------- theme, geometry
     def set_theme(self, option: str) -> None:
@@ -299,7 +293,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         state = self.qsettings.value("window/state")
         if isinstance(state, QByteArray) and not state.isEmpty():
-            self._dock_sized = self.restoreState(state)  # the user's dock width, if any
+            self.dock_width.sized = self.restoreState(state)  # the user's dock width, if any
         split = self.qsettings.value("window/splitter")
         if isinstance(split, QByteArray) and not split.isEmpty():
             self.splitter.restoreState(split)
