@@ -297,3 +297,58 @@ def test_the_window_module_names_only_files_that_exist() -> None:
     root = Path(window.__file__).resolve().parents[2]
     named = set(re.findall(r"app/[\w/]+\.py", window.__doc__ or ""))
     assert named and [p for p in sorted(named) if not (root / p).is_file()] == []
+
+
+# -- 7. a stopped regenerate is compared as far as it got --------------------------------------
+def test_a_stopped_regenerate_is_described_as_identical_as_far_as_it_got(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(max_tokens=2000, temperature=0.0)  # greedy: runs to the limit, never an early EOS
+    send(qtbot, w, "Tell me a long story.", wait=False)
+    qtbot.waitUntil(lambda: w.chat.stream.tokens > 40, timeout=LONG)
+    ops.stop(w.chat)  # the first reply: stopped too, but longer than the regenerate will get
+    wait_idle(qtbot, w)
+    first = replies(w)[-1]
+    ops.regenerate(w.chat, fresh=False)
+    qtbot.waitUntil(lambda: w.chat.stream.tokens > 8, timeout=LONG)
+    ops.stop(w.chat)
+    wait_idle(qtbot, w)
+    again = replies(w)[-1]
+    stored = w.session.store.get_message(again.id)
+    n = len(stored.tokens)
+    assert again.id != first.id and stored.status == "interrupted" and 8 < n < len(w.session.store.get_message(first.id).tokens)
+    w.debug_panel.show()
+    identity = w.debug_panel.value("identity")
+    assert identity == f"identical to previous as far as this one got ({n} tokens, bit-equal logprobs; it was stopped)"
+    assert w.chat_view.widget_for(again.id).identity.text() == "✓ identical to previous as far as it got"
+    w.new_conversation()  # read back from the store, the same words
+    w.sidebar.list.setCurrentRow(0)
+    w.chat.select(again.id)
+    assert w.debug_panel.value("identity") == identity
+
+
+# -- 9. attached to a server: the cache-store rows say what they hold; no Clear cache ----------
+def test_on_a_server_the_cache_store_rows_name_what_they_hold_and_clear_cache_is_gone(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    from tests.cluster import running
+    from tests.test_app_remote import SERVER, connect
+
+    w = open_window()
+    w.debug_panel.show()
+    keys = w.debug_panel.store_keys
+    assert keys["memory"].text() == "Memory" and w.debug_panel.clear_button.isVisible()
+    with running(str(tiny_model), 1, tmp_path) as server:
+        connect(qtbot, w, server.url)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        qtbot.waitUntil(lambda: "remote" in w.chat.cache_stats, timeout=SERVER)
+        address = w.debug_panel.value("memory")
+        assert address.endswith(f"127.0.0.1:{server.port}")  # the row holding the address says so:
+        assert keys["memory"].text() == "Server" and "Memory" not in [k.text() for k in keys.values()]
+        assert w.debug_panel.store_box.title() == "Cache store (on the server)"
+        assert not w.debug_panel.clear_button.isVisible() and not w.debug_panel.clear_button.isEnabled()
+        w.disconnect_action.trigger()
+        qtbot.waitUntil(lambda: w.chat.link is None and w.chat.model_ready, timeout=LONG)
+        qtbot.waitUntil(lambda: "remote" not in w.chat.cache_stats, timeout=LONG)
+    assert keys["memory"].text() == "Memory" and w.debug_panel.clear_button.isVisible()
+    assert w.debug_panel.clear_button.isEnabled()

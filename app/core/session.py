@@ -358,8 +358,10 @@ class ChatSession:
 
     def compare_with_previous(self, previous_id: Optional[int], result: GenerationResult) -> Optional[Comparison]:
         """The new reply against the one it regenerates: in full, or over the shared length when
-        the previous one was stopped (identical up to where it stopped)."""
-        if previous_id is None or result.finish_reason == "cancelled":
+        the previous one was stopped (identical up to where it stopped), or over the new one's
+        when it is the one stopped (identical as far as it got)."""
+        stopped = result.finish_reason == "cancelled"
+        if previous_id is None or (stopped and not result.tokens):
             return None
         try:
             prev = self.store.get_message(previous_id)
@@ -367,7 +369,7 @@ class ChatSession:
             return None
         if prev.tokens is None or prev.status == "generating":
             return None
-        if prev.status != "complete":  # stopped: compare what it generated
+        if prev.status != "complete" or stopped:  # one was stopped: compare what both generated
             if not prev.tokens:
                 return None
             return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content,

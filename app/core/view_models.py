@@ -194,6 +194,9 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
             return "new seed (a new variant is not compared with the others)" if long else "new seed"
         return "no previous variant with the same prompt and settings" if long else ""
     if c.identical:
+        if c.upto is not None and c.lengths is not None and c.lengths[1] < c.lengths[0]:  # this one stopped
+            return (f"identical to previous as far as this one got ({c.upto} tokens, bit-equal logprobs;"
+                    " it was stopped)" if long else "identical to previous as far as it got")
         if c.upto is not None:
             return f"identical up to where the first one stopped ({c.upto} tokens)" if long else \
                 "identical up to where the first one stopped"

@@ -109,6 +109,7 @@ class ReplyOutcome:
         }
         if c is not None and c.upto is not None:
             d["upto"] = c.upto
+            d["lengths"] = list(c.lengths)  # which one was stopped (the shorter)
         if self.duplicate_of is not None:
             d["duplicate_of"] = self.duplicate_of
         return d
@@ -119,7 +120,10 @@ class ReplyOutcome:
         comparison = None
         if d.get("identical") is not None:
             upto = d.get("upto")
+            lengths = d.get("lengths")
+            ok = isinstance(lengths, list) and len(lengths) == 2 and all(isinstance(n, int) for n in lengths)
             comparison = Comparison(bool(d["identical"]), d.get("first_diff"), float(d.get("max_logprob_diff") or 0.0),
+                                    lengths=(lengths[0], lengths[1]) if ok else (0, 0),  # type: ignore[index]
                                     upto=upto if isinstance(upto, int) else None)
         previous = d.get("previous_id")
         dup = d.get("duplicate_of")
