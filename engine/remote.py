@@ -274,6 +274,8 @@ def _error(status: int, raw: bytes) -> EngineError:
         message = json.loads(raw)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = raw[:200].decode(errors="replace")
+    if status == 401:  # the server's hint is for HTTP clients ("send 'Authorization: …'"), not this one's users
+        message = message.split(" (send ")[0]
     return (RequestError if status == 400 else EngineError)(f"the server refused the request ({status}): {message}")
 
 

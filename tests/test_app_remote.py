@@ -227,6 +227,8 @@ def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
         connect(qtbot, w, server.url)  # no key: refused, the local model stays
         qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=SERVER)
         assert "missing or wrong API key" in watch(w).errors[-1][1] and w.chat.link is None and w.chat.model_ready
+        # What to do in this window, not the header an HTTP client sends.
+        assert "Authorization" not in watch(w).errors[-1][1] and "Models → Connect" in watch(w).errors[-1][1]
         connect(qtbot, w, server.url, key="s3cret", remember=True)
         qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
         assert w.model_label.text().endswith(f"1 process at 127.0.0.1:{server.port}")

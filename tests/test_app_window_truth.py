@@ -352,3 +352,76 @@ def test_on_a_server_the_cache_store_rows_name_what_they_hold_and_clear_cache_is
         qtbot.waitUntil(lambda: "remote" not in w.chat.cache_stats, timeout=LONG)
     assert keys["memory"].text() == "Memory" and w.debug_panel.clear_button.isVisible()
     assert w.debug_panel.clear_button.isEnabled()
+
+
+# -- 11. the wording that misled ------------------------------------------------------------------
+def test_a_one_token_prefill_shows_no_rate_and_the_title_no_database_id() -> None:
+    from app.core.view_models import debug_vm, message_vm, prefill_rate_text
+    from app.core.store import Message, ReplyOutcome, Run
+    from engine.types import CacheReport
+
+    regen = CacheReport(prompt_tokens=85, restored=84, prefill_tokens=1, prefill_tps=1.6)
+    cold = CacheReport(prompt_tokens=85, restored=0, prefill_tokens=85, prefill_tps=412.0)
+    assert prefill_rate_text(regen) == "– (1 token run, 84 restored)"  # not "1.6 tok/s": no slow prefill
+    assert prefill_rate_text(cold) == "412.0 tok/s"
+    m = Message(id=7, conversation_id=1, parent_id=6, role="assistant", content="hi", created_at=0.0, status="complete",
+                tokens=[1, 2])
+    vm = message_vm(m, [7], [Run(1, 7, 0.0, 1, "stop", 2, regen, ReplyOutcome())])
+    d = debug_vm(vm)
+    assert d.rows["prefill_tps"] == "– (1 token run, 84 restored)" and "#7" not in d.title
+
+
+def test_the_meter_is_red_only_when_send_would_be_refused(qtbot: Any) -> None:
+    from app.core.context_budget import ContextBudget
+    from app.qt.widgets.context_meter import ContextMeter
+
+    meter = ContextMeter()
+    qtbot.addWidget(meter)
+    meter.show_budget(ContextBudget(456, 430, 8, "truncate", 20))  # old turns left out: the send fits
+    assert meter.property("full") is False and "leave the oldest turns out" in meter.warning.text()
+    meter.show_budget(ContextBudget(456, 430, 8, "refuse", 20))
+    assert meter.property("full") is True and "Send will be refused" in meter.warning.text()
+
+
+def test_the_connect_dialog_names_this_computer_as_it_is(qtbot: Any) -> None:
+    import sys
+
+    from PySide6.QtWidgets import QLabel
+
+    from app.qt.widgets.server_dialog import ServerDialog
+
+    dlg = ServerDialog()
+    qtbot.addWidget(dlg)
+    intro = " ".join(label.text() for label in dlg.findChildren(QLabel))
+    expected = "this Mac." if sys.platform == "darwin" else "this computer."
+    assert f"Conversations stay on {expected}" in intro and ("this Mac" in intro) == (sys.platform == "darwin")
+
+
+def test_a_conversation_context_limit_does_not_carry_into_new_chats(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "hello")
+    w.apply_settings(replace(w.current_settings(), context_length=300))  # "as default", as the dialog's box is
+    assert w.current_settings().context_length == 300  # this conversation's
+    w.new_conversation()
+    assert w.current_settings().context_length == 0  # a new chat: the model's own context
+    send(qtbot, w, "a new chat")
+    assert w.current_settings().context_length == 0 and w.current_settings().sampler.max_tokens == 4
+
+
+def test_regenerating_a_middle_reply_says_where_the_later_turns_went(
+    qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
+) -> None:
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "one")
+    first = replies(w)[-1]
+    send(qtbot, w, "two")
+    send(qtbot, w, "three")
+    w.chat.select(first.id)
+    said: list[str] = []
+    w.chat.subscribe(ops.STATUS, lambda text, ms: said.append(text))
+    ops.regenerate(w.chat, fresh=True)  # a new variant of the first reply
+    wait_idle(qtbot, w)
+    assert len(w.chat.vms) == 2  # the later turns belong to the previous variant
+    assert said[-1].endswith(" · the 4 later messages stay with the previous variant (‹ › on the reply shows them again)")

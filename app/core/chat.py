@@ -329,7 +329,8 @@ class ChatModel(Evented):
         self.selected_id = twin if twin is not None else pending.reply_id
         self.reload()
         self.emit(FINISHED, pending, result)
-        self.emit(STATUS, finished_text(result, pending.outcome or pending.message.outcome), 8000)  # type: ignore[union-attr]
+        note = f" · {hidden_note(pending.hidden)}" if pending.hidden else ""
+        self.emit(STATUS, finished_text(result, pending.outcome or pending.message.outcome) + note, 8000)  # type: ignore[union-attr]
         if result.report.warnings:  # the engine hands each disk problem over once: keep it in view
             self.emit(BANNER, "Prompt cache: " + "; ".join(result.report.warnings)
                       + " Replies still work; the cache is kept in memory only.")  # fmt: skip
@@ -483,6 +484,8 @@ def regenerate(chat: ChatModel, fresh: bool = False) -> bool:
             pending = chat.session.begin_reply_to(chat.vms[-1].id, chat.model_name)
         elif target is not None:
             pending = chat.session.begin_regenerate(target.id, fresh=fresh, model_name=chat.model_name)
+            ids = [vm.id for vm in chat.vms]  # a middle reply: the turns after it stay with it
+            pending.hidden = len(ids) - ids.index(target.id) - 1 if target.id in ids else 0
         else:
             return False
     except StoreError as e:
@@ -506,6 +509,12 @@ def edit(chat: ChatModel, user_id: int, text: str) -> bool:
         return False
     chat._start(pending)
     return True
+
+
+def hidden_note(n: int) -> str:
+    """What a regenerate or new variant of a middle reply did to the turns after it."""
+    return (f"the {n} later message{'s' if n != 1 else ''} stay with the previous variant"
+            " (‹ › on the reply shows them again)")
 
 
 def reachable(chat: ChatModel) -> bool:

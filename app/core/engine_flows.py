@@ -108,18 +108,21 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
     except Exception as e:
         if chat.closed:
             return
+        why = user_message(e)
+        if "(401)" in why:  # what to do here, not what an HTTP client sends
+            why += ": enter the server's API key in Models → Connect to a Verbatim server…"
         if previous is not None and previous[2] is not None:  # still loaded: say so, keep it
             chat.model_spec, chat.model_name, chat.model_info = previous
             chat.model_ready = True
             chat.emit(MODEL, "loaded", *previous)
-            chat.emit(ERROR, "Cannot connect to the server", user_message(e))
+            chat.emit(ERROR, "Cannot connect to the server", why)
         elif chat.fallback_spec:  # e.g. at start, the remembered server is gone: work here meanwhile
             name = model_label(chat.fallback_spec)
-            chat.emit(ERROR, "Cannot connect to the server", f"{user_message(e)}. Using {name} on this computer "
+            chat.emit(ERROR, "Cannot connect to the server", f"{why}. Using {name} on this computer "
                       "instead; Models → Connect to a Verbatim server… tries again.")
             load_model(chat, chat.fallback_spec, name)
         else:
-            chat.emit(MODEL, "failed", user_message(e), "Cannot connect to the server")
+            chat.emit(MODEL, "failed", why, "Cannot connect to the server")
         return
     if chat.closed:
         return

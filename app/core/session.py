@@ -121,6 +121,7 @@ class PendingReply:
     duplicate_of: Optional[int] = None
     message: Optional[Message] = None
     run: Optional[Run] = None
+    hidden: int = 0  # later turns a regenerate of a middle reply leaves with the previous variant
 
 
 class ChatSession:

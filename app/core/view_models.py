@@ -207,6 +207,18 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
     return f"differs from previous at token {c.first_diff}"
 
 
+def prefill_rate_text(r: CacheReport) -> str:
+    """The prefill rate, only where it measures a prefill: a regenerate runs one or a few
+    tokens (the rest restored), whose 'rate' is a forward's latency, not a slow prefill."""
+    if r.prefill_tokens < PREFILL_RATE_MIN_TOKENS:
+        n = r.prefill_tokens
+        return f"– ({n} token{'s' if n != 1 else ''} run, {r.restored:,} restored)"
+    return f"{r.prefill_tps or 0:.1f} tok/s"
+
+
+PREFILL_RATE_MIN_TOKENS = 16  # fewer prompt tokens run than this: no rate shown
+
+
 def settings_summary(s: Any, selected: Optional[MessageVM]) -> str:
     """The bar above the composer: the settings a send or new variant uses, and what Regenerate
     uses when the selected reply was made otherwise (it repeats the reply's own settings)."""
@@ -369,8 +381,7 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
     how = ACTIONS.get(outcome.action, "")
     if outcome.duplicate_of is not None:
         how = f"{how or 'regenerated'} again: identical, no copy added"
-    title = (f"<b>Reply {vm.navigator}</b>" + (f" · run {k} of {n}" if n > 1 else "") + (f" · {how}" if how else "")
-             + f" · message #{vm.id}")
+    title = (f"<b>Reply {vm.navigator}</b>" + (f" · run {k} of {n}" if n > 1 else "") + (f" · {how}" if how else ""))
     snaps = ", ".join(f"{s.get('kind')} @{s.get('length')} (canonical {s.get('canonical')})" for s in r.snapshots_stored)
     rows = {
         "prompt_tokens": str(r.prompt_tokens),
@@ -388,7 +399,7 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
         "sampler": sampler_text(r.sampler),
         "model_key": r.model_key[:16] + ("…" if len(r.model_key) > 16 else ""),
         "ttft": format_seconds(r.ttft_s),
-        "prefill_tps": f"{r.prefill_tps or 0:.1f} tok/s",
+        "prefill_tps": prefill_rate_text(r),
         "decode_tps": f"{r.decode_tps or 0:.1f} tok/s",
         "identity": identity_text(outcome, long=True, mode=r.mode),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -501,7 +502,9 @@ class MainWindow(QMainWindow):
         if self.conv_id is not None and not self.read_only:
             self.session.set_settings(self.conv_id, s)
         if as_default or self.conv_id is None:
-            self.qsettings.setValue("chat/defaults", json.dumps(s.to_dict()))
+            # A context limit is the conversation's own: new chats start with the model's context.
+            default = s if self.conv_id is None else replace(s, context_length=0)
+            self.qsettings.setValue("chat/defaults", json.dumps(default.to_dict()))
         self._update_actions()
         self.chat.recount()  # the context limit or max tokens may have changed
 
