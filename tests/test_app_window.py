@@ -328,13 +328,15 @@ def test_restart_keeps_everything_and_regenerates_identically(
 ) -> None:
     data = tmp_path / "data"
     w1 = open_window(data)
-    w1.resize(720, 520)  # the offscreen screen is 800 x 600
+    small = MainWindow.MIN_SIZE  # the smallest the window allows; the offscreen screen is 800 x 600
+    assert w1.size().toTuple() != small  # not what a window starts at: remembered, not the default
+    w1.resize(*small)
     send(qtbot, w1, "Regenerate the answer, please.")
     first = replies(w1)[-1]
     w1.close()
     assert w1.engine_closed  # the engine thread ended
     w2 = open_window(data)
-    assert (w2.size().width(), w2.size().height()) == (720, 520)  # geometry remembered
+    assert w2.size().toTuple() == small  # geometry remembered
     assert [vm.id for vm in w2.chat.vms][-1] == first.id
     click(qtbot, w2, "regenerateButton")
     wait_idle(qtbot, w2)

@@ -4,15 +4,14 @@ what it must through app/qt/dialogs.py and tells its errors through the chat mod
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from app.core import engine_flows as flows
 from app.core.import_hint import import_error_text
 from app.core.store import StoreError
 from app.qt import dialogs
 
-if TYPE_CHECKING:
-    from app.qt.window import MainWindow
+MainWindow = Any  # app/qt/window.py's (not imported: the window imports this module)
 
 
 def ask_rename(w: "MainWindow", conv_id: int) -> None:
