@@ -425,3 +425,42 @@ def test_regenerating_a_middle_reply_says_where_the_later_turns_went(
     wait_idle(qtbot, w)
     assert len(w.chat.vms) == 2  # the later turns belong to the previous variant
     assert said[-1].endswith(" · the 4 later messages stay with the previous variant (‹ › on the reply shows them again)")
+
+
+def test_a_regenerate_on_another_number_of_ranks_names_the_world_size_as_the_cause(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The real first reply and its real regenerate (tiny model); the regenerate's report as a
+    2-rank server's would say (world size 2), its logprobs one ulp away (another summation order)."""
+    import dataclasses
+
+    from app.core.session import ChatSession, ChatSettings
+    from app.core.store import ConversationStore
+    from app.core.view_models import debug_vm
+    from engine.engine import Engine
+    from engine.types import SamplerSettings
+    from tests.test_edge_promises import flip_low_bit
+
+    store = ConversationStore(tmp_path / "db.sqlite3")
+    engine = Engine(use_disk=False, chunk=16)
+    engine.load(str(tiny_model))
+    try:
+        session = ChatSession(store)
+        conv = session.new_conversation(ChatSettings(sampler=SamplerSettings(max_tokens=8, seed=3), random_seed=False))
+        first = session.finish(p1 := session.begin_send(conv, "Why is the sky blue?"), engine.generate(p1.request))
+        p2 = session.begin_regenerate(first.id)
+        result = engine.generate(p2.request)
+        lps = list(result.logprobs)
+        lps[2] = flip_low_bit(lps[2])
+        report = dataclasses.replace(result.report, world_size=2)
+        session.finish(p2, dataclasses.replace(result, logprobs=lps, report=report))
+        vm = session.view(conv)[-1]
+        assert vm.identity.startswith("same tokens, logprobs differ by ") and vm.identity.endswith(
+            " (on 2 ranks, the previous on 1 rank)")
+        assert "another world size sums the layers in another order" in debug_vm(vm).rows["identity"]
+        store.close()
+        again = ChatSession(ConversationStore(tmp_path / "db.sqlite3"))  # read back: the same words
+        assert again.view(conv)[-1].identity == vm.identity
+        again.close()
+    finally:
+        engine.close()

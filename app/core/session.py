@@ -322,7 +322,8 @@ class ChatSession:
         identical to an existing variant (same tokens, bit-equal logprobs) adds no copy: its row is
         dropped, that variant is made active and returned, and `pending.duplicate_of` names it."""
         comparison = None if pending.action == "variant" else self.compare_with_previous(pending.previous_id, result)
-        outcome = ReplyOutcome(pending.action, pending.previous_id, comparison)
+        outcome = ReplyOutcome(pending.action, pending.previous_id, comparison,
+                               world_sizes=self._world_sizes(pending.previous_id, result, comparison))
         pending.outcome = outcome
         twin = self.identical_variant(pending, result)
         with self.store.transaction():  # the reply and its run: one commit
@@ -376,6 +377,19 @@ class ChatSession:
             return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content,
                                  result.text, shared_length=True)
         return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content, result.text)
+
+    def _world_sizes(self, previous_id: Optional[int], result: GenerationResult,
+                     comparison: Optional[Comparison]) -> Optional[tuple[int, int]]:  # fmt: skip
+        """The two world sizes when a regenerate that is not identical ran on another number of
+        ranks than the reply it regenerates (the likely cause); None otherwise."""
+        if comparison is None or comparison.identical or previous_id is None:
+            return None
+        try:
+            prev = self.store.get_message(previous_id).report
+        except StoreError:
+            return None
+        before, now = (prev.world_size if prev is not None else 1), result.report.world_size
+        return (before, now) if before != now else None
 
     def withdraw(self, pending: PendingReply) -> bool:
         """Take back a send the engine refused: its user message (and the placeholder) leave

@@ -203,8 +203,21 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
         return "identical to previous (same tokens, bit-equal logprobs)" if long else "identical to previous"
     if c.first_diff is None:
         text = f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
-        return text + (f" ({FAST_NOTE})" if long else " (fast mode)") if mode == "fast" else text
-    return f"differs from previous at token {c.first_diff}"
+        text = text + (f" ({FAST_NOTE})" if long else " (fast mode)") if mode == "fast" else text
+    else:
+        text = f"differs from previous at token {c.first_diff}"
+    return text + world_size_note(outcome.world_sizes, long)
+
+
+def world_size_note(sizes: Optional[tuple[int, int]], long: bool) -> str:
+    """Why a regenerate made on another number of ranks may differ: the ranks sum in another order."""
+    if sizes is None:
+        return ""
+    ranks = [f"{n} rank{'s' if n != 1 else ''}" for n in sizes]
+    if not long:
+        return f" (on {ranks[1]}, the previous on {ranks[0]})"
+    return (f" — made on {ranks[1]}, the previous one on {ranks[0]}: another world size sums the"
+            " layers in another order, so the bits may differ (regenerate on the same ranks to compare)")
 
 
 def prefill_rate_text(r: CacheReport) -> str:

@@ -97,6 +97,9 @@ class ReplyOutcome:
     # A regenerate identical to an existing variant is not added: the variant it equals (never
     # stored, the new row is dropped; the debug panel shows the run).
     duplicate_of: Optional[int] = None
+    # (the previous variant's, this one's) world size when they differ: ranks sum in another
+    # order, so the logprobs may differ for that reason alone.
+    world_sizes: Optional[tuple[int, int]] = None
 
     def to_dict(self) -> dict[str, Any]:
         c = self.comparison
@@ -112,6 +115,8 @@ class ReplyOutcome:
             d["lengths"] = list(c.lengths)  # which one was stopped (the shorter)
         if self.duplicate_of is not None:
             d["duplicate_of"] = self.duplicate_of
+        if self.world_sizes is not None:
+            d["world_sizes"] = list(self.world_sizes)
         return d
 
     @classmethod
@@ -127,8 +132,10 @@ class ReplyOutcome:
                                     upto=upto if isinstance(upto, int) else None)
         previous = d.get("previous_id")
         dup = d.get("duplicate_of")
+        ws = d.get("world_sizes")
+        sizes = (ws[0], ws[1]) if isinstance(ws, list) and len(ws) == 2 and all(isinstance(n, int) for n in ws) else None
         return cls(str(d.get("action") or ""), previous if isinstance(previous, int) else None, comparison,
-                   dup if isinstance(dup, int) else None)
+                   dup if isinstance(dup, int) else None, sizes)
 
 
 @dataclass(frozen=True)
