@@ -31,6 +31,7 @@ def main() -> int:
     from shots import wait_until  # docs/shots.py, beside this script
 
     from app import build_main_window
+    from app.core import chat as ops
     from app.core.session import ChatSettings
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings
@@ -39,30 +40,29 @@ def main() -> int:
 
     w = build_main_window(args.model, Path(tempfile.mkdtemp(prefix="verbatim-shots-")), theme="light")
     w.resize(1100, 760)
-    wait_until(lambda: w.controller.model_ready or w.last_error is not None)
-    if not w.controller.model_ready:
-        print(f"cannot load {args.model}: {w.last_error}", file=sys.stderr)
+    errors: list[str] = []
+    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
+    wait_until(lambda: w.chat.model_ready or bool(errors))
+    if not w.chat.model_ready:
+        print(f"cannot load {args.model}: {errors[-1]}", file=sys.stderr)
         return 1
     w.apply_settings(ChatSettings(sampler=SamplerSettings(temperature=0.7, top_p=0.95, max_tokens=120, seed=7),
                                   random_seed=False))
     w.composer.setPlainText(QUESTION)
     w.send()
-    wait_until(lambda: not w.controller.generating)
-    first = [vm for vm in w.message_vms() if vm.role == "assistant"][-1]
-    w.controller.regenerate(fresh=True)
-    wait_until(lambda: not w.controller.generating)
-    second = [vm for vm in w.message_vms() if vm.role == "assistant"][-1]
-    done: list[object] = []
-    w.inspector.compared.connect(done.append)
+    wait_until(lambda: not w.chat.generating)
+    first = [vm for vm in w.chat.vms if vm.role == "assistant"][-1]
+    ops.regenerate(w.chat, fresh=True)
+    wait_until(lambda: not w.chat.generating)
+    second = [vm for vm in w.chat.vms if vm.role == "assistant"][-1]
     view = w.inspector.open_compare(second.id, first.id)
     view.resize(1000, 700)
-    wait_until(lambda: bool(done))
+    wait_until(lambda: w.inspector.last is not None)
     args.out.mkdir(parents=True, exist_ok=True)
     view.grab().save(str(args.out / "screenshot-compare.png"))
     view.close()
 
-    w.session.show_variant(first.id)
-    w.refresh_messages()
+    ops.switch_variant(w.chat, first.id)
     shown: list[int] = []
     w.inspector.tokensShown.connect(shown.append)
     widget = w.chat_view.widget_for(first.id)

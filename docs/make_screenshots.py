@@ -1,4 +1,5 @@
-"""Regenerate docs/screenshot-{main,debug,models}.png from a real session with a real model.
+"""Regenerate docs/screenshot-{main,debug,small,models}.png from a real session with a real model
+(small: the smallest size the window allows, with the debug dock open).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python docs/make_screenshots.py [--model demo] [--theme light] [--scale 1.5]
@@ -113,6 +114,10 @@ def main() -> int:
     w.chat_view.scroll_to_bottom()
     settle()
     w.grab().save(str(args.out / "screenshot-debug.png"))
+    w.resize(*w.MIN_SIZE)  # the smallest size the window allows, the dock still open
+    w.chat_view.scroll_to_bottom()
+    settle(0.6)
+    w.grab().save(str(args.out / "screenshot-small.png"))
     w.debug_panel.hide()
 
     w.resize(1280, 820)
@@ -126,7 +131,7 @@ def main() -> int:
     dlg.grab().save(str(args.out / "screenshot-models.png"))
     dlg.close()
     w.close()
-    print(f"wrote {', '.join(f'screenshot-{n}.png' for n in ('main', 'debug', 'models'))} to {args.out}")
+    print(f"wrote {', '.join(f'screenshot-{n}.png' for n in ('main', 'debug', 'small', 'models'))} to {args.out}")
     QApplication.processEvents()
     return 0
 

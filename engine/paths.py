@@ -22,6 +22,11 @@ def data_dir() -> Path:
     return Path(platformdirs.user_data_dir(APP_NAME))
 
 
+def documents_dir() -> Path:
+    """Where file dialogs start the first time (exports, receipts, imports): the user's documents."""
+    return Path(platformdirs.user_documents_dir())
+
+
 def cache_root() -> Path:
     """Everything that can be rebuilt: $VERBATIM_CACHE_DIR, else the platform user cache dir."""
     env = os.environ.get("VERBATIM_CACHE_DIR")

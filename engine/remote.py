@@ -71,6 +71,7 @@ class RemoteEngine:
         if spec and spec != m["id"]:
             raise EngineError(f"the server at {self.address} serves {m['id']!r}, not {spec!r}")
         self.world_size = int(m.get("world_size") or 1)
+        self.chunk: Optional[int] = int(m["chunk"]) if m.get("chunk") else None  # the server's prefill chunk
         self.environment = {str(k): str(v) for k, v in (m.get("environment") or {}).items()}
         self.info = ModelInfo(name=m["id"], path=f"{self.scheme}://{self.address}", key=m.get("key") or "",
                               model_type="remote", layers=0, cache_classes=[], kv_bits=None, dequantized=False,
@@ -275,6 +276,8 @@ def _error(status: int, raw: bytes) -> EngineError:
         message = json.loads(raw)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = raw[:200].decode(errors="replace")
+    if status == 401:  # the server's hint is for HTTP clients ("send 'Authorization: …'"), not this one's users
+        message = message.split(" (send ")[0]
     return (RequestError if status == 400 else EngineError)(f"the server refused the request ({status}): {message}")
 
 

@@ -50,6 +50,7 @@ AP = "tests/test_app_edge_promises.py::"
 SS = "tests/test_stop_strings.py::"
 AR = "tests/test_app_remote.py::"
 RE = "tests/test_remote.py::"
+WT = "tests/test_app_window_truth.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -306,6 +307,29 @@ MUTATIONS: list[Mutation] = [
         (("engine/serve/engine_routes.py", "        ticket = Ticket(request.app[state_key], served.key, False)\n",
           "        ticket = Ticket(type(request.app[state_key])(1 << 20), served.key, False)\n"),),
         ("tests/test_server_hardening.py::test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow",),
+    ),
+    # issue 28: the window's truth (the run shown, Send against the meter, drafts, the GUI thread)
+    Mutation(
+        "the run shown is not the one selected (the debug panel shows the latest run)",
+        (("app/core/view_models.py", "    if run is None and vm.shown is not None:\n        run = vm.runs[vm.shown]\n", ""),),
+        (WT + "test_the_run_picked_in_the_runs_menu_is_the_one_the_footer_badge_and_debug_panel_show",),
+    ),
+    Mutation(
+        "Send enabled (and sending) on a send the meter refuses",
+        (("app/core/chat.py", "        if b is None or not b.refused or self.budget_for != (self.conv_id, text):\n",
+          "        if True:\n"),),
+        (WT + "test_a_send_the_meter_refuses_is_disabled_and_never_touches_the_conversation",),
+    ),
+    Mutation(
+        "a draft not saved at close",
+        (("app/qt/window.py", "        self.save_draft()  # what was typed and not sent is there at the next start\n", ""),),
+        (WT + "test_drafts_are_stored_with_their_conversation_and_restored_at_start",),
+    ),
+    Mutation(
+        "the GUI thread waits on the engine job of a reply",
+        (("engine/bridge.py", "    executor.submit(run).add_done_callback(finished)\n",
+          "    job = executor.submit(run)\n    job.add_done_callback(finished)\n    job.exception()\n"),),
+        ("tests/test_app_window.py::test_gui_thread_never_waits_on_the_engine_during_generation",),
     ),
 ]
 

@@ -51,15 +51,18 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     assert (result.tokens, result.logprobs) == (old.tokens, old.logprobs)
 
 
-def test_refuse_setting_shows_the_numbers_and_keeps_the_message(
+def test_refuse_setting_shows_the_numbers_and_gives_the_message_back(
     qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
 ) -> None:
     w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
     w.apply_settings(replace(w.current_settings(), context_policy="refuse"))
     send(qtbot, w, "0: " + TURN)
-    send(qtbot, w, "1: " + TURN * 3)  # ~150 more tokens: no longer fits
-    assert "prompt has" in (watch(w).last_error or "") and f"the model's context is {CONTEXT}" in watch(w).last_error
-    assert [vm.role for vm in w.chat.vms][-1] == "user"  # the message is kept, unanswered
+    before = [(vm.id, vm.content) for vm in w.chat.vms]
+    send(qtbot, w, "1: " + TURN * 3)  # ~150 more tokens: no longer fits (sent before the meter counted it)
+    text = watch(w).last_error or ""
+    assert text.startswith("Not sent: the prompt needs ") and f"the model's {CONTEXT}-token context" in text
+    # Refused: the conversation is as it was, the message back in the composer to shorten.
+    assert [(vm.id, vm.content) for vm in w.chat.vms] == before and w.composer.toPlainText() == "1: " + TURN * 3
     assert not w.chat_view.marker.isVisible()
 
 

@@ -237,6 +237,8 @@ def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
         dlg = next(d for d in w.findChildren(ServerDialog, "serverDialog") if d.isVisible())
         assert dlg.remember.text() == "Remember the key (kept in the system keyring)"  # not "not encrypted"
         dlg.reject()
+        # What to do in this window, not the header an HTTP client sends.
+        assert "Authorization" not in watch(w).errors[-1][1] and "Models → Connect" in watch(w).errors[-1][1]
         connect(qtbot, w, server.url, key="s3cret", remember=True)
         qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
         assert w.model_label.text().endswith(f"1 process at 127.0.0.1:{server.port}")

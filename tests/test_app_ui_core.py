@@ -28,7 +28,8 @@ class SteppedClock:
 def test_prefill_rate_and_time_left_on_a_stepped_clock() -> None:
     clock = SteppedClock()
     rate = PrefillRate(clock=clock)
-    assert rate.update(0, 6517) == "Reading the prompt: 0 / 6,517"  # no rate from one event
+    # No rate from one event; but what is under way is said (a chunk can take seconds).
+    assert rate.update(0, 6517) == "Reading the prompt: 0 / 6,517 · the first chunk is being read (rate and time left after it)"
     clock.now += 170.0
     line = rate.update(4608, 6517)  # 4608 tokens in 170 s: 27.1 tok/s, 1909 left: 70 s
     assert line == "Reading the prompt: 4,608 / 6,517 · 27 tok/s · about 1 min left"
@@ -44,7 +45,7 @@ def test_prefill_rate_counts_only_what_is_read_and_restarts_on_a_new_prefill() -
     clock.now += 2.0
     assert rate.update(4010, 5000) == "Reading the prompt: 4,010 / 5,000 · 5.0 tok/s · about 3 min left"
     clock.now += 1.0
-    assert rate.update(0, 300) == "Reading the prompt: 0 / 300"  # a new prefill: the rate starts over
+    assert rate.update(0, 300).startswith("Reading the prompt: 0 / 300 · the first chunk")  # a new prefill: the rate starts over
     assert rate.tps is None
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import re
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -329,13 +328,15 @@ def test_restart_keeps_everything_and_regenerates_identically(
 ) -> None:
     data = tmp_path / "data"
     w1 = open_window(data)
-    w1.resize(720, 520)  # the offscreen screen is 800 x 600
+    small = MainWindow.MIN_SIZE  # the smallest the window allows; the offscreen screen is 800 x 600
+    assert w1.size().toTuple() != small  # not what a window starts at: remembered, not the default
+    w1.resize(*small)
     send(qtbot, w1, "Regenerate the answer, please.")
     first = replies(w1)[-1]
     w1.close()
     assert w1.engine_closed  # the engine thread ended
     w2 = open_window(data)
-    assert (w2.size().width(), w2.size().height()) == (720, 520)  # geometry remembered
+    assert w2.size().toTuple() == small  # geometry remembered
     assert [vm.id for vm in w2.chat.vms][-1] == first.id
     click(qtbot, w2, "regenerateButton")
     wait_idle(qtbot, w2)
@@ -433,79 +434,78 @@ def test_settings_apply_to_the_next_reply(qtbot: Any, open_window: Callable[...,
     assert w.session.store.messages_for_prompt(w.conv_id, reply.parent_id)[0] == {"role": "system", "content": "You are terse."}
 
 
-def _runqueue_wait_s() -> float:
-    """Seconds this thread has spent runnable but waiting for a CPU (Linux schedstat), else 0."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def test_gui_thread_never_stalls_during_generation(
-    qtbot: Any, open_window: Callable[..., MainWindow], gc_collections: Any
+def test_gui_thread_never_waits_on_the_engine_during_generation(
+    qtbot: Any, open_window: Callable[..., MainWindow], gc_collections: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 5 ms heartbeat on the GUI thread; the largest gap between beats while a reply is being
-    generated (prefill, streaming, and the final save and re-render) must stay within ten typical
-    beats (the median gap; at least 50 ms): a ratio, not a wall-clock limit, on a shared machine.
+    """The mechanism that keeps the GUI thread free while replies are generated, asserted as
+    such (a slow or loaded machine cannot break it; the stall in ms belongs to
+    bench/gui_latency.py and docs/benchmarks.md):
 
-    A gap is the GUI thread being busy or blocked (GIL, locks, our own work). On Linux the time
-    it spent runnable but waiting for a CPU (other processes saturating the cores: the scheduler,
-    not the app) is read from schedstat and taken out; both numbers are printed.
+    - the GUI thread never waits on an engine job: no `Future.result()` / `.exception()` of a
+      job still running is called on it (it awaits them on the asyncio loop instead);
+    - the engine thread's events reach it in batches (fewer view updates than tokens), the
+      final Done always;
+    - the heartbeat makes garbage cycles under small GC thresholds, so a full collection is due
+      again and again: it waits until the replies are over, and every collection runs on the
+      GUI thread.
 
-    The heartbeat also makes garbage cycles under small GC thresholds, so a full collection is
-    due again and again: it must wait until the replies are over (a full collection of the test
-    process's heap took 45-60 ms here, most likely the 150 ms stall once seen on CI), and every
-    collection must run on the GUI thread."""
+    The heartbeat's largest gap is printed, not asserted."""
+    import concurrent.futures
+    import threading
+
     from tests.test_gc_pacer import cycles
 
     w = open_window(max_tokens=200)
     send(qtbot, w, LONG_PROMPT[:600])  # warm-up: first paint, glyph caches, MLX kernels
+    gui = threading.current_thread()
+    waits: list[str] = []  # engine jobs the GUI thread blocked on, while generating
+    for name in ("result", "exception"):
+        original = getattr(concurrent.futures.Future, name)
+
+        def checked(self: Any, timeout: Any = None, _original: Any = original, _name: str = name) -> Any:
+            if threading.current_thread() is gui and not self.done() and w.chat.generating:
+                waits.append(_name)
+            return _original(self, timeout)
+
+        monkeypatch.setattr(concurrent.futures.Future, name, checked)
     gc.set_threshold(300, 1, 1)  # a full collection due after every second young one
     gc_collections.flag = lambda: w.chat.generating
-    raw: list[float] = []
-    own: list[float] = []
-    cpu: list[float] = []  # of each gap, the time the GUI thread ran (the rest it was blocked)
-    state = {"last": time.perf_counter(), "wait": _runqueue_wait_s(), "cpu": time.thread_time(), "was": False}
+    gaps: list[float] = []
+    state = {"last": time.perf_counter(), "was": False}
 
     def beat() -> None:
-        now, wait, ran = time.perf_counter(), _runqueue_wait_s(), time.thread_time()
-        if state["was"]:  # the gap ended a beat taken while generating: it counts
-            gap = now - state["last"]
-            raw.append(gap)
-            own.append(gap - (wait - state["wait"]))
-            cpu.append(ran - state["cpu"])
+        now = time.perf_counter()
+        if state["was"]:
+            gaps.append(now - state["last"])
         cycles(200)  # ~400 objects of garbage per beat: a young collection due every tick
-        state.update(last=now, wait=wait, cpu=time.thread_time(), was=w.chat.generating)
+        state.update(last=now, was=w.chat.generating)
 
     timer = QTimer()
     timer.setTimerType(Qt.TimerType.PreciseTimer)
     timer.timeout.connect(beat)
     timer.start(5)
     tokens = 0
+    replies_made = 0
+    updates_before = watch(w).stream_updates
     for _ in range(8):  # random weights can hit EOS early: generate until enough tokens streamed
+        before = watch(w).finished
         click(qtbot, w, "newVariantButton")
-        state.update(last=time.perf_counter(), wait=_runqueue_wait_s(), cpu=time.thread_time(), was=True)
+        state.update(last=time.perf_counter(), was=True)
         wait_idle(qtbot, w)
+        assert watch(w).finished is not before  # the final Done was delivered
+        replies_made += 1
         tokens += len(w.session.store.get_message(replies(w)[-1].id).tokens)
         if tokens >= 300:
             break
     qtbot.wait(20)
     timer.stop()
-    i = max(range(len(own)), key=own.__getitem__)
-    worst, worst_raw, worst_cpu = own[i] * 1000, max(raw) * 1000, cpu[i] * 1000
-    print(f"\nGUI heartbeat: {len(raw)} beats while generating {tokens} tokens; max gap {worst:.1f} ms, of which "
-          f"{worst_cpu:.1f} ms running ({worst_raw:.1f} ms wall clock, incl. waiting for a CPU), "
-          f"mean {1000 * sum(raw) / len(raw):.1f} ms")
+    updates = watch(w).stream_updates - updates_before
+    print(f"\nGUI heartbeat: {len(gaps)} beats while generating {tokens} tokens; max gap "
+          f"{1000 * max(gaps):.1f} ms (informational: bench/gui_latency.py measures it); {updates} view updates")
+    assert tokens >= 150 and len(gaps) > 0
+    assert waits == [], f"the GUI thread waited on an engine job: {waits}"
+    assert replies_made <= updates < tokens  # batched: fewer updates than tokens, at least one per reply
     p = w.gc_pacer
-    print(f"GC pacer: young collections {p.collections[0]} + {p.collections[1]} (slowest {p.longest_ms[0]:.1f} / "
-          f"{p.longest_ms[1]:.1f} ms); a due full collection waited {p.deferred} ticks")
-    assert tokens >= 150
-    # No absolute limit (this machine's speed and load vary; bench/gui_latency.py measures the
-    # stall in ms): the worst gap, less the time waiting for a CPU, within 10 typical beats (the
-    # median gap while generating), and at least 50 ms.
-    typical = 1000 * statistics.median(raw)
-    assert worst < max(50.0, 10 * typical), f"GUI thread stalled {worst:.1f} ms ({worst_cpu:.1f} ms of it running; typical beat {typical:.1f} ms)"
     assert QApplication.instance().thread().isCurrentThread()  # this test runs on the GUI thread:
     assert {name for _, name, _ in gc_collections} == {"MainThread"}  # all collections ran here
     assert p.deferred > 0 and not [g for g, _, mid_reply in gc_collections if g == 2 and mid_reply]

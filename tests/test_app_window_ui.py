@@ -134,22 +134,32 @@ def test_prefill_progress_shows_the_rate_and_the_time_left(qtbot: Any, open_wind
     assert seen[0][0].startswith("Reading the prompt: 0 / ")  # no rate from a single event
 
 
-def test_export_suggests_a_safe_file_name(
-    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch
+def test_export_suggests_a_safe_file_name_in_the_documents_folder_then_the_last_used(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from app.qt import dialogs
+    from engine.paths import documents_dir
 
     w = open_window(max_tokens=4)
     send(qtbot, w, "Why is the sky blue?")
     suggested: list[str] = []
+    answer = [""]  # the user cancels
 
     def save_dialog(parent: Any, caption: str, name: str, filters: str) -> tuple[str, str]:
         suggested.append(name)
-        return "", ""  # the user cancels
+        return answer[0], ""
 
     monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName", save_dialog)
     w.export_conversation(w.conv_id)
-    assert suggested == ["Why is the sky blue.md"]
+    # In the documents folder (platformdirs), not the process's working directory.
+    assert suggested == [str(documents_dir() / "Why is the sky blue.md")]
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    answer[0] = str(folder / "sky.md")
+    w.export_conversation(w.conv_id)
+    assert "Why is the sky blue?" in (folder / "sky.md").read_text(encoding="utf-8")
+    w.inspector.export_receipt(replies(w)[-1].id)  # the receipt dialog starts in the folder used last
+    assert suggested[-1] == str(folder / f"reply-{replies(w)[-1].id}.receipt.json")
 
 
 def test_importing_a_receipt_says_what_it_is_and_how_to_verify_it(
@@ -162,7 +172,7 @@ def test_importing_a_receipt_says_what_it_is_and_how_to_verify_it(
     send(qtbot, w, "hello")
     path = str(tmp_path / "reply.receipt.json")
     assert w.inspector.export_receipt(replies(w)[-1].id, path) == path
-    monkeypatch.setattr(dialogs, "import_path", lambda parent: path)
+    monkeypatch.setattr(dialogs, "import_path", lambda parent, settings: path)
     w.import_conversation()
     assert errors.last_error.startswith("reply.receipt.json is a receipt of one reply, not a conversation")
     assert f"python -m engine verify {path}" in errors.last_error

@@ -26,7 +26,8 @@ from tests.test_app_window import LONG, open_window, send  # noqa: E402,F401 (op
 
 pytestmark = pytest.mark.gui
 
-SIZES = [(800, 600), (1000, 700), (1200, 800)]
+SIZES = [MainWindow.MIN_SIZE, (1000, 700), (1400, 900)]  # the smallest the window allows, two larger
+DEMO_NAME = "SmolLM2-135M-Instruct (demo)"  # as long a model name as the demo model's
 LONG_WORDS = "Supercalifragilisticexpialidocious " * 12 + "x" * 300
 
 
@@ -122,8 +123,9 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w.show()
     send(qtbot, w, LONG_WORDS)
     # A model name as long as the demo model's on the reply's role line.
-    w.session.store.update_message(w.chat.vms[-1].id, model_name="SmolLM2-135M-Instruct (demo)")
+    w.session.store.update_message(w.chat.vms[-1].id, model_name=DEMO_NAME)
     w.chat.reload()
+    w.model_picker.select(w.model_picker.spec, DEMO_NAME)  # and in the top bar's picker
     ops.regenerate(w.chat, fresh=False)  # an identity badge on the reply
     qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
     assert w.chat_view.message_widgets()[-1].identity.isVisible()
@@ -147,7 +149,27 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     for i, a in enumerate(top):
         for b in top[i + 1:]:
             assert not a.geometry().intersects(b.geometry()), (a.objectName(), b.objectName())
+    # Nothing that says what is in force disappears or is cut at the edge: the settings summary
+    # shows all of itself, the model's name is drawn whole or elided (its tooltip whole), the
+    # status bar's model and memory labels show their text.
+    summary = w.settings_summary
+    assert summary.isVisible() and summary.text() and not _cut_text(summary), _cut_text(summary)
+    shown = w.model_picker.shown_text()
+    assert shown == DEMO_NAME or ("…" in shown and DEMO_NAME in w.model_picker.toolTip()), shown
+    assert [cut for c in (w.model_label, w.memory_label) if (cut := _cut_text(c))] == []
     w.grab().save(str(Path(os.environ.get("VERBATIM_SHOTS", tmp_path)) / f"window-{size[0]}x{size[1]}.png"))
+    # Made larger again, the dock gets its width back: the layers table's headers are not clipped.
+    w.resize(1400, 900)
+    qtbot.waitUntil(lambda: w.width() == 1400, timeout=LONG)
+    _settle(qtbot, w)
+    from app.qt.dock_width import WIDTH
+
+    assert w.debug_panel.width() >= WIDTH, w.debug_panel.width()
+    header = w.debug_panel.layers.horizontalHeader()
+    fm = header.fontMetrics()
+    clipped = [header.model().headerData(i, Qt.Orientation.Horizontal) for i in range(header.count())
+               if header.sectionSize(i) < fm.horizontalAdvance(str(header.model().headerData(i, Qt.Orientation.Horizontal)))]
+    assert clipped == [], clipped
 
 
 def _ready(qtbot: Any, open_window: Callable[..., MainWindow]) -> MainWindow:

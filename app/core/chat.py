@@ -23,14 +23,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional
 
-from app.core.context_budget import ContextBudget, budget_requests, measure_budget
+from app.core.context_budget import ContextBudget, budget_requests, measure_budget, refusal_text
 from app.core.evented import Evented
 from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import StoreError
-from app.core.view_models import MessageVM, finished_text, progress_text
+from app.core.view_models import MessageVM, finished_text, progress_text, run_shown
 from engine.bridge import Done, Failed, engine_batches, engine_call
 from engine.engine import ModelInfo
-from engine.errors import ServerUnreachable
+from engine.errors import ContextLengthError, ServerUnreachable
 from engine.executor import EngineExecutor
 from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEvent
 
@@ -49,10 +49,10 @@ STATUS = "status"  # (text, ms)
 ERROR = "error"  # (title, text)
 BANNER = "banner"  # (text)
 CONVERSATIONS = "conversations"  # (): titles or the list changed
-RUN_SHOWN = "run_shown"  # (reply_id, Run): a reply's earlier run picked for the footer / debug panel
 STATS = "stats"  # (cache stats, MLX memory or None): after a reply, a load, a clear
 DRAFT = "draft"  # (ContextBudget or None): the next prompt (the path shown + the draft) against the limit
 LINK = "link"  # (ServerLink or None): attached to a server / its reachability changed / detached
+RETURNED = "returned"  # (text): a send the engine refused was taken back: its text goes back to the composer
 
 
 @dataclass
@@ -124,11 +124,13 @@ class ChatModel(Evented):
         self._spawn_on_loop = spawn
         self.default_settings = default_settings
         self.chunk = chunk
+        self.engine_chunk: Optional[int] = None  # the loaded engine's own (a server's may differ)
         self.batch_interval = batch_interval
         self.read_only = read_only
         self.conv_id: Optional[int] = None
         self.vms: list[MessageVM] = []  # the active path
         self.selected_id: Optional[int] = None  # a reply the user picked (None: the last reply)
+        self.runs_shown: dict[int, int] = {}  # reply id -> the run picked in its runs menu (else the latest)
         self.pending: Optional[PendingReply] = None
         self.stream = StreamState()
         self.model_spec = ""
@@ -138,6 +140,9 @@ class ChatModel(Evented):
         self.cache_stats: dict[str, Any] = {}
         self.mlx_memory = 0
         self.verifying = False
+        # The last cold runs (reply id -> model key, request, result, token texts): Verify's
+        # is Compare's B side, and the other way round (app/core/engine_flows.py).
+        self.cold_runs: dict[int, tuple[str, Any, GenerationResult, list[str]]] = {}
         self.draft = ""
         self.link: Optional[ServerLink] = None  # set while the engine is a server
         self.link_interval = LINK_INTERVAL_S
@@ -146,6 +151,7 @@ class ChatModel(Evented):
         # What to load here when a server cannot be reached and no model is loaded (the window's last).
         self.fallback_spec: Optional[str] = None
         self.budget: Optional[ContextBudget] = None  # the last count of the next prompt (DRAFT)
+        self.budget_for: tuple[Optional[int], str] = (None, "")  # the conversation and draft it counted
         self._draft_timer: Optional[asyncio.TimerHandle] = None
         self._draft_seq = 0  # counts started; only the latest one's result is told
         self.closed = False
@@ -201,7 +207,8 @@ class ChatModel(Evented):
     # ------------------------------------------------------------------------------ changes
     def reload(self) -> list[MessageVM]:
         """Read the active path (and its replies' runs) from the store and tell the views."""
-        self.vms = self.session.view(self.conv_id) if self.conv_id is not None else []
+        vms = self.session.view(self.conv_id) if self.conv_id is not None else []
+        self.vms = [run_shown(vm, self.runs_shown[vm.id]) if vm.id in self.runs_shown else vm for vm in vms]
         if self.selected_id is not None and not any(vm.id == self.selected_id for vm in self.vms):
             self.selected_id = None
         self.emit(PATH, self.vms)
@@ -213,6 +220,7 @@ class ChatModel(Evented):
         """Show a conversation (None: a new, empty one, made by its first message)."""
         self.conv_id = conv_id
         self.selected_id = None
+        self.runs_shown.clear()
         self.reload()
 
     def select(self, message_id: Optional[int]) -> None:
@@ -224,10 +232,14 @@ class ChatModel(Evented):
         self.emit(SELECTED, vm)
 
     def show_run(self, reply_id: int, index: int) -> None:
-        """Show one of a reply's runs (0: the first) in the debug panel."""
+        """Show one of a reply's runs (0: the first): the reply is selected, and its footer,
+        badge and the debug panel all show that run until another is picked or a new run ends."""
         vm = next((vm for vm in self.vms if vm.id == reply_id), None)
-        if vm is not None and 0 <= index < len(vm.runs):
-            self.emit(RUN_SHOWN, reply_id, vm.runs[index])
+        if vm is None or not 0 <= index < len(vm.runs):
+            return
+        self.runs_shown[reply_id] = index
+        self.selected_id = reply_id
+        self.reload()
 
     # ----------------------------------------------------------------------------------- draft
     def set_draft(self, text: str) -> None:
@@ -251,6 +263,7 @@ class ChatModel(Evented):
     async def _count(self, seq: int) -> None:
         if self.closed or seq != self._draft_seq:
             return
+        counted = (self.conv_id, self.draft)
         what = budget_requests(self.vms, self.draft, self.settings())
         budget: Optional[ContextBudget] = None
         if what is not None:
@@ -260,18 +273,28 @@ class ChatModel(Evented):
                 budget = None
         if self.closed or seq != self._draft_seq:  # changed meanwhile: a newer count is coming
             return
-        self.budget = budget
+        self.budget, self.budget_for = budget, counted
         self.emit(DRAFT, budget)
+
+    def refusal(self, text: str) -> str:
+        """Why sending `text` now would be refused ('' when it would not, as far as the last
+        count of this conversation and this very text knows): the meter's warning."""
+        b = self.budget
+        if b is None or not b.refused or self.budget_for != (self.conv_id, text):
+            return ""
+        return b.warning
 
     # ----------------------------------------------------------------------------- one reply
     def _start(self, pending: PendingReply) -> None:
         pending.model_key = self.model_info.key if self.model_info is not None else ""
-        pending.chunk = self.chunk
+        pending.chunk = self.engine_chunk or self.chunk  # what the engine prefills with: receipts name it
         self.pending = pending
         self.stream = StreamState()
         self._cancel = self.cancel_token()
         self.conv_id = pending.conversation_id
         self.selected_id = pending.reply_id  # the new reply is the one shown and acted on
+        for rid in (pending.reply_id, pending.previous_id):  # a new run: the latest is shown
+            self.runs_shown.pop(rid, None)  # type: ignore[arg-type]
         self.spawn(self._generate(pending, self._cancel))
         self.emit(PENDING, pending)
         self.emit(CONVERSATIONS)
@@ -289,6 +312,9 @@ class ChatModel(Evented):
         except Exception as e:
             if not self.closed:
                 self._end()
+                if isinstance(e, ContextLengthError) and pending.action == "send" and not self.stream.text:
+                    self._take_back(pending, e)
+                    return
                 self.reload()
                 if isinstance(e, ServerUnreachable):
                     self.link_down(str(e))
@@ -303,11 +329,28 @@ class ChatModel(Evented):
         self.selected_id = twin if twin is not None else pending.reply_id
         self.reload()
         self.emit(FINISHED, pending, result)
-        self.emit(STATUS, finished_text(result, pending.outcome or pending.message.outcome), 8000)  # type: ignore[union-attr]
+        note = f" · {hidden_note(pending.hidden)}" if pending.hidden else ""
+        self.emit(STATUS, finished_text(result, pending.outcome or pending.message.outcome) + note, 8000)  # type: ignore[union-attr]
         if result.report.warnings:  # the engine hands each disk problem over once: keep it in view
             self.emit(BANNER, "Prompt cache: " + "; ".join(result.report.warnings)
                       + " Replies still work; the cache is kept in memory only.")  # fmt: skip
         await self.refresh_stats()
+
+    def _take_back(self, pending: PendingReply, e: ContextLengthError) -> None:
+        """The engine refused a send before any prefill (it did not fit; the meter had not
+        counted it yet): the user's message leaves the conversation and goes back to the composer."""
+        text = str(pending.request.messages[-1].get("content", "")) if pending.request.messages else ""
+        try:
+            if self.session.withdraw(pending):
+                self.conv_id = None  # the send had made the conversation: it is gone with it
+        except StoreError:
+            pass
+        self.reload()
+        self.emit(CONVERSATIONS)
+        self.emit(RETURNED, text)
+        limit = self.settings().context_length if self.conv_id is not None else self.default_settings().context_length
+        model = self.model_info.context_length if self.model_info is not None else None
+        self.emit(ERROR, "Not sent", refusal_text(e.prompt_tokens, e.max_tokens, e.context_length, limit, model))
 
     async def refresh_stats(self, clear: bool = False) -> None:
         """The prompt cache's numbers and MLX's memory, from the engine thread (after `clear`ing
@@ -416,6 +459,10 @@ def send(chat: ChatModel, text: str) -> bool:
         return False
     if not reachable(chat):
         return False
+    why = chat.refusal(text)
+    if why:  # the meter counted this very text: nothing is saved, the draft stays
+        chat.emit(STATUS, why, 8000)
+        return False
     try:  # one transaction: the conversation (if new), the message and the reply's row
         pending = chat.session.begin_send(chat.conv_id, text, chat.model_name, chat.default_settings())
     except StoreError as e:
@@ -437,6 +484,8 @@ def regenerate(chat: ChatModel, fresh: bool = False) -> bool:
             pending = chat.session.begin_reply_to(chat.vms[-1].id, chat.model_name)
         elif target is not None:
             pending = chat.session.begin_regenerate(target.id, fresh=fresh, model_name=chat.model_name)
+            ids = [vm.id for vm in chat.vms]  # a middle reply: the turns after it stay with it
+            pending.hidden = len(ids) - ids.index(target.id) - 1 if target.id in ids else 0
         else:
             return False
     except StoreError as e:
@@ -460,6 +509,12 @@ def edit(chat: ChatModel, user_id: int, text: str) -> bool:
         return False
     chat._start(pending)
     return True
+
+
+def hidden_note(n: int) -> str:
+    """What a regenerate or new variant of a middle reply did to the turns after it."""
+    return (f"the {n} later message{'s' if n != 1 else ''} stay with the previous variant"
+            " (‹ › on the reply shows them again)")
 
 
 def reachable(chat: ChatModel) -> bool:

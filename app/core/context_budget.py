@@ -64,6 +64,14 @@ class ContextBudget:
         return self.limit is None or self.used + self.max_tokens <= self.limit
 
     @property
+    def refused(self) -> bool:
+        """Send would be refused: the draft does not fit and leaving old turns out cannot make
+        room (the draft alone is too long, or the conversation's policy is refuse)."""
+        if self.fits or not self.draft or self.limit is None:
+            return False
+        return self.draft + self.max_tokens > self.limit or self.policy == "refuse"
+
+    @property
     def fraction(self) -> float:
         return min(self.used / self.limit, 1.0) if self.limit else 0.0
 
@@ -93,6 +101,19 @@ class ContextBudget:
             return (f"Will not fit: {need}. Send will be refused (this conversation's context policy"
                     " is refuse; Settings can leave the oldest turns out instead).")
         return f"Will not fit: {need}. Send will leave the oldest turns out of the prompt."
+
+
+def refusal_text(prompt_tokens: int, max_tokens: int, limit: int, conversation_limit: Optional[int],
+                 model_context: Optional[int]) -> str:
+    """Why the engine refused a send (ContextLengthError), naming whose limit it is: the
+    conversation's own (Settings) or the model's."""
+    if conversation_limit and conversation_limit == limit and model_context != limit:
+        whose = f"this conversation's {limit:,}-token context limit (Settings"
+        whose += f"; the model's own is {model_context:,})" if model_context else ")"
+    else:
+        whose = f"the model's {limit:,}-token context"
+    return (f"Not sent: the prompt needs {prompt_tokens:,} tokens + up to {max_tokens:,} for the reply,"
+            f" more than {whose}. What you typed is back in the composer.")
 
 
 def measure_budget(engine: "EngineAPI", what: BudgetRequests) -> ContextBudget:

@@ -25,7 +25,7 @@ from app.core.view_models import verify_text
 from engine.engine import ModelInfo
 from engine import remote
 from engine.errors import Cancelled
-from engine.types import GenerationRequest, GenerationResult
+from engine.types import Comparison, GenerationRequest, GenerationResult
 
 # Events (emit name, arguments):
 MODEL = "model"  # ("loading", spec, name) | ("progress", fraction, message) | ("loaded", spec, name, info)
@@ -52,14 +52,14 @@ async def _load(chat: ChatModel, spec: str) -> None:
                          chat.batch_interval)
     cancel = chat.cancel_token()
 
-    def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int]:
+    def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int, Optional[int]]:
         info = engine.load(spec, progress=progress, cancel=cancel)
-        return info, engine.cache_stats(), mlx_memory()
+        return info, engine.cache_stats(), mlx_memory(), getattr(engine, "chunk", None)
 
     try:
         if chat.link is not None:  # attached to a server: the in-process engine comes back first
             await _detach(chat)
-        info, stats, memory = await chat.call(job)
+        info, stats, memory, chunk = await chat.call(job)
     except Exception as e:
         if not chat.closed:
             chat.model_ready = False
@@ -72,6 +72,7 @@ async def _load(chat: ChatModel, spec: str) -> None:
         return
     chat.model_ready = True
     chat.model_info = info
+    chat.engine_chunk = chunk
     # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
     # reach, so the full collections the GC pacer runs between replies stay short. Collect first
     # (once, while nothing is streaming) so the loader's garbage is freed rather than frozen.
@@ -107,23 +108,27 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
     except Exception as e:
         if chat.closed:
             return
+        why = user_message(e)
+        if "(401)" in why:  # what to do here, not what an HTTP client sends
+            why += ": enter the server's API key in Models → Connect to a Verbatim server…"
         if previous is not None and previous[2] is not None:  # still loaded: say so, keep it
             chat.model_spec, chat.model_name, chat.model_info = previous
             chat.model_ready = True
             chat.emit(MODEL, "loaded", *previous)
-            chat.emit(ERROR, "Cannot connect to the server", user_message(e))
+            chat.emit(ERROR, "Cannot connect to the server", why)
         elif chat.fallback_spec:  # e.g. at start, the remembered server is gone: work here meanwhile
             name = model_label(chat.fallback_spec)
-            chat.emit(ERROR, "Cannot connect to the server", f"{user_message(e)}. Using {name} on this computer "
+            chat.emit(ERROR, "Cannot connect to the server", f"{why}. Using {name} on this computer "
                       "instead; Models → Connect to a Verbatim server… tries again.")
             load_model(chat, chat.fallback_spec, name)
         else:
-            chat.emit(MODEL, "failed", user_message(e), "Cannot connect to the server")
+            chat.emit(MODEL, "failed", why, "Cannot connect to the server")
         return
     if chat.closed:
         return
     info: ModelInfo = engine.info
     chat.link = link = ServerLink(url, api_key, engine.placement, dict(engine.environment))
+    chat.engine_chunk = engine.chunk  # the server's prefill chunk (None: a server that does not say)
     chat.model_spec, chat.model_name, chat.model_info = url, info.name, info
     chat.model_ready = True
     chat.emit(MODEL, "loaded", url, info.name, info)
@@ -168,9 +173,18 @@ def verify(chat: ChatModel, reply_id: int) -> None:
 
 
 async def _verify(chat: ChatModel, reply_id: int, request: GenerationRequest, stored: GenerationResult) -> None:
+    """Engine.verify's comparison, made here from its cold run, which Compare then reuses."""
     cancel = chat.cancel_token()
+
+    def job(engine: Any) -> tuple[GenerationResult, list[str]]:
+        cold = engine.cold_run(request, cancel)
+        return cold, engine.token_texts(cold.tokens)
+
     try:
-        cmp = await chat.call(lambda engine: engine.verify(request, stored, cancel=cancel))
+        cold, pieces = await chat.call(job)
+        cmp = Comparison.of(stored.tokens, stored.logprobs, cold.tokens, cold.logprobs)
+        if not cancel.cancelled:
+            _keep_cold(chat, reply_id, request, cold, pieces)
         text = "failed: verification cancelled" if cancel.cancelled else verify_text(cmp)
     except Exception as e:
         text = f"failed: {user_message(e)}"
@@ -210,9 +224,20 @@ async def token_pieces(chat: ChatModel, tokens: list[int], model_key: Optional[s
         return None
 
 
-async def cold_run(chat: ChatModel, reply_id: int) -> tuple[GenerationRequest, GenerationResult, list[str]]:
-    """A stored reply's request run with no cache at all (as far as a stopped reply got), and
-    its token texts. Needs the model that made the reply."""
+COLD_RUNS_KEPT = 4  # the last cold runs (Verify's, Compare's): the other one reuses them
+
+
+def _keep_cold(chat: ChatModel, reply_id: int, request: GenerationRequest, result: GenerationResult,
+               pieces: list[str]) -> None:  # fmt: skip
+    info = chat.model_info
+    runs = chat.cold_runs
+    runs.pop(reply_id, None)
+    runs[reply_id] = (info.key if info is not None else "", request, result, pieces)
+    while len(runs) > COLD_RUNS_KEPT:
+        runs.pop(next(iter(runs)))
+
+
+def _cold_request(chat: ChatModel, reply_id: int) -> GenerationRequest:
     m = chat.session.message(reply_id)
     key = m.model_key or (m.report.model_key if m.report else None)
     model = model_identity(chat)
@@ -221,6 +246,27 @@ async def cold_run(chat: ChatModel, reply_id: int) -> tuple[GenerationRequest, G
     request, _, _ = chat.session.verify_inputs(reply_id)
     if m.status == "interrupted":  # run cold as far as it got
         request = replace(request, context_policy="refuse", context_length=None)
+    return request
+
+
+def has_cold_run(chat: ChatModel, reply_id: int) -> bool:
+    """Whether a cold run of this reply's request, by the loaded model, was made already."""
+    kept = chat.cold_runs.get(reply_id)
+    try:
+        return kept is not None and chat.model_info is not None and kept[0] == chat.model_info.key \
+            and kept[1] == _cold_request(chat, reply_id)
+    except StoreError:
+        return False
+
+
+async def cold_run(chat: ChatModel, reply_id: int) -> tuple[GenerationRequest, GenerationResult, list[str]]:
+    """A stored reply's request run with no cache at all (as far as a stopped reply got), and
+    its token texts; the one Verify (or a Compare) just made when there is one. Needs the model
+    that made the reply."""
+    request = _cold_request(chat, reply_id)
+    if has_cold_run(chat, reply_id):
+        _, _, result, pieces = chat.cold_runs[reply_id]
+        return request, result, pieces
     cancel = chat.cancel_token()
 
     def job(engine: Any) -> tuple[GenerationResult, list[str]]:
@@ -231,4 +277,6 @@ async def cold_run(chat: ChatModel, reply_id: int) -> tuple[GenerationRequest, G
         result, pieces = await chat.call(job)
     finally:
         chat.release(cancel)
+    if not cancel.cancelled:
+        _keep_cold(chat, reply_id, request, result, pieces)
     return request, result, pieces

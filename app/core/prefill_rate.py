@@ -50,6 +50,8 @@ class PrefillRate:
 
     def text(self, done: int, total: int) -> str:
         parts = [f"Reading the prompt: {done:,} / {total:,}"]
+        if self.tps is None and done < total:  # a chunk can take seconds: say what is under way
+            parts.append("the first chunk is being read (rate and time left after it)")
         if self.tps is not None:
             parts.append(rate_text(self.tps))
             if self.seconds_left:

@@ -121,6 +121,7 @@ class PendingReply:
     duplicate_of: Optional[int] = None
     message: Optional[Message] = None
     run: Optional[Run] = None
+    hidden: int = 0  # later turns a regenerate of a middle reply leaves with the previous variant
 
 
 class ChatSession:
@@ -321,7 +322,8 @@ class ChatSession:
         identical to an existing variant (same tokens, bit-equal logprobs) adds no copy: its row is
         dropped, that variant is made active and returned, and `pending.duplicate_of` names it."""
         comparison = None if pending.action == "variant" else self.compare_with_previous(pending.previous_id, result)
-        outcome = ReplyOutcome(pending.action, pending.previous_id, comparison)
+        outcome = ReplyOutcome(pending.action, pending.previous_id, comparison,
+                               world_sizes=self._world_sizes(pending.previous_id, result, comparison))
         pending.outcome = outcome
         twin = self.identical_variant(pending, result)
         with self.store.transaction():  # the reply and its run: one commit
@@ -358,8 +360,10 @@ class ChatSession:
 
     def compare_with_previous(self, previous_id: Optional[int], result: GenerationResult) -> Optional[Comparison]:
         """The new reply against the one it regenerates: in full, or over the shared length when
-        the previous one was stopped (identical up to where it stopped)."""
-        if previous_id is None or result.finish_reason == "cancelled":
+        the previous one was stopped (identical up to where it stopped), or over the new one's
+        when it is the one stopped (identical as far as it got)."""
+        stopped = result.finish_reason == "cancelled"
+        if previous_id is None or (stopped and not result.tokens):
             return None
         try:
             prev = self.store.get_message(previous_id)
@@ -367,12 +371,35 @@ class ChatSession:
             return None
         if prev.tokens is None or prev.status == "generating":
             return None
-        if prev.status != "complete":  # stopped: compare what it generated
+        if prev.status != "complete" or stopped:  # one was stopped: compare what both generated
             if not prev.tokens:
                 return None
             return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content,
                                  result.text, shared_length=True)
         return Comparison.of(prev.tokens, prev.logprobs or [], result.tokens, result.logprobs, prev.content, result.text)
+
+    def _world_sizes(self, previous_id: Optional[int], result: GenerationResult,
+                     comparison: Optional[Comparison]) -> Optional[tuple[int, int]]:  # fmt: skip
+        """The two world sizes when a regenerate that is not identical ran on another number of
+        ranks than the reply it regenerates (the likely cause); None otherwise."""
+        if comparison is None or comparison.identical or previous_id is None:
+            return None
+        try:
+            prev = self.store.get_message(previous_id).report
+        except StoreError:
+            return None
+        before, now = (prev.world_size if prev is not None else 1), result.report.world_size
+        return (before, now) if before != now else None
+
+    def withdraw(self, pending: PendingReply) -> bool:
+        """Take back a send the engine refused: its user message (and the placeholder) leave
+        the conversation; the conversation too if that message was its only one (True then)."""
+        with self.store.transaction():
+            self.store.delete_message(pending.user_id)
+            if self.store.messages(pending.conversation_id):
+                return False
+            self.store.delete_conversation(pending.conversation_id)
+            return True
 
     def fail(self, pending: PendingReply, keep_text: str = "") -> None:
         """A generation that raised: drop an empty placeholder (the user's message stays), keep

@@ -9,7 +9,7 @@ cold-run verdict. Inputs are typed: the engine's `CacheReport` and the session's
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from app.core.store import Message, ReplyOutcome, Run
@@ -48,6 +48,7 @@ class MessageVM:
     runs: tuple[Run, ...] = field(default=(), compare=False, hash=False)
     run_lines: tuple[str, ...] = ()  # one footer line per run, oldest first (the runs menu)
     settings_note: str = ""  # what Regenerate and New variant use (the footer's tooltip)
+    shown: Optional[int] = None  # the run shown (an index of `runs`, picked in the runs menu); None: the latest
 
     @property
     def navigator(self) -> str:
@@ -96,6 +97,18 @@ def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = ()) -> 
         run_lines=lines,
         settings_note=settings_note(m) if assistant else "",
     )
+
+
+def run_shown(vm: MessageVM, k: int) -> MessageVM:
+    """`vm` showing its run `k` (0: the first), picked in the runs menu: its footer, badge and
+    report are that run's, so the footer and the debug panel show the same run."""
+    if not 0 <= k < len(vm.runs) - 1:
+        return vm  # the latest run: as built
+    run = vm.runs[k]
+    c = run.outcome.comparison
+    return replace(vm, footer=vm.run_lines[k], identity=identity_text(run.outcome, mode=run.report.mode),
+                   identical=c.identical if c is not None else None, report=run.report,
+                   outcome=run.outcome, shown=k)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- formatting
@@ -181,14 +194,42 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
             return "new seed (a new variant is not compared with the others)" if long else "new seed"
         return "no previous variant with the same prompt and settings" if long else ""
     if c.identical:
+        if c.upto is not None and c.lengths is not None and c.lengths[1] < c.lengths[0]:  # this one stopped
+            return (f"identical to previous as far as this one got ({c.upto} tokens, bit-equal logprobs;"
+                    " it was stopped)" if long else "identical to previous as far as it got")
         if c.upto is not None:
             return f"identical up to where the first one stopped ({c.upto} tokens)" if long else \
                 "identical up to where the first one stopped"
         return "identical to previous (same tokens, bit-equal logprobs)" if long else "identical to previous"
     if c.first_diff is None:
         text = f"same tokens, logprobs differ by{' up to' if long else ''} {c.max_logprob_diff:.3g}"
-        return text + (f" ({FAST_NOTE})" if long else " (fast mode)") if mode == "fast" else text
-    return f"differs from previous at token {c.first_diff}"
+        text = text + (f" ({FAST_NOTE})" if long else " (fast mode)") if mode == "fast" else text
+    else:
+        text = f"differs from previous at token {c.first_diff}"
+    return text + world_size_note(outcome.world_sizes, long)
+
+
+def world_size_note(sizes: Optional[tuple[int, int]], long: bool) -> str:
+    """Why a regenerate made on another number of ranks may differ: the ranks sum in another order."""
+    if sizes is None:
+        return ""
+    ranks = [f"{n} rank{'s' if n != 1 else ''}" for n in sizes]
+    if not long:
+        return f" (on {ranks[1]}, the previous on {ranks[0]})"
+    return (f" — made on {ranks[1]}, the previous one on {ranks[0]}: another world size sums the"
+            " layers in another order, so the bits may differ (regenerate on the same ranks to compare)")
+
+
+def prefill_rate_text(r: CacheReport) -> str:
+    """The prefill rate, only where it measures a prefill: a regenerate runs one or a few
+    tokens (the rest restored), whose 'rate' is a forward's latency, not a slow prefill."""
+    if r.prefill_tokens < PREFILL_RATE_MIN_TOKENS:
+        n = r.prefill_tokens
+        return f"– ({n} token{'s' if n != 1 else ''} run, {r.restored:,} restored)"
+    return f"{r.prefill_tps or 0:.1f} tok/s"
+
+
+PREFILL_RATE_MIN_TOKENS = 16  # fewer prompt tokens run than this: no rate shown
 
 
 def settings_summary(s: Any, selected: Optional[MessageVM]) -> str:
@@ -342,7 +383,9 @@ class DebugVM:
 
 
 def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
-    """The debug panel's reading of a reply's run: `run`, else its latest."""
+    """The debug panel's reading of a reply's run: `run`, else the one it shows (`vm.shown`)."""
+    if run is None and vm.shown is not None:
+        run = vm.runs[vm.shown]
     r = run.report if run is not None else vm.report
     outcome = run.outcome if run is not None else vm.outcome
     assert r is not None
@@ -351,8 +394,7 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
     how = ACTIONS.get(outcome.action, "")
     if outcome.duplicate_of is not None:
         how = f"{how or 'regenerated'} again: identical, no copy added"
-    title = (f"<b>Reply {vm.navigator}</b>" + (f" · run {k} of {n}" if n > 1 else "") + (f" · {how}" if how else "")
-             + f" · message #{vm.id}")
+    title = (f"<b>Reply {vm.navigator}</b>" + (f" · run {k} of {n}" if n > 1 else "") + (f" · {how}" if how else ""))
     snaps = ", ".join(f"{s.get('kind')} @{s.get('length')} (canonical {s.get('canonical')})" for s in r.snapshots_stored)
     rows = {
         "prompt_tokens": str(r.prompt_tokens),
@@ -370,7 +412,7 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
         "sampler": sampler_text(r.sampler),
         "model_key": r.model_key[:16] + ("…" if len(r.model_key) > 16 else ""),
         "ttft": format_seconds(r.ttft_s),
-        "prefill_tps": f"{r.prefill_tps or 0:.1f} tok/s",
+        "prefill_tps": prefill_rate_text(r),
         "decode_tps": f"{r.decode_tps or 0:.1f} tok/s",
         "identity": identity_text(outcome, long=True, mode=r.mode),
     }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox, QWidget
 
 from app.core.filenames import safe_filename
+from engine.paths import documents_dir
 
 MARKDOWN = "Markdown (*.md)"
 VERBATIM_JSON = "Verbatim conversation (*.json)"
@@ -38,13 +40,33 @@ def ask_title(parent: QWidget, current: str) -> Optional[str]:
     return title.strip() if ok and title.strip() else None
 
 
-def export_path(parent: QWidget, title: str) -> Optional[str]:
+def start_dir(settings: QSettings) -> Path:
+    """Where a file dialog opens: the folder used last, else the user's documents folder (never
+    the process's working directory)."""
+    last = settings.value("files/last_dir")
+    if isinstance(last, str) and last and Path(last).is_dir():
+        return Path(last)
+    return documents_dir()
+
+
+def _used(settings: QSettings, path: str) -> Optional[str]:
+    if path:
+        settings.setValue("files/last_dir", str(Path(path).parent))
+    return path or None
+
+
+def save_path(parent: QWidget, settings: QSettings, caption: str, name: str, filters: str) -> Optional[str]:
+    """Where to write a file named `name` (suggested in the start folder)."""
+    path, _ = QFileDialog.getSaveFileName(parent, caption, str(start_dir(settings) / name), filters)
+    return _used(settings, path)
+
+
+def export_path(parent: QWidget, title: str, settings: QSettings) -> Optional[str]:
     """Where to export; the suggested name is the title made safe ("Why is the sky blue.md")."""
-    path, _ = QFileDialog.getSaveFileName(parent, "Export conversation", safe_filename(title, ".md"),
-                                          f"{MARKDOWN};;{VERBATIM_JSON}")
-    return path or None
+    return save_path(parent, settings, "Export conversation", safe_filename(title, ".md"),
+                     f"{MARKDOWN};;{VERBATIM_JSON}")
 
 
-def import_path(parent: QWidget) -> Optional[str]:
-    path, _ = QFileDialog.getOpenFileName(parent, "Import conversation", "", VERBATIM_JSON)
-    return path or None
+def import_path(parent: QWidget, settings: QSettings) -> Optional[str]:
+    path, _ = QFileDialog.getOpenFileName(parent, "Import conversation", str(start_dir(settings)), VERBATIM_JSON)
+    return _used(settings, path)

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QFileDialog
 
 from app.core import engine_flows as flows
 from app.core.compare import CompareData, Side, compare
 from app.core.session import ModelIdentity
 from app.core.store import StoreError
-from app.qt import jobs
+from app.qt import dialogs, jobs
 from app.qt.widgets.compare_view import CompareView
 
 MainWindow = Any  # app/qt/window.py's (not imported: the window imports this module)
@@ -38,6 +37,7 @@ class Inspector(QObject):
         self.w = window
         self.view: Optional[CompareView] = None
         self.last: Optional[CompareData] = None  # what the compare view shows
+        self._seq = 0  # comparisons started; only the latest one is shown
         window.chat_view.compareRequested.connect(lambda rid: self.open_compare(rid))
         window.chat_view.tokensToggled.connect(self.toggle_tokens)
         window.chat_view.receiptRequested.connect(lambda rid: self.export_receipt(rid))
@@ -55,8 +55,8 @@ class Inspector(QObject):
         variant it was regenerated from, else the variant before it, else a cold run of it."""
         if self.view is None:
             self.view = CompareView(self.w)
-            self.view.sidesChanged.connect(lambda a, b: self._spawn(self._compare(a, b)))
-            self.view.coldRequested.connect(lambda a: self._spawn(self._compare(a, None)))
+            self.view.sidesChanged.connect(lambda a, b: self._begin(a, b))
+            self.view.coldRequested.connect(lambda a: self._begin(a, None))
         try:
             candidates = self.w.session.compare_candidates(reply_id)
         except StoreError as e:
@@ -73,8 +73,16 @@ class Inspector(QObject):
         self.view.set_choices([(m.id, label) for m, label in candidates], reply_id, other_id)
         self.view.show()
         self.view.raise_()
-        self._spawn(self._compare(reply_id, other_id))
+        self._begin(reply_id, other_id)
         return self.view
+
+    def _begin(self, a_id: int, b_id: Optional[int]) -> None:
+        """A new comparison: the view is cleared at once (never the previous comparison under
+        this one's busy line) and only the latest one asked for is shown."""
+        assert self.view is not None
+        self._seq += 1
+        self.view.clear("comparing…")
+        self._spawn(self._compare(a_id, b_id, self._seq))
 
     def _spawn(self, coro: Any) -> None:
         self.w.chat.spawn(coro)
@@ -85,7 +93,7 @@ class Inspector(QObject):
         pieces = await self.pieces(side.tokens, m.model_key or (m.report.model_key if m.report else None))
         return replace(side, pieces=pieces)
 
-    async def _compare(self, a_id: int, b_id: Optional[int]) -> None:
+    async def _compare(self, a_id: int, b_id: Optional[int], seq: int) -> None:
         view = self.view
         assert view is not None
         labels = dict((m.id, label) for m, label in self.w.session.compare_candidates(a_id))
@@ -94,13 +102,15 @@ class Inspector(QObject):
             if b_id is not None:
                 b = await self._side(b_id, labels.get(b_id, f"message #{b_id}"))
             else:
-                view.set_busy("running A again with no cache at all…")
+                if not flows.has_cold_run(self.w.chat, a_id):
+                    view.set_busy("running A again with no cache at all…")
                 b = await self._cold_side(a_id, a)
         except (StoreError, Exception) as e:  # noqa: BLE001 (any failure is shown, not raised)
-            view.set_busy(f"cannot compare: {jobs.user_message(e)}")
+            if seq == self._seq:
+                view.set_busy(f"cannot compare: {jobs.user_message(e)}")
             return
         data = compare(a, b)
-        if self.view is view:
+        if self.view is view and seq == self._seq:  # a later comparison was asked for: it shows
             view.set_data(data)
             self.last = data
 
@@ -137,8 +147,8 @@ class Inspector(QObject):
             self.w.show_error("Cannot export a receipt", str(e))
             return None
         if path is None:
-            path, _ = QFileDialog.getSaveFileName(self.w, "Export receipt", f"reply-{reply_id}.receipt.json",
-                                                  "Verbatim receipt (*.json)")
+            path = dialogs.save_path(self.w, self.w.qsettings, "Export receipt", f"reply-{reply_id}.receipt.json",
+                                     "Verbatim receipt (*.json)")
             if not path:
                 return None
         try:

@@ -60,7 +60,7 @@ def _loaded(w: MainWindow, spec: str, name: str, info: ModelInfo) -> None:
         w.status(f"Connected: {name} · {link.where}", 4000)
         log.info("attached to %s · %s", name, link.where)
         return
-    w.server_toggle.set_model(info, spec)
+    w.server_toggle.set_model(info, spec, w.chat.engine_chunk)
     w.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
     w.model_label.setText(name)
     w.qsettings.setValue("model/last_local", spec)
@@ -77,6 +77,7 @@ def show_link(w: MainWindow, link: Optional[ServerLink]) -> None:
     if w._closed:
         return
     w.disconnect_action.setEnabled(link is not None)
+    w.update_memory()  # only this window's own memory while the model runs on a server
     w.debug_panel.clear_button.setEnabled(link is None)  # a server's cache is its own
     if link is None:
         w.model_label.setToolTip("")
@@ -159,15 +160,21 @@ _process = psutil.Process()
 
 
 def update_memory(w: MainWindow) -> None:
-    """The process's resident size (psutil) and, once a job reported it, MLX's active memory."""
+    """The process's resident size (psutil) and, once a job reported it, MLX's active memory;
+    attached to a server, only this window's own (the model's memory is the server's)."""
     try:
         rss = _process.memory_info().rss
     except psutil.Error:  # e.g. /proc unreadable in a sandbox
         rss = 0
+    if w.chat.link is not None:
+        w.memory_label.setText(f"This window {format_bytes(rss) if rss else '–'} · the model's memory is on the server")
+        w.memory_label.setToolTip("The model runs on the server: its memory is not counted here")
+        return
     text = f"Memory {format_bytes(rss)}" if rss else "Memory –"
     if w.chat.mlx_memory:
         text += f" (MLX {format_bytes(w.chat.mlx_memory)})"
     w.memory_label.setText(text)
+    w.memory_label.setToolTip("This process's memory, and MLX's (the model, its caches)")
 
 
 def extra_model_dirs(qsettings: QSettings) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from PySide6.QtCore import QObject, Signal
@@ -62,9 +63,9 @@ class ServerToggle(QObject):
     def url(self) -> Optional[str]:
         return self.handle.url if self.handle is not None and self.handle.running else None
 
-    def set_model(self, info: Any, spec: Optional[str] = None) -> None:
+    def set_model(self, info: Any, spec: Optional[str] = None, chunk: Optional[int] = None) -> None:
         """The window loaded a model (or lost it: None); the server serves it from now on."""
-        self.model = ServedModel.of(info, spec) if info is not None else None
+        self.model = replace(ServedModel.of(info, spec), chunk=chunk) if info is not None else None
         if self.handle is not None:
             self.handle.set_model(self.model)
         self._show()

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
@@ -38,9 +39,9 @@ from app.core.models import model_label
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.drafts import Drafts
-from app.core.import_hint import import_error_text
 from app.core.view_models import MessageVM, context_marker, settings_summary
-from app.qt import dialogs, jobs, menus, model_actions
+from app.qt import conversation_actions, dialogs, jobs, menus, model_actions
+from app.qt.dock_width import DockWidth
 from app.qt.gc_pacer import GcPacer
 from app.qt.inspector import Inspector
 from app.qt.theme import Theme, apply_theme, theme_named
@@ -56,6 +57,7 @@ from engine.executor import EngineExecutor
 
 log = logging.getLogger(__name__)
 SHUTDOWN_S = 30.0  # how long closing the window waits for the engine thread
+DRAFT_SAVE_MS = 1000  # the draft is written to the store once typing pauses this long
 
 
 class MainWindow(QMainWindow):
@@ -104,7 +106,7 @@ class MainWindow(QMainWindow):
         self._search_seq = 0
         self._search_job: Optional[Any] = None
         self._discovery: Optional[Any] = None
-        self.drafts = Drafts()  # each conversation's unsent text, while the app runs
+        self.drafts = Drafts(store, writable=not self.read_only)  # each conversation's unsent text, kept
         self.theme_option = os.environ.get("VERBATIM_THEME") or theme or str(self.qsettings.value("view/theme", "system"))
         self.theme: Theme = theme_named(self.theme_option)
 
@@ -208,19 +210,25 @@ class MainWindow(QMainWindow):
         self.new_variant_button.clicked.connect(lambda: ops.regenerate(self.chat, fresh=True))
         actions.addWidget(self.regenerate_button)
         actions.addWidget(self.new_variant_button)
-        self.settings_summary = ElidedLabel()
-        self.settings_summary.setObjectName("hint")
-        self.settings_summary.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        actions.addWidget(self.settings_summary, 1)
+        actions.addStretch(1)
         self.context_meter = ContextMeter()  # right above the composer, in line with Send
         actions.addWidget(self.context_meter)
         bl.addLayout(actions)
+        # What Regenerate and New variant use, on a line of its own: beside the buttons a narrow
+        # window (a small screen, the debug dock open) squeezed it to nothing.
+        self.settings_summary = ElidedLabel()
+        self.settings_summary.setObjectName("hint")
+        self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        bl.addWidget(self.settings_summary)
         bl.addWidget(self.context_meter.warning)  # what Send will do when the next prompt does not fit
         row = QHBoxLayout()
         self.composer = Composer()
         self.composer.submitted.connect(self.send)
-        self.composer.textChanged.connect(lambda: self.chat.set_draft(self.composer.toPlainText()))
+        self.composer.textChanged.connect(self._draft_changed)
+        self._draft_timer = QTimer(self)  # the draft is saved once typing pauses (and at close)
+        self._draft_timer.setSingleShot(True)
+        self._draft_timer.setInterval(DRAFT_SAVE_MS)
+        self._draft_timer.timeout.connect(self.save_draft)
         row.addWidget(self.composer, 1)
         buttons = QVBoxLayout()
         self.send_button = QPushButton("Send")
@@ -254,28 +262,19 @@ class MainWindow(QMainWindow):
         self.debug_panel.verifyRequested.connect(lambda rid: flows.verify(self.chat, rid))
         self.debug_panel.clearRequested.connect(lambda: flows.clear_cache(self.chat))
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.debug_panel)
-        # Narrow enough that sidebar + chat + dock fit an 800 px window; opens at DOCK_WIDTH.
-        self.debug_panel.setMinimumWidth(self.DOCK_MIN_WIDTH)
         self.debug_panel.hide()
-        self._dock_sized = False
+        self.dock_width = DockWidth(self, self.debug_panel, self._dock_room)  # app/qt/dock_width.py
         self.debug_panel.visibilityChanged.connect(self.debug_button.setChecked)
-        self.debug_panel.visibilityChanged.connect(self._size_dock)
         self.debug_button.toggled.connect(self.debug_panel.setVisible)
 
         self.progress, self.model_label, self.memory_label = model_actions.status_widgets(self.statusBar())
+        self.setMinimumSize(*self.MIN_SIZE)  # what the layout checks (tests/xcb_window_checks.py) cover
         self.resize(1200, 800)
 
-    DOCK_MIN_WIDTH, DOCK_WIDTH = 260, 360
+    MIN_SIZE = (800, 600)
 
-    def _size_dock(self, visible: bool) -> None:
-        """The first time the dock opens (no saved window state): its default width, at most
-        what leaves the chat column its own minimum."""
-        if not visible or self._dock_sized:
-            return
-        self._dock_sized = True
-        room = self.width() - self.sidebar.width() - self.splitter.widget(1).minimumSizeHint().width() - 16
-        width = max(self.DOCK_MIN_WIDTH, min(self.DOCK_WIDTH, room))
-        self.resizeDocks([self.debug_panel], [width], Qt.Orientation.Horizontal)
+    def _dock_room(self) -> int:
+        return self.width() - self.sidebar.width() - self.splitter.widget(1).minimumSizeHint().width() - 16
 
     # ---------------------------------------------------------------------------- theme, geometry
     def set_theme(self, option: str) -> None:
@@ -296,7 +295,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         state = self.qsettings.value("window/state")
         if isinstance(state, QByteArray) and not state.isEmpty():
-            self._dock_sized = self.restoreState(state)  # the user's dock width, if any
+            self.dock_width.sized = self.restoreState(state)  # the user's dock width, if any
         split = self.qsettings.value("window/splitter")
         if isinstance(split, QByteArray) and not split.isEmpty():
             self.splitter.restoreState(split)
@@ -317,12 +316,12 @@ class MainWindow(QMainWindow):
         c.subscribe(ops.STREAM, lambda rid, text, n: (self.chat_view.stream(rid, text, n),
                                                       self.status(f"Generating… {n} tokens")))
         c.subscribe(ops.PREFILL, self._show_prefill)
-        c.subscribe(ops.DRAFT, self.context_meter.show_budget)
+        c.subscribe(ops.DRAFT, lambda budget: (self.context_meter.show_budget(budget), self._update_actions()))
+        c.subscribe(ops.RETURNED, lambda text: self.composer.toPlainText() or self.composer.setPlainText(text))
         c.subscribe(ops.STATUS, self.status)
         c.subscribe(ops.ERROR, self._show_error)
         c.subscribe(ops.BANNER, self.banner_text)
         c.subscribe(ops.CONVERSATIONS, self.refresh_conversations)
-        c.subscribe(ops.RUN_SHOWN, lambda rid, run: self.debug_panel.show_reply(self._vm(rid), run))
         c.subscribe(ops.STATS, lambda stats, memory: (self.debug_panel.show_stats(stats), self.update_memory()))
         c.subscribe(flows.MODEL, lambda what, *args: model_actions.show_model(self, what, *args))
         c.subscribe(ops.LINK, lambda link: model_actions.show_link(self, link))
@@ -389,14 +388,34 @@ class MainWindow(QMainWindow):
         can_write = not self.read_only and (link is None or link.up)  # a server gone: Send waits
         has_conv = self.conv_id is not None
         path_has_user = any(vm.role == "user" for vm in self.chat.vms)
-        self.send_button.setEnabled(can_write and not busy)
+        self._update_send()
         self.stop_button.setEnabled(busy)
         self.stop_action.setEnabled(True)  # Esc must always reach stop(); it ignores idle presses
         for b in (self.regenerate_button, self.new_variant_button, self.regenerate_action, self.variant_action):
             b.setEnabled(can_write and not busy and has_conv and path_has_user)
-        self.composer.setReadOnly(not can_write)
+        self.composer.setReadOnly(self.read_only)
         self.settings_summary.setText(settings_summary(self.current_settings(), self.chat.selected))
         self.settings_summary.setToolTip(self.chat.selected.settings_note if self.chat.selected else "")
+
+    def _update_send(self) -> None:
+        """Send waits (disabled, the reason its tooltip) while the meter says it would be refused
+        or the server is away; the composer stays editable: what is typed is kept."""
+        link = self.chat.link
+        why = self.chat.refusal(self.composer.toPlainText())
+        if link is not None and not link.up:
+            why = f"The server is not reachable ({link.error or 'no answer'}): Send works again when it answers"
+        self.send_button.setEnabled(not self.read_only and not self.chat.generating and not why)
+        self.send_button.setToolTip(why or "Send (Enter)")
+
+    def _draft_changed(self) -> None:
+        self.chat.set_draft(self.composer.toPlainText())
+        self._update_send()
+        self._draft_timer.start()
+
+    def save_draft(self) -> None:
+        """The composer's text as the open conversation's draft, in the store."""
+        self._draft_timer.stop()
+        self.drafts.keep(self.conv_id, self.composer.toPlainText())
 
     def _update_title(self) -> None:
         title = "Verbatim"
@@ -409,7 +428,9 @@ class MainWindow(QMainWindow):
 
     def refresh_conversations(self) -> None:
         """The conversation list; a search runs on a thread (the FTS5 index; the GUI stays live)
-        and only the latest one's results are shown."""
+        and only the latest one's results are shown. Not once the window closed (the store is)."""
+        if self._closed:
+            return
         self._update_title()
         self._search_seq += 1
         query = self.sidebar.search.text().strip()
@@ -454,7 +475,9 @@ class MainWindow(QMainWindow):
 
     # -------------------------------------------------------------------------- user actions
     def send(self) -> None:
+        was = self.conv_id
         if ops.send(self.chat, self.composer.toPlainText()):
+            self.drafts.forget(was)  # sent: no longer a draft (the new chat's too)
             self.composer.clear()
 
     def delete_message(self, message_id: int, confirm: bool = True) -> None:
@@ -480,7 +503,9 @@ class MainWindow(QMainWindow):
         if self.conv_id is not None and not self.read_only:
             self.session.set_settings(self.conv_id, s)
         if as_default or self.conv_id is None:
-            self.qsettings.setValue("chat/defaults", json.dumps(s.to_dict()))
+            # A context limit is the conversation's own: new chats start with the model's context.
+            default = s if self.conv_id is None else replace(s, context_length=0)
+            self.qsettings.setValue("chat/defaults", json.dumps(default.to_dict()))
         self._update_actions()
         self.chat.recount()  # the context limit or max tokens may have changed
 
@@ -504,57 +529,21 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
         self.composer.setFocus()
 
+    # Whole conversations: app/qt/conversation_actions.py.
     def ask_rename(self, conv_id: int) -> None:
-        title = dialogs.ask_title(self, self.session.title(conv_id))
-        if title:
-            self.rename_conversation(conv_id, title)
+        conversation_actions.ask_rename(self, conv_id)
 
     def rename_conversation(self, conv_id: int, title: str) -> None:
-        self.session.rename(conv_id, title)
-        self.refresh_conversations()
+        conversation_actions.rename(self, conv_id, title)
 
     def delete_conversation(self, conv_id: int, confirm: bool = True) -> None:
-        pending = self.chat.pending
-        if pending is not None and pending.conversation_id == conv_id:
-            self.show_error("Cannot delete", "Stop the reply being generated in this conversation first.")
-            return
-        if confirm and not dialogs.confirm(
-            self, "Delete conversation", f"Delete “{self.session.title(conv_id)}” and all its replies?"
-        ):
-            return
-        self.session.delete_conversation(conv_id)
-        self.drafts.forget(conv_id)
-        if conv_id == self.conv_id:
-            self.show_conversation(None)
-        self.refresh_conversations()
+        conversation_actions.delete(self, conv_id, confirm)
 
     def export_conversation(self, conv_id: int) -> None:
-        path = dialogs.export_path(self, self.session.title(conv_id))
-        if not path:
-            return
-        try:
-            text = self.session.export(conv_id, as_json=path.endswith(".json"), model=flows.model_identity(self.chat))
-            Path(path).write_text(text, encoding="utf-8")
-        except (OSError, StoreError) as e:
-            self.show_error("Export failed", str(e))
-            return
-        self.status(f"Exported to {path}", 4000)
+        conversation_actions.export(self, conv_id)
 
     def import_conversation(self) -> None:
-        path = dialogs.import_path(self)
-        if not path:
-            return
-        try:
-            data = Path(path).read_bytes()
-            conv_id = self.session.import_conversation(data)
-        except OSError as e:
-            self.show_error("Import failed", str(e))
-            return
-        except StoreError as e:  # a receipt says what it is and how to verify it
-            self.show_error("Import failed", import_error_text(path, data, str(e)))
-            return
-        self.show_conversation(conv_id)
-        self.refresh_conversations()
+        conversation_actions.import_(self)
 
     # ---------------------------------------------------------------------------------- models
     def load_model(self, spec: str, name: Optional[str] = None) -> None:
@@ -581,6 +570,8 @@ class MainWindow(QMainWindow):
         self._closed = True
         self._mem_timer.stop()
         self.gc_pacer.stop()
+        self.sidebar.stop()  # a search typed just before closing must not reach the closed store
+        self.save_draft()  # what was typed and not sent is there at the next start
         try:
             self._save_geometry()
         except Exception:

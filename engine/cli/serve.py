@@ -101,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         progress = lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr)  # noqa: E731
         info = executor.submit(lambda eng: eng.load(args.model, progress=progress)).result()
         limit = executor.submit(lambda eng: eng.context_limit).result()
-        model = replace(ServedModel.of(info, args.model), context_length=limit)
+        model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk)
         serve(executor, model, args.host, args.port, keys, args.queue_limit,
               allow_origins=args.allow_origin, mode=args.mode)
     except ServeError as e:

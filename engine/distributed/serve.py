@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from engine.distributed.agree import AgreedPromptCache
@@ -209,7 +210,7 @@ def _lead(args: argparse.Namespace, group: Group, keys: Sequence[str]) -> int:
         return 2
     group.start_watchdog(lambda why: leader.fail(GroupError(f"the distributed group failed: {why}")))
     try:
-        handle = ServerHandle(leader, ServedModel.of(info, args.model), args.host, args.port, None,
+        handle = ServerHandle(leader, replace(ServedModel.of(info, args.model), chunk=args.chunk), args.host, args.port, None,
                               args.queue_limit, api_keys=keys, allow_origins=args.allow_origin, mode=args.mode)
     except ServeError as e:
         _say(group, f"error: {e}")

@@ -81,6 +81,7 @@ def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any, 
         if not env:
             env.update(environment())
         return web.json_response({"id": served.id, "key": served.key, "context_length": served.context_length,
+                                  "chunk": served.chunk,
                                   "world_size": int(config.extra_status.get("world_size", 1)),
                                   "environment": env})
 

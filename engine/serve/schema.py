@@ -100,6 +100,7 @@ class ServedModel:
     aliases: tuple[str, ...] = ()
     context_length: Optional[int] = None
     tool_parser: Optional[str] = None  # mlx-lm's tool-call format of the model (tools.py reads calls with it)
+    chunk: Optional[int] = None  # the engine's prefill chunk size (a client's receipts name it)
 
     @classmethod
     def of(cls, info: Any, spec: Optional[str] = None) -> "ServedModel":

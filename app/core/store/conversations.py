@@ -49,12 +49,13 @@ from app.core.store.records import (
     _message,
     _run,
 )
+from app.core.store.drafts import DraftRows
 from app.core.store.schema import Database, default_path
 from app.core.store.transfer import Transfer
 from engine.types import ROLES
 
 
-class ConversationStore(Database, Transfer):
+class ConversationStore(Database, Transfer, DraftRows):
     """All conversations of one data dir. Thread-safe (one connection behind a lock)."""
 
     def create_conversation(

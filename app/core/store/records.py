@@ -97,6 +97,9 @@ class ReplyOutcome:
     # A regenerate identical to an existing variant is not added: the variant it equals (never
     # stored, the new row is dropped; the debug panel shows the run).
     duplicate_of: Optional[int] = None
+    # (the previous variant's, this one's) world size when they differ: ranks sum in another
+    # order, so the logprobs may differ for that reason alone.
+    world_sizes: Optional[tuple[int, int]] = None
 
     def to_dict(self) -> dict[str, Any]:
         c = self.comparison
@@ -109,8 +112,11 @@ class ReplyOutcome:
         }
         if c is not None and c.upto is not None:
             d["upto"] = c.upto
+            d["lengths"] = list(c.lengths)  # which one was stopped (the shorter)
         if self.duplicate_of is not None:
             d["duplicate_of"] = self.duplicate_of
+        if self.world_sizes is not None:
+            d["world_sizes"] = list(self.world_sizes)
         return d
 
     @classmethod
@@ -119,12 +125,17 @@ class ReplyOutcome:
         comparison = None
         if d.get("identical") is not None:
             upto = d.get("upto")
+            lengths = d.get("lengths")
+            ok = isinstance(lengths, list) and len(lengths) == 2 and all(isinstance(n, int) for n in lengths)
             comparison = Comparison(bool(d["identical"]), d.get("first_diff"), float(d.get("max_logprob_diff") or 0.0),
+                                    lengths=(lengths[0], lengths[1]) if ok else (0, 0),  # type: ignore[index]
                                     upto=upto if isinstance(upto, int) else None)
         previous = d.get("previous_id")
         dup = d.get("duplicate_of")
+        ws = d.get("world_sizes")
+        sizes = (ws[0], ws[1]) if isinstance(ws, list) and len(ws) == 2 and all(isinstance(n, int) for n in ws) else None
         return cls(str(d.get("action") or ""), previous if isinstance(previous, int) else None, comparison,
-                   dup if isinstance(dup, int) else None)
+                   dup if isinstance(dup, int) else None, sizes)
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,18 @@ MIGRATIONS: list[Sequence[str]] = [
            SELECT id, created_at, seed, finish_reason, COALESCE(length(tokens) / 4, 0), cache_report, cache_report
            FROM messages WHERE role = 'assistant' AND cache_report IS NOT NULL ORDER BY id""",
     ),
+    # v5: each conversation's unsent draft (conversation_id 0: the new chat not saved yet), so a
+    # draft survives quitting; a deleted conversation's draft goes with it.
+    (
+        """CREATE TABLE drafts (
+            conversation_id INTEGER PRIMARY KEY,
+            text TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TRIGGER drafts_conversation_delete AFTER DELETE ON conversations BEGIN
+            DELETE FROM drafts WHERE conversation_id = old.id;
+        END""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -76,6 +76,7 @@ class ChatView(QScrollArea):
         self.order: list[int] = []
         self.selected_id: Optional[int] = None
         self._stick = True  # follow the bottom while streaming unless the user scrolled up
+        self._revealing: Optional[int] = None  # a search hit kept in view while the layout settles
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
 
@@ -188,17 +189,27 @@ class ChatView(QScrollArea):
         if w is None:
             return
         self._stick = False  # a jump up the conversation: do not follow the bottom
+        self._revealing = message_id  # the messages above may still grow as they lay out: follow it
         self.widget().layout().activate()  # geometry up to date before scrolling to it
         self.ensureWidgetVisible(w, 0, 40)
         w.set_flash(True)
-        QTimer.singleShot(self.FLASH_MS, lambda: message_id in self.widgets and self.widgets[message_id].set_flash(False))
+        QTimer.singleShot(self.FLASH_MS, lambda: self._end_reveal(message_id))
+
+    def _end_reveal(self, message_id: int) -> None:
+        if message_id in self.widgets:
+            self.widgets[message_id].set_flash(False)
+        if self._revealing == message_id:
+            self._revealing = None
 
     def scroll_to_bottom(self) -> None:
         self._stick = True
+        self._revealing = None
         QTimer.singleShot(0, lambda: self._stick and self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
 
     def _on_range(self, _min: int, maximum: int) -> None:
-        if self._stick:
+        if self._revealing is not None and self._revealing in self.widgets:
+            self.ensureWidgetVisible(self.widgets[self._revealing], 0, 40)
+        elif self._stick:
             self.verticalScrollBar().setValue(maximum)
 
     def _on_scroll(self, value: int) -> None:

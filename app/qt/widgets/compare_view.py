@@ -66,7 +66,11 @@ class LogprobPlot(QWidget):
         self.first_diff: Optional[int] = None
         self.lo, self.hi = -1.0, 0.0
 
-    def set_data(self, data: CompareData) -> None:
+    def set_data(self, data: Optional[CompareData]) -> None:
+        if data is None:  # cleared
+            self.a, self.b, self.deltas, self.first_diff = [], [], [], None
+            self.update()
+            return
         self.a = [x if math.isfinite(x) else -100.0 for x in data.a.logprobs]
         self.b = [x if math.isfinite(x) else -100.0 for x in data.b.logprobs]
         self.deltas = data.deltas()
@@ -147,7 +151,7 @@ class CompareModel(QAbstractTableModel):
         super().__init__()
         self.data_: Optional[CompareData] = None
 
-    def set_data(self, data: CompareData) -> None:
+    def set_data(self, data: Optional[CompareData]) -> None:
         self.beginResetModel()
         self.data_ = data
         self.endResetModel()
@@ -281,6 +285,16 @@ class CompareView(QDialog):
     # -- data ----------------------------------------------------------------------------------------
     def set_busy(self, text: str) -> None:
         self.verdict.setText(text)
+
+    def clear(self, text: str) -> None:
+        """Nothing compared yet (a new comparison is on its way): no earlier one's numbers stay
+        on screen under its busy line."""
+        self.data = None
+        self.verdict.setText(text)
+        for label in (self.prefix, self.side_a, self.side_b):
+            label.setText("")
+        self.plot.set_data(None)
+        self.model.set_data(None)
 
     def set_data(self, data: CompareData) -> None:
         self.data = data

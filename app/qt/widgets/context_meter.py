@@ -55,7 +55,7 @@ class ContextMeter(QWidget):
         self.bar.setValue(int(budget.fraction * 1000))
         self.label.setText(budget.text)
         self.setToolTip(budget.tooltip)
-        self.setProperty("full", not budget.fits)
+        self.setProperty("full", budget.refused)  # red only when Send would be refused
         self.style().unpolish(self.label)
         self.style().polish(self.label)
         self.warning.setText(budget.warning)

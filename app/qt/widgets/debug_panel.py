@@ -42,7 +42,8 @@ from app.core.view_models import (
 )
 
 
-def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel]) -> QFormLayout:
+def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel],
+          keys: Optional[dict[str, QLabel]] = None) -> QFormLayout:  # fmt: skip
     form = QFormLayout(box)
     # A narrowed dock: a value that does not fit beside its label goes below it (not off the edge).
     form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
@@ -57,6 +58,8 @@ def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel])
         out[key] = value
         name = QLabel(label)
         name.setObjectName("debugKey")
+        if keys is not None:
+            keys[key] = name
         form.addRow(name, value)
     return form
 
@@ -72,6 +75,9 @@ def _table(columns: list[str], name: str) -> QTableWidget:
     table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     table.verticalHeader().setDefaultSectionSize(22)
     return table
+
+
+REMOTE_STORE_LABELS = {"entries": "Snapshots", "memory": "Server"}  # the rows stats_rows fills for a server
 
 
 class DebugPanel(QDockWidget):
@@ -139,8 +145,9 @@ class DebugPanel(QDockWidget):
         _form(time_box, TIMING_FIELDS, self.values)
         lay.addWidget(time_box)
 
-        store_box = QGroupBox("Cache store")
-        store = _form(store_box, STORE_FIELDS, self.values)
+        self.store_box = store_box = QGroupBox("Cache store")
+        self.store_keys: dict[str, QLabel] = {}
+        store = _form(store_box, STORE_FIELDS, self.values, self.store_keys)
         self.clear_button = QPushButton("Clear cache")
         self.clear_button.setObjectName("clearCacheButton")
         self.clear_button.clicked.connect(self.clearRequested)
@@ -233,6 +240,13 @@ class DebugPanel(QDockWidget):
             self.values["verify"].setText(text)
 
     def show_stats(self, stats: dict[str, Any]) -> None:
+        """The cache store's numbers; attached to a server, each row names what it holds there
+        (no "Memory" row holding an address) and there is no Clear cache: the server's is its own."""
+        remote = "remote" in stats
+        for key, label in STORE_FIELDS:
+            self.store_keys[key].setText(REMOTE_STORE_LABELS.get(key, label) if remote else label)
+        self.store_box.setTitle("Cache store (on the server)" if remote else "Cache store")
+        self.clear_button.setVisible(not remote)
         for key, (text, tip) in stats_rows(stats).items():
             self.values[key].setText(text)
             if tip:

@@ -299,7 +299,7 @@ class MessageWidget(QFrame):
         self.footer.setVisible(is_reply and bool(vm.footer))
         self.footer.setText(vm.footer)
         self.footer.setToolTip(vm.settings_note)
-        self.runs_button.set_runs(vm.run_lines)
+        self.runs_button.set_runs(vm.run_lines, vm.shown)
         inspectable = is_reply and vm.tokens > 0 and vm.status != "generating"
         for w in (self.tokens_button, self.compare_button, self.receipt_button):
             w.setVisible(inspectable)

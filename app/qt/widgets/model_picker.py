@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from PySide6.QtCore import QSize, Signal
-from PySide6.QtWidgets import QComboBox, QWidget
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QPaintEvent
+from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QStylePainter, QWidget
 from shiboken6 import isValid
 
 from app.core.models import discover, entry_name, entry_spec
@@ -38,6 +39,23 @@ class ModelPicker(QComboBox):
         s = super().minimumSizeHint()
         return QSize(min(s.width(), self.MIN_WIDTH), s.height())
 
+    def shown_text(self) -> str:
+        """The current model's name as drawn: elided in the middle when the picker is narrower
+        than the name (never cut off at the edge); the whole name is its tooltip."""
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        field = self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, opt,
+                                            QStyle.SubControl.SC_ComboBoxEditField, self)  # fmt: skip
+        return self.fontMetrics().elidedText(self.currentText(), Qt.TextElideMode.ElideMiddle, field.width() - 4)
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # type: ignore[override]
+        p = QStylePainter(self)
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        p.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
+        opt.currentText = self.shown_text()
+        p.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
+
     def select(self, spec: str, name: str) -> None:
         """Show `spec` as the current model (added if not listed yet)."""
         self.spec, self.name = spec, name
@@ -48,6 +66,7 @@ class ModelPicker(QComboBox):
         elif name:
             self.setItemText(i, name)  # e.g. a server's address, then where its model runs
         self.setCurrentIndex(i)
+        self.setToolTip(f"The model that answers: {self.currentText()}")
         if self.findData(MANAGE) < 0:
             self.insertSeparator(self.count())
             self.addItem("Manage models…", MANAGE)

@@ -7,6 +7,8 @@ others; picking one shows it in the footer and the debug panel.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QToolButton
@@ -25,15 +27,21 @@ class RunsButton(QToolButton):
         self.setMenu(QMenu(self))
         self.lines: tuple[str, ...] = ()
 
-    def set_runs(self, lines: tuple[str, ...]) -> None:
-        """One footer line per run, oldest first; shown only when there is more than one."""
-        if lines == self.lines:
+    def set_runs(self, lines: tuple[str, ...], shown: Optional[int] = None) -> None:
+        """One footer line per run, oldest first, the one shown checked (None: the latest);
+        shown only when there is more than one."""
+        current = len(lines) - 1 if shown is None else shown
+        if lines == self.lines:  # the same runs (a menu entry may be mid-trigger: keep the actions)
+            for k, action in enumerate(self.menu().actions()):
+                action.setChecked(k == current)
             return
         self.lines = lines
         menu = self.menu()
         menu.clear()
         for k, line in enumerate(lines):
             action = QAction(line, menu)
+            action.setCheckable(True)
+            action.setChecked(k == current)
             action.triggered.connect(lambda _=False, k=k, line=line: self.chosen.emit(k, line))
             menu.addAction(action)
         self.setText(f"{len(lines)} runs")

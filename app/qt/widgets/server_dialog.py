@@ -3,6 +3,8 @@ API key. The last address (and the key, when the user lets it be remembered) is 
 
 from __future__ import annotations
 
+import sys
+
 from typing import Optional
 
 from PySide6.QtCore import Signal
@@ -32,7 +34,8 @@ class ServerDialog(QDialog):
         lay = QVBoxLayout(self)
         intro = QLabel("The model runs on the server (one machine, or several ranks started with "
                        "<code>mlx.launch … python -m engine serve</code>); this window sends, "
-                       "regenerates and verifies there. Conversations stay on this Mac.")
+                       "regenerates and verifies there. Conversations stay on this "
+                       + ("Mac." if sys.platform == "darwin" else "computer."))
         intro.setWordWrap(True)
         lay.addWidget(intro)
         form = QFormLayout()

@@ -78,6 +78,11 @@ class Sidebar(QWidget):
         self.search.textChanged.connect(lambda _: self._debounce.start())
         self._quiet = False
 
+    def stop(self) -> None:
+        """The window is closing: a search still waiting for typing to pause is dropped."""
+        self._debounce.stop()
+        self.search.blockSignals(True)
+
     def set_items(self, items: list[ConversationItem], current: Optional[int]) -> None:
         self._quiet = True  # repopulating is not the user choosing a conversation
         try:
