@@ -224,14 +224,9 @@ class Engine:
         lm = self._lm()
         p = self.prepare(request)
         disk = self.cache.disk
-        if disk is not None:
-            disk.hold_writes()  # background snapshot writes wait while the model runs
-        try:
+        with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
                                        p.context.limit)
-        finally:
-            if disk is not None:
-                disk.release_writes()
         result.report.context = p.context
         if disk is not None:
             result.report.warnings = disk.pop_warnings()
