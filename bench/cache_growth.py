@@ -126,12 +126,71 @@ def system_prompt(model: str, work: Path) -> dict:
     return {"on_disk": on_disk, "apart": apart, "ratio": on_disk / apart}
 
 
+def restore(model: str, n: int, work: Path, repeat: int = 3) -> dict:
+    """Time to first token of a regenerate restored from disk (a fresh Engine on the folder: an
+    app restart) and from memory, against the cold run and a decode step, at `n` prompt tokens."""
+    from engine.types import GenerationRequest, SamplerSettings
+
+    root = work / f"restore-{n}"
+    req = None
+    out: dict = {"n": n, "disk": [], "memory": []}
+    for i in range(repeat):
+        engine, _ = C.load_engine(model, cache_dir=root)
+        C.warm_up(engine)
+        msgs = C.messages_for_length(engine, n, salt=4349)
+        req = GenerationRequest(msgs, SamplerSettings(max_tokens=16))
+        r = engine.generate(req)
+        key = "cold" if i == 0 else "disk"
+        if key == "cold":
+            out["cold"] = r.report.ttft_s
+            out["step"] = 1 / r.report.decode_tps if r.report.decode_tps else None
+        else:
+            assert r.report.source == "disk", r.report.source
+            out["disk"].append(r.report.ttft_s)
+        m = engine.generate(req)
+        assert m.report.source == "memory"
+        out["memory"].append(m.report.ttft_s)
+        engine.close()
+    C.log(f"  restore at {n} tokens: cold {C.fmt_s(out['cold'])}, step {C.fmt_s(out['step'])}, "
+          f"disk {', '.join(C.fmt_s(x) for x in out['disk'])}, memory {', '.join(C.fmt_s(x) for x in out['memory'])}")
+    return out
+
+
+def under_load(model: str, work: Path, n: int = 6) -> dict:
+    """Decode speed of back-to-back generations (new ~600-token prompts, 64 tokens each) with the
+    disk tier writing in the background (a write is held at most MAX_HOLD_S, so it lands during
+    the next generations) against the same with no disk tier; and whether every reply reached
+    the disk before the last generation ended."""
+    from engine.types import GenerationRequest, SamplerSettings
+
+    out: dict = {}
+    for label, use_disk in (("memory only", False), ("disk tier", True)):
+        engine, _ = C.load_engine(model, use_disk=use_disk, cache_dir=(work / "load") if use_disk else None)
+        C.warm_up(engine)
+        rates = []
+        for i in range(n):
+            msgs = C.messages_for_length(engine, 600, salt=5000 + i)
+            r = engine.generate(GenerationRequest(msgs, SamplerSettings(max_tokens=64)))
+            rates.append(r.report.decode_tps)
+        entries = engine.cache.disk.stats()["entries"] if use_disk else None
+        out[label] = {"decode_tps": C.median(rates[1:]), "entries_before_close": entries}
+        engine.close()
+    cost = 1 - out["disk tier"]["decode_tps"] / out["memory only"]["decode_tps"]
+    out["decode_cost"] = cost
+    C.log(f"  back to back: decode {out['memory only']['decode_tps']:.1f} tok/s memory only, "
+          f"{out['disk tier']['decode_tps']:.1f} with the disk writing ({cost * 100:+.1f}%); "
+          f"{out['disk tier']['entries_before_close']} of {n} replies on disk before the last ended")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="demo")
     p.add_argument("--turns", type=int, nargs="*", default=[12, 48])
     p.add_argument("--variants", action="store_true", help="also the 4-variant run")
     p.add_argument("--system", action="store_true", help="also the shared system prompt run")
+    p.add_argument("--load", action="store_true", help="also decode speed under back-to-back writes")
+    p.add_argument("--restore", type=int, default=0, help="also time regenerates restored at this many tokens")
     args = p.parse_args()
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="cache-growth-"))
@@ -144,6 +203,10 @@ def main() -> None:
             out["variants"] = variants(args.model, work)
         if args.system:
             out["system"] = system_prompt(args.model, work)
+        if args.load:
+            out["load"] = under_load(args.model, work)
+        if args.restore:
+            out["restore"] = restore(args.model, args.restore, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     C.log("summary:")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Generator, Optional
 
 from engine.cache.disk.tier import DiskCache
 from engine.cache.families import class_names
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError, RequestError
 from engine.generate.context import fit_to_context
 from engine.generate.loop import LoadedModel, drain, stream

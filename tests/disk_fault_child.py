@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from engine.blas import blas_library  # noqa: E402
 from engine.cache.disk.hooks import WriterHooks  # noqa: E402
 from engine.cache.disk.tier import DiskCache  # noqa: E402
-from engine.cache.memory import PromptCache  # noqa: E402
+from engine.cache.prompt_cache import PromptCache  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.types import GenerationRequest, SamplerSettings  # noqa: E402
 

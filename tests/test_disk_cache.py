@@ -29,7 +29,7 @@ from engine.cache.disk import format as disk_format
 from engine.cache.disk import writer as dw
 from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.tier import DiskCache
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.cache.snapshot import Snapshot
 from engine.engine import Engine
 from engine.errors import SnapshotError

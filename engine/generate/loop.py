@@ -36,7 +36,7 @@ from engine.cache.families import (
     quantized_cache,
     trimmable,
 )
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.cache.namespace import cache_key
 from engine.cache.planner import SnapshotMeta, chunks, exact_at, schedule_cuts
 from engine.cache.snapshot import (

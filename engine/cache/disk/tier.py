@@ -74,7 +74,7 @@ from engine.cache.disk.pack import Entry, LoadedPack, PackRow, assemble, decode_
 from engine.cache.disk.writer import MAX_PENDING_BYTES, TMP_PREFIX, WriterThread, WriteTask
 from engine.cache.families import persisted
 from engine.cache.planner import SnapshotMeta
-from engine.cache.snapshot import Snapshot, cache_nbytes
+from engine.cache.snapshot import Snapshot, cache_nbytes, new_snapshot_id
 from engine.errors import SnapshotError
 from engine.paths import prompt_cache_dir
 
@@ -223,20 +223,23 @@ class DiskCache(WriterThread):
         self._index = Index(self.env)
         self._open_index()
 
-    def load(self, meta: SnapshotMeta) -> Snapshot:
+    def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> Snapshot:
         """Read, verify and rebuild a snapshot (on the calling thread, which owns the arrays).
 
         A pack that fails its checks makes every snapshot using it unusable (removed, and the
         error says which pack). A reader that finds a pack gone (the writer instance evicted it)
         gets the longest prefix of the snapshot whose blocks are still there, if its layers allow
-        cutting it; the caller sees a shorter snapshot."""
+        cutting it; the caller sees a shorter snapshot. `upto`: the caller restores only that
+        many tokens; a snapshot that can be cut is then read only up to the first block end at
+        or past it (a regenerate does not read the decoded tail), as a shorter snapshot of its own
+        id (the one on disk stays whole)."""
         with self._lock:
             entry = self._index.get(meta.id)
             index = self._index
         if entry is None:
             raise SnapshotError("not in the disk index")
         try:
-            snap = self._read(entry, index)
+            snap = self._read(entry, index, upto)
         except SnapshotError as e:
             self.load_errors += 1
             self.remove(meta.id)
@@ -440,7 +443,7 @@ class DiskCache(WriterThread):
             self._remove_pack_users(row.id)
             raise
 
-    def _read(self, entry: Entry, index: Index) -> Snapshot:
+    def _read(self, entry: Entry, index: Index, upto: Optional[int] = None) -> Snapshot:
         meta = entry.meta
         if entry.env != self.env:
             raise SnapshotError("computed in another environment")
@@ -450,11 +453,14 @@ class DiskCache(WriterThread):
         loaded: dict[str, LoadedPack] = {}
         pieces: list[tuple[LoadedPack, int, int]] = []
         gone: Optional[SnapshotError] = None
+        short = upto is not None and entry.whole is None and meta.trimmable and upto < meta.length
         for k in entry.blocks:
             loc = index.blocks.get(k)
             if loc is None:
                 raise SnapshotError(f"block {k} is not on disk")
             pid, a, b, _ = loc
+            if short and upto is not None and a >= upto:
+                break  # the rest is past what the caller restores
             if pid not in loaded:
                 try:
                     loaded[pid] = self._read_pack(index.packs[pid])
@@ -478,6 +484,10 @@ class DiskCache(WriterThread):
             if n == 0 or entry.whole is not None or not meta.trimmable:
                 raise gone
             meta = replace(meta, tokens=meta.tokens[:n], kind="partial", **prefix_meta_fields(meta, n))
+        elif short and pieces and pieces[-1][2] < meta.length:
+            n = pieces[-1][2]
+            meta = replace(meta, id=new_snapshot_id(), tokens=meta.tokens[:n], kind="partial",
+                           nbytes=meta.nbytes * n // meta.length, **prefix_meta_fields(meta, n))
         try:
             cache = assemble(meta, pieces, whole)
         except SnapshotError as e:

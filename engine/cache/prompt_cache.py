@@ -11,9 +11,8 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
-from engine.cache.families import cut_back
 from engine.cache.planner import Plan, SnapshotMeta, dominates, plan_restore
-from engine.cache.snapshot import DiskTier, Snapshot, clone_cache
+from engine.cache.snapshot import DiskTier, Snapshot, restore_copy
 from engine.errors import SnapshotError
 
 
@@ -93,13 +92,12 @@ class PromptCache:
             if plan.meta is None:
                 return plan, None
             try:
-                snap = self._get(plan.meta, plan.source)
+                snap = self._get(plan.meta, plan.source, plan.reuse)
                 if snap.meta.length < plan.reuse:  # the disk had only a prefix left: plan again
                     declines.append(f"{plan.source} snapshot {plan.meta.id}: only {snap.meta.length} "
                                     f"of {plan.meta.length} tokens left on disk")
                     continue
-                cache = clone_cache(snap.cache)
-                cut_back(cache, plan.meta.length - plan.reuse)
+                cache = restore_copy(snap.cache, plan.reuse)  # private, with room to grow
             except SnapshotError as e:
                 declines.append(f"{plan.source} snapshot {plan.meta.id} unusable: {e}")
                 excluded.add(plan.meta.id)
@@ -109,14 +107,14 @@ class PromptCache:
             self.hits += 1
             return plan, cache
 
-    def _get(self, meta: SnapshotMeta, source: Optional[str]) -> Snapshot:
+    def _get(self, meta: SnapshotMeta, source: Optional[str], upto: Optional[int] = None) -> Snapshot:
         with self._lock:
             snap = self._items.get(meta.id)
             if snap is not None:
                 self._items.move_to_end(meta.id)
                 return snap
         if source == "disk" and self.disk is not None:
-            snap = self.disk.load(meta)
+            snap = self.disk.load(meta, upto)
             snap.source = "disk"
             self.put(snap, persist=False)  # promote to memory
             return snap
