@@ -240,3 +240,29 @@ def test_a_folder_of_the_old_format_is_removed_with_one_line(tmp_path, caplog):
     assert d.flush(10)
     d.close()
     assert json.loads((root / "index.json").read_text())["version"] == 3
+
+
+def test_a_reader_whose_blocks_vanish_restores_the_longest_prefix_left(tmp_path):
+    """A second instance reads while the first writes; the writer removes B's own pack (an
+    eviction the reader has not seen yet): the reader restores the prefix of B still on disk
+    (A's blocks, bit for bit) instead of dropping it."""
+    root = tmp_path / "c"
+    a, b, _ = _a_and_b(root)
+    writer = DiskCache(root, budget_bytes=1 << 30)
+    reader = DiskCache(root, budget_bytes=1 << 30)
+    assert writer.stats()["writable"] and not reader.stats()["writable"]
+    doc = json.loads((root / "index.json").read_text())
+    own = [p for p in doc["packs"] if p["start"] == 16]
+    assert len(own) == 1
+    (root / "snapshots" / f"{own[0]['id']}.safetensors").unlink()
+    meta_b = next(m for m in reader.entries(KEY) if m.id == b.meta.id)
+    got = reader.load(meta_b)
+    assert got.meta.length == 16 and got.meta.tokens == a.meta.tokens
+    assert same_state(got.cache, a.cache)
+    # The same through the prompt cache: the plan for B's tokens ends on the prefix that is left.
+    front = PromptCache(disk=reader)
+    plan, cache = front.fetch(KEY, list(b.meta.tokens) + [99], "fast", ())
+    assert plan.reuse == 16 and cache is not None and cache[0].offset == 16
+    assert any("left on disk" in d for d in plan.declines), plan.declines
+    reader.close()
+    writer.close()

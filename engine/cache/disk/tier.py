@@ -462,8 +462,11 @@ class DiskCache(WriterThread):
             if short and upto is not None and a >= upto:
                 break  # the rest is past what the caller restores
             if pid not in loaded:
+                row = index.packs.get(pid)
                 try:
-                    loaded[pid] = self._read_pack(index.packs[pid])
+                    if row is None:  # the writer collected it meanwhile
+                        raise SnapshotError(f"pack {pid} missing")
+                    loaded[pid] = self._read_pack(row)
                 except SnapshotError as e:
                     if self.writable or "missing" not in str(e):
                         raise

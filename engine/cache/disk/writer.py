@@ -256,6 +256,7 @@ class WriterThread:
             return
         names, rows = self._plan_packs(snap)
         self._evict(sum(nb for r in rows for _, _, nb in r.blocks))
+        names, rows = self._plan_packs(snap)  # again: the eviction may have freed blocks it shared
         t0 = time.perf_counter()
         self._write_started = time.monotonic()
         self.hooks.point("begin")
