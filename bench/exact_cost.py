@@ -25,7 +25,7 @@ MODES = ("none", "exact", "fast")
 
 
 def measure(model: str, quick: bool) -> dict:
-    from engine.cache.memory import PromptCache
+    from engine.cache.prompt_cache import PromptCache
     from engine.types import GenerationRequest, SamplerSettings
 
     engine, _ = C.load_engine(model, use_disk=False)

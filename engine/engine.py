@@ -17,7 +17,7 @@ from typing import Any, Callable, Generator, Optional
 
 from engine.cache.disk.tier import DiskCache
 from engine.cache.families import class_names
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.constraint import check_tool_results
 from engine.errors import EngineError, GGUFError, ModelError, RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
@@ -258,14 +258,9 @@ class Engine:
         lm = self._lm()
         p = self.prepare(request)
         disk = self.cache.disk
-        if disk is not None:
-            disk.hold_writes()  # background snapshot writes wait while the model runs
-        try:
+        with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
                                        p.context.limit, self._guide(p.grammar))
-        finally:
-            if disk is not None:
-                disk.release_writes()
         result.report.context = p.context
         if disk is not None:
             result.report.warnings = disk.pop_warnings()

@@ -3,12 +3,13 @@
 Usage: python tests/disk_fault_child.py SPEC.json
 SPEC: {"cache_dir": str, "chunk": int, "out": str,
        "runs": [{"model": str, "messages": [...], "max_tokens": int}, ...],
-       "hook": {"trace": str, "sleep": {point: seconds}}   (optional)}
+       "hook": {"trace": str, "sleep": {point: seconds}, "after_done": int}   (optional)}
 Each run builds its own Engine on the same cache dir (like an app restart would), generates,
 and closes it (which flushes pending writes). Results are written to `out` as JSON after every
 run, so a parent that kills this process mid-way still sees what finished.
 With "hook", the disk writer appends every point it reaches (engine/cache/disk/hooks.py) to the
-"trace" file and sleeps at the named ones, so that the parent can kill it exactly there.
+"trace" file and sleeps at the named ones (once "after_done" saves have finished), so that the
+parent can kill it exactly there.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from engine.blas import blas_library  # noqa: E402
 from engine.cache.disk.hooks import WriterHooks  # noqa: E402
 from engine.cache.disk.tier import DiskCache  # noqa: E402
-from engine.cache.memory import PromptCache  # noqa: E402
+from engine.cache.prompt_cache import PromptCache  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.types import GenerationRequest, SamplerSettings  # noqa: E402
 
@@ -35,12 +36,16 @@ class TraceHooks(WriterHooks):
     def __init__(self, spec: dict) -> None:
         self.trace = spec.get("trace")
         self.sleep = spec.get("sleep") or {}
+        self.after_done = int(spec.get("after_done", 0))  # sleep only once this many saves finished
+        self.done = 0
 
     def point(self, name: str) -> None:
         if self.trace:
             with open(self.trace, "a") as f:
                 f.write(name + "\n")
-        if self.sleep.get(name):
+        if name == "done":
+            self.done += 1
+        if self.sleep.get(name) and self.done >= self.after_done:
             time.sleep(float(self.sleep[name]))  # the parent kills this process meanwhile
 
 
@@ -48,10 +53,11 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(spec["out"])
     results = []
+    hooks = TraceHooks(spec["hook"]) if spec.get("hook") else None  # one for all runs: it counts saves
     for run in spec["runs"]:
-        if spec.get("hook"):
+        if hooks is not None:
             eng = Engine(use_disk=False, chunk=int(spec.get("chunk", 8)))
-            eng.cache = PromptCache(disk=DiskCache(Path(spec["cache_dir"]), hooks=TraceHooks(spec["hook"])))
+            eng.cache = PromptCache(disk=DiskCache(Path(spec["cache_dir"]), hooks=hooks))
         else:
             eng = Engine(cache_dir=Path(spec["cache_dir"]), chunk=int(spec.get("chunk", 8)))
         eng.load(run["model"])

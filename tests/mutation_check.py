@@ -51,6 +51,7 @@ SS = "tests/test_stop_strings.py::"
 AR = "tests/test_app_remote.py::"
 RE = "tests/test_remote.py::"
 WT = "tests/test_app_window_truth.py::"
+BS = "tests/test_block_store.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -145,7 +146,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "memory tier evicts first in, not least recently used",
-        (("engine/cache/memory.py", "                self._items.move_to_end(meta.id)\n", ""),),
+        (("engine/cache/prompt_cache.py", "                self._items.move_to_end(meta.id)\n", ""),),
         (EC + "test_memory_budget_evicts_least_recently_used",),
     ),
     Mutation(
@@ -173,7 +174,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the memory tier returns snapshots of any model, not only the loaded one",
-        (("engine/cache/memory.py", ' for s in self._items.values() if s.meta.model_key == model_key]',
+        (("engine/cache/prompt_cache.py", ' for s in self._items.values() if s.meta.model_key == model_key]',
           ' for s in self._items.values()]'),),
         (EP + "test_two_models_in_one_engine_never_share_snapshots",),
     ),
@@ -330,6 +331,34 @@ MUTATIONS: list[Mutation] = [
         (("engine/bridge.py", "    executor.submit(run).add_done_callback(finished)\n",
           "    job = executor.submit(run)\n    job.add_done_callback(finished)\n    job.exception()\n"),),
         ("tests/test_app_window.py::test_gui_thread_never_waits_on_the_engine_during_generation",),
+    ),
+    # issue 27: the block store (blocks named by their history, shared, freed, committed in order)
+    Mutation(
+        "a block keyed without its cut history (the forwards that computed it)",
+        (("engine/cache/blocks.py", "list(meta.tokens[a:b]), forwards_of(meta.forwards, a, b)]",
+          "list(meta.tokens[a:b]), []]"),),
+        (BS + "test_block_names_chain_tokens_history_and_key",
+         BS + "test_exact_and_decoded_blocks_of_the_same_tokens_are_kept_apart"),
+    ),
+    Mutation(
+        "a block keyed without the namespace",
+        (("engine/cache/blocks.py", 'root.update(env.encode() + b"\\0" + meta.model_key.encode() + b"\\0")',
+          'root.update(env.encode() + b"\\0" + meta.model_key.split("-ns-")[0].encode() + b"\\0")'),),
+        (BS + "test_block_names_chain_tokens_history_and_key",
+         BS + "test_two_namespaces_never_share_blocks"),
+    ),
+    Mutation(
+        "a block freed while a snapshot still uses it",
+        (("engine/cache/disk/index.py", "            for users in self._users.values():\n                users.discard(sid)\n",
+          "            for users in self._users.values():\n                if sid in users:\n                    users.clear()\n"),),
+        (BS + "test_a_block_shared_by_two_snapshots_outlives_the_one_removed",),
+    ),
+    Mutation(
+        "a manifest committed before its blocks are on disk",
+        (("engine/cache/disk/writer.py", "            for row in rows:\n                size += self._write_pack(snap, row, written)\n"
+          "            commit()\n",
+          "            commit()\n            for row in rows:\n                size += self._write_pack(snap, row, written)\n"),),
+        (DC + "test_sigkill_while_writing_leaves_consistent_cache",),
     ),
 ]
 

@@ -29,7 +29,7 @@ from engine.cache.disk import format as disk_format
 from engine.cache.disk import writer as dw
 from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.tier import DiskCache
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.cache.snapshot import Snapshot
 from engine.engine import Engine
 from engine.errors import SnapshotError
@@ -75,22 +75,37 @@ def cold(model: Path, messages=MESSAGES) -> tuple[list[int], list[float]]:
 
 
 def index_rows(cache_dir: Path) -> list[dict[str, Any]]:
+    """The manifests (one per snapshot) in the index."""
     return json.loads((cache_dir / "index.json").read_text())["entries"]
 
 
+def pack_rows(cache_dir: Path) -> list[dict[str, Any]]:
+    return json.loads((cache_dir / "index.json").read_text())["packs"]
+
+
 def snapshot_files(cache_dir: Path) -> list[Path]:
+    """The pack files (each holds one save's new blocks and its snapshot's whole pieces)."""
     return sorted((cache_dir / "snapshots").iterdir())
 
 
+def packs_used(cache_dir: Path, row: dict[str, Any]) -> list[Path]:
+    """The pack files a manifest's blocks and whole pieces are in."""
+    where = {k: p["id"] for p in pack_rows(cache_dir) for _, k, _ in p["blocks"]}
+    ids = {where[k] for k in row["blocks"]} | ({row["whole"]} if row["whole"] else set())
+    return sorted(cache_dir / "snapshots" / f"{i}.safetensors" for i in ids)
+
+
 def assert_consistent(cache_dir: Path) -> None:
-    """Index and files agree: every entry's file exists with its size and checksum; nothing else."""
-    rows = index_rows(cache_dir)
-    names = {f"{r['id']}.safetensors" for r in rows}
-    assert {p.name for p in snapshot_files(cache_dir)} == names
-    for r in rows:
-        data = (cache_dir / "snapshots" / f"{r['id']}.safetensors").read_bytes()
-        assert len(data) == r["file_bytes"]
-        assert hashlib.sha256(data).hexdigest() == r["sha256"]
+    """Index and files agree: every pack's file exists with its size and checksum, every block a
+    manifest names is in a listed pack, every pack is used by some manifest; no other file."""
+    rows, packs = index_rows(cache_dir), pack_rows(cache_dir)
+    assert {p.name for p in snapshot_files(cache_dir)} == {f"{p['id']}.safetensors" for p in packs}
+    for p in packs:
+        data = (cache_dir / "snapshots" / f"{p['id']}.safetensors").read_bytes()
+        assert len(data) == p["file_bytes"]
+        assert hashlib.sha256(data).hexdigest() == p["sha256"]
+    used = {f.name for r in rows for f in packs_used(cache_dir, r)}  # KeyError: a block not on disk
+    assert used == {f"{p['id']}.safetensors" for p in packs}, "a pack no snapshot uses was kept"
 
 
 def child_env(reference_blas: bool = False, **extra: str) -> dict[str, str]:
@@ -185,8 +200,11 @@ def test_entries_from_another_compute_environment_are_kept_but_never_returned(tm
 # ---------------------------------------------------------------------------------------------
 # SIGKILL while a snapshot is being written
 
-# Writer points (engine/cache/disk/), in order; the index lists an entry from index_written on.
-KILL_POINTS = ["begin", "temp_partial", "temp_synced", "index_tmp", "index_written", "renamed"]
+# Writer points (engine/cache/disk/), in order: the pack (its blocks), then the manifest commit
+# (the index); the index lists the snapshot from index_written on.
+KILL_POINTS = ["begin", "temp_partial", "temp_synced", "renamed", "index_tmp", "index_written"]
+TURN2 = MESSAGES + [{"role": "assistant", "content": "A prompt cache keeps model state."},
+                    {"role": "user", "content": "And then?"}]
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
@@ -196,15 +214,9 @@ def test_sigkill_while_writing_leaves_consistent_cache(models, tmp_path, point):
     hook = {"trace": str(trace), "sleep": {point: 120}}
     run = [{"model": str(models["llama"]), "messages": MESSAGES, "max_tokens": MAX_TOKENS}]
     proc = run_child(tmp_path, "victim", cache_dir, run, child_env(), hook)  # restored here below
-    deadline = time.monotonic() + 60
-    while not (trace.exists() and point in trace.read_text().split()):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the writer never reached " + point
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
-    left = [p.name for p in (cache_dir / "snapshots").iterdir()]
-    if point in ("temp_partial", "temp_synced", "index_tmp", "index_written"):
+    _kill_at(proc, trace, point)
+    left = [p.name for p in cache_dir.rglob("*")]
+    if point in ("temp_partial", "temp_synced", "index_tmp"):
         assert any(n.startswith(".tmp-") for n in left), left  # the kill really hit mid-write
 
     disk = DiskCache(cache_dir, budget_bytes=1 << 30)
@@ -215,15 +227,68 @@ def test_sigkill_while_writing_leaves_consistent_cache(models, tmp_path, point):
         assert_consistent(cache_dir)
     else:
         assert not snapshot_files(cache_dir)
-    # Only a write that got past its rename may be restored; anything earlier leaves nothing.
-    assert stats["entries"] == (1 if point == "renamed" else 0), stats
+    # Only a write whose manifest was committed may be restored; anything earlier leaves nothing.
+    assert stats["entries"] == (1 if point == "index_written" else 0), stats
+    # Packs renamed but never named by a committed index are garbage; a committed index names
+    # only packs that are there (none rejected on open).
+    assert (stats["orphans_removed_on_open"] >= 1) == (point in ("renamed", "index_tmp")), stats
+    assert stats["rejected_on_open"] == 0, stats
 
     eng = engine(models["llama"], cache_dir)
     r = eng.generate(req())
     eng.close()
-    assert r.report.source == ("disk" if point == "renamed" else None)
+    assert r.report.source == ("disk" if point == "index_written" else None)
     assert r.report.declines == []
     assert (r.tokens, r.logprobs) == cold(models["llama"])
+    assert_consistent(cache_dir)
+
+
+def _kill_at(proc: subprocess.Popen, trace: Path, point: str, after_done: int = 0) -> None:
+    """SIGKILL the child once its writer reached `point` (after `after_done` finished saves)."""
+    deadline = time.monotonic() + 60
+    while True:
+        seen = trace.read_text().split() if trace.exists() else []
+        done_at = [i for i, p in enumerate(seen) if p == "done"]
+        tail = seen[done_at[after_done - 1] + 1:] if after_done and len(done_at) >= after_done else (
+            seen if not after_done else [])
+        if point in tail:
+            break
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the writer never reached " + point
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_sigkill_while_a_second_turn_shares_blocks_loses_nothing_referenced(models, tmp_path, point):
+    """Turn 1 is on disk; turn 2 (which shares turn 1's blocks up to turn 1's reply) is killed at
+    each step of its pack write and its manifest commit: turn 1 still restores exactly, turn 2
+    exists only if its manifest was committed, and nothing on disk is left unaccounted for."""
+    cache_dir = tmp_path / "cache"
+    trace = tmp_path / "trace"
+    hook = {"trace": str(trace), "sleep": {point: 120}, "after_done": 1}
+    runs = [{"model": str(models["llama"]), "messages": m, "max_tokens": MAX_TOKENS} for m in (MESSAGES, TURN2)]
+    proc = run_child(tmp_path, "victim", cache_dir, runs, child_env(), hook)
+    _kill_at(proc, trace, point, after_done=1)
+    disk = DiskCache(cache_dir, budget_bytes=1 << 30)
+    stats = disk.stats()
+    disk.close()
+    assert not [p for p in cache_dir.rglob(".tmp-*")]
+    assert_consistent(cache_dir)
+    assert stats["entries"] == (2 if point == "index_written" else 1), stats
+    assert stats["rejected_on_open"] == 0, stats
+    if point == "index_written":
+        first, second = sorted(index_rows(cache_dir), key=lambda r: len(r["tokens"]))
+        assert second["blocks"][:3] == first["blocks"][:3]  # shared, stored once
+    for messages in (MESSAGES, TURN2):
+        eng = engine(models["llama"], cache_dir)
+        r = eng.generate(req(messages))
+        eng.close()
+        assert r.report.declines == []
+        assert (r.tokens, r.logprobs) == cold(models["llama"], messages)
+        if messages is MESSAGES:
+            assert r.report.source == "disk" and r.report.restored == r.report.prompt_tokens - 1
     assert_consistent(cache_dir)
 
 
@@ -249,8 +314,9 @@ def test_corrupt_snapshot_is_declined_removed_and_reply_equals_cold(models, tmp_
     eng = engine(models["llama"], cache_dir)
     first = eng.generate(req())
     eng.close()
-    files = snapshot_files(cache_dir)
-    assert len(files) == 1  # "end" (it serves every restore "pre-last" could, so that one went)
+    [row] = index_rows(cache_dir)  # "end" (it serves every restore "pre-last" could, so that one went)
+    files = packs_used(cache_dir, row)
+    assert files == snapshot_files(cache_dir) and len(files) == 2  # its prefill's blocks, its decoded tail
 
     eng = engine(models["llama"], cache_dir)  # the index is loaded; now the file goes bad
     for f in files:
@@ -261,7 +327,7 @@ def test_corrupt_snapshot_is_declined_removed_and_reply_equals_cold(models, tmp_
     assert r.report.restored == 0
     unusable = [d for d in r.report.declines if "unusable" in d]
     assert unusable, r.report.declines
-    assert not {f.stem for f in files} & {m.id for m in disk.entries(eng.lm.key)}  # dropped at once
+    assert row["id"] not in {m.id for m in disk.entries(eng.lm.key)}  # dropped at once
     eng.close()
     for d in unusable:
         sid = d.split("snapshot ")[1].split(" unusable")[0]
@@ -277,7 +343,7 @@ def test_one_bad_snapshot_falls_back_to_another(models, tmp_path):
     eng.close()
     eng = engine(models["gemma3"], cache_dir)
     pre_last = next(r for r in index_rows(cache_dir) if r["kind"] == "pre-last")
-    _corrupt(cache_dir / "snapshots" / f"{pre_last['id']}.safetensors", "flip")
+    _corrupt(cache_dir / "snapshots" / f"{pre_last['whole']}.safetensors", "flip")  # its own pack
     r = eng.generate(req())
     eng.close()
     assert any(pre_last["id"] in d and "checksum" in d for d in r.report.declines), r.report.declines
@@ -287,47 +353,48 @@ def test_one_bad_snapshot_falls_back_to_another(models, tmp_path):
 
 
 def test_damage_found_on_open_and_tampered_entries(models, tmp_path):
+    """A pack truncated before open makes exactly the snapshots using it unusable (rejected on
+    open); a manifest whose history was edited no longer matches its blocks' names (declined)."""
     cache_dir = tmp_path / "cache"
     eng = engine(models["lfm2"], cache_dir)
     eng.generate(req())
+    eng.generate(req(OTHER))
     eng.close()
     rows = index_rows(cache_dir)
-    assert len(rows) == 3
-    by_kind = {r["kind"]: r for r in rows}
-    snaps = cache_dir / "snapshots"
-    # Truncated before open: the size check rejects it at once.
-    _corrupt(snaps / f"{by_kind['boundary']['id']}.safetensors", "truncate")
-    # Same bytes, but the index says something else about them: the header check catches it.
+    assert len(rows) == 6  # boundary, pre-last and end of each prompt
+    # The first prompt's boundary pack holds blocks its pre-last and end use too.
+    boundary = next(r for r in rows if r["kind"] == "boundary" and r["tokens"] == rows[0]["tokens"][: len(r["tokens"])])
+    bad = packs_used(cache_dir, boundary)[-1]
+    users = [r["id"] for r in rows if bad in packs_used(cache_dir, r)]
+    assert len(users) >= 3
+    rest = [r for r in rows if r["id"] not in users]
+    _corrupt(bad, "truncate")
     doc = json.loads((cache_dir / "index.json").read_text())
-    for r in doc["entries"]:
-        if r["kind"] == "pre-last":
-            r["nbytes"] += 1
-        if r["kind"] == "end":  # another snapshot's valid bytes under this entry
-            r["sha256"], r["file_bytes"] = by_kind["pre-last"]["sha256"], by_kind["pre-last"]["file_bytes"]
-            shutil.copy(snaps / f"{by_kind['pre-last']['id']}.safetensors", snaps / f"{r['id']}.safetensors")
+    victim = next(r for r in doc["entries"] if r["kind"] == "pre-last" and r["id"] not in users)
+    n = len(victim["tokens"])
+    victim["forwards"] = [[0, n, n]]  # a history it did not have: its blocks' names disagree
     (cache_dir / "index.json").write_text(json.dumps(doc))
     eng = engine(models["lfm2"], cache_dir)
-    assert eng.cache.disk.stats()["rejected_on_open"] == 1
+    stats = eng.cache.disk.stats()
+    assert stats["rejected_on_open"] == 1 + len(users), stats  # the pack and exactly its users
+    assert {m.id for m in eng.cache.disk.entries(eng.lm.key)} == {r["id"] for r in rest}
     r = eng.generate(req())
-    eng.close()
     assert r.report.source is None
-    assert any("does not match its index entry" in d for d in r.report.declines), r.report.declines
     assert (r.tokens, r.logprobs) == cold(models["lfm2"])
+    r2 = eng.generate(req(OTHER))
+    eng.close()
+    assert any(victim["id"] in d and "do not match" in d for d in r2.report.declines), r2.report.declines
+    assert (r2.tokens, r2.logprobs) == cold(models["lfm2"], OTHER)
     assert_consistent(cache_dir)
 
 
 def _forge_meta(cache_dir: Path, sid: str, **changes: Any) -> None:
-    """Change one snapshot's meta consistently in its file header and its index row, checksum
-    and size recomputed: what a writer bug or a crafted cache folder would leave."""
-    path = cache_dir / "snapshots" / f"{sid}.safetensors"
-    tensors, md = mx.load(str(path), return_metadata=True)
-    meta = {**json.loads(md["meta"]), **changes}
-    mx.save_safetensors(str(path), tensors, metadata={**md, "meta": json.dumps(meta, separators=(",", ":"))})
-    data = path.read_bytes()
+    """Change one snapshot's manifest in the index (a snapshot's meta is nowhere else): what a
+    writer bug or a crafted cache folder would leave."""
     doc = json.loads((cache_dir / "index.json").read_text())
     for r in doc["entries"]:
         if r["id"] == sid:
-            r.update(changes, file_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+            r.update(changes)
     (cache_dir / "index.json").write_text(json.dumps(doc))
 
 
@@ -414,7 +481,7 @@ def test_disk_full_generation_completes_user_told_once(models, tmp_path, monkeyp
     assert told == warnings and eng.cache.disk.pop_warnings() == []
     assert again.report.source == "memory" and (again.tokens, again.logprobs) == (a.tokens, a.logprobs)
     assert b.tokens and stats["entries"] == 0
-    assert not list((cache_dir / "snapshots").iterdir())  # no temp file left behind
+    assert not list((cache_dir / "snapshots").iterdir())  # no temp file (nor pack) left behind
     # Space comes back: writing resumes without a restart.
     monkeypatch.undo()
     monkeypatch.setenv("VERBATIM_CACHE_DIR", str(tmp_path / "memo"))
@@ -604,7 +671,7 @@ def test_hostile_index_entries_are_rejected(tmp_path):
     victim = tmp_path / "x.safetensors"  # what "../x" would reach
     victim.write_bytes(b"precious")
     outside = tmp_path / "outside.safetensors"
-    outside.write_bytes((root / "snapshots" / f"{good['id']}.safetensors").read_bytes())
+    outside.write_bytes(packs_used(root, good)[0].read_bytes())
     bad = [
         {**good, "id": "../x"},
         {**good, "id": "/etc/passwd"},
@@ -616,11 +683,13 @@ def test_hostile_index_entries_are_rejected(tmp_path):
         {**good, "id": "y", "tokens": [1, -2]},
         {**good, "id": "z", "tokens": [1] * (disk_format.MAX_TOKENS + 1)},
         {**good, "id": "w", "nbytes": -1},
-        {**good, "id": "v", "file_bytes": 10**15},
+        {**good, "id": "v", "blocks": ["../../x"]},
         {**good, "id": "u", "classes": ["os.system"]},
         {**good, "id": "t", "kind": "evil"},
         {**good, "id": "s", "exact_cuts": [10**9]},
-        {**good, "id": "r", "sha256": "zz"},
+        {**good, "id": "r", "blocks": ["f" * 40]},  # a block no pack holds
+        {**good, "id": "o", "whole": "../x"},
+        {**good, "id": "n", "forwards": [[0, 5, 2]]},
         {**good, "id": "q", "model_key": "../../k"},
         {**good, "id": "p", "exact_cuts": [3, 2]},
         "not an object",
@@ -628,12 +697,24 @@ def test_hostile_index_entries_are_rejected(tmp_path):
         {**good},  # a duplicate id
     ]
     doc = json.loads((root / "index.json").read_text())
+    [pack] = doc["packs"]
+    bad_packs = [
+        {**pack, "id": "../x"},
+        {**pack, "id": "s"},  # a symlink out of the folder
+        {**pack, "id": "m", "file_bytes": 10**15},
+        {**pack, "id": "l", "sha256": "zz"},
+        {**pack, "id": "j", "blocks": [[pack["end"] + 5, "a" * 40, 1]]},
+        {**pack, "id": "i", "start": -1},
+        "not a pack",
+        {**pack},  # a duplicate id
+    ]
     doc["entries"] = [good] + bad
+    doc["packs"] = [pack] + bad_packs
     (root / "index.json").write_text(json.dumps(doc))
     os.symlink(outside, root / "snapshots" / "s.safetensors")  # a link out of the folder
     d = DiskCache(root, budget_bytes=1 << 30)
     assert [m.id for m in d.entries(KEY)] == [good["id"]]
-    assert d.stats()["rejected_on_open"] == len(bad)
+    assert d.stats()["rejected_on_open"] == len(bad) + len(bad_packs)
     d.clear()
     d.close()
     assert victim.read_bytes() == b"precious" and outside.exists()
@@ -650,20 +731,22 @@ def test_hostile_file_with_matching_checksum_is_refused(tmp_path):
     """Index and file both forged (checksums match): the header is still validated before use."""
     root = tmp_path / "c"
     good = write_one_entry(root)
-    path = root / "snapshots" / f"{good['id']}.safetensors"
+    [path] = packs_used(root, good)
     header = disk_format.read_header(path)["__metadata__"]
+    deep = {"l": [{"l": [{"l": [{"l": [{"l": [{"l": [{"l": [{"l": [{"l": [{"l": []}]}]}]}]}]}]}]}]}]}
     forgeries = {
-        "missing tensor": dict(header, layers=json.dumps([{"a": "nope"}, {"a": "nope"}])),
-        "deep structure": dict(header, layers=json.dumps([{"l": [{"l": [{"l": [{"l": [{"l": [{"l": [
-            {"l": [{"l": [{"l": [{"l": []}]}]}]}]}]}]}]}]}]}] * 2)),
+        "missing tensor": dict(header, layers=json.dumps({"0": {"a": "nope"}, "1": {"a": "nope"}})),
+        "deep structure": dict(header, layers=json.dumps({"0": deep, "1": deep})),
         "bad version": dict(header, version="99"),
-        "wrong offset": dict(header, layers=json.dumps([{"t": [{"v": None}, {"v": None}, {"v": 5}]}] * 2)),
+        "no arrays": dict(header, layers=json.dumps({str(i): {"t": [{"v": None}, {"v": None}, {"v": 5}]}
+                                                     for i in range(2)})),
+        "other blocks": dict(header, pack=header["pack"].replace('"start":0', '"start":1')),
     }
     doc = json.loads((root / "index.json").read_text())
 
     def forge(data: bytes) -> None:
         path.write_bytes(data)
-        doc["entries"] = [dict(good, file_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())]
+        doc["packs"] = [dict(doc["packs"][0], file_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())]
         (root / "index.json").write_text(json.dumps(doc))
 
     for why, md in forgeries.items():
@@ -772,7 +855,8 @@ class Parked(WriterHooks):
         return self.event.wait(timeout)
 
 
-def test_writes_wait_while_a_generation_holds_them(models, tmp_path):
+def test_writes_wait_while_a_generation_holds_them(models, tmp_path, monkeypatch):
+    monkeypatch.setattr(dw, "MAX_HOLD_S", 3600.0)  # the hold's time limit is the next test's
     eng = engine(models["llama"], tmp_path / "cache")
     disk = eng.cache.disk
     disk.hooks = parked = Parked("held")
@@ -794,6 +878,7 @@ def test_writes_wait_while_a_generation_holds_them(models, tmp_path):
 
 def test_a_write_in_progress_pauses_for_a_generation(models, tmp_path, monkeypatch):
     """A hold that arrives mid-write parks the writer between arrays; the file completes after."""
+    monkeypatch.setattr(dw, "MAX_HOLD_S", 3600.0)
     eng = engine(models["llama"], tmp_path / "cache")
     disk = eng.cache.disk
     started = threading.Event()

@@ -57,9 +57,18 @@ def _flip(path: Path) -> None:
 
 
 def _longest_snapshot(rank_dir: Path) -> Path:
-    entries = json.loads((rank_dir / "index.json").read_text())["entries"]
-    longest = max(entries, key=lambda e: len(e["tokens"]))
-    return rank_dir / "snapshots" / f"{longest['id']}.safetensors"
+    """The pack holding the longest snapshot's last prefilled block (the disk tier's block store:
+    engine/cache/disk/pack.py): damaged, that snapshot is unusable, shorter ones are not."""
+    doc = json.loads((rank_dir / "index.json").read_text())
+    longest = max(doc["entries"], key=lambda e: len(e["tokens"]))
+    last_exact = longest["exact_cuts"][-1]
+    for p in doc["packs"]:
+        start = p["start"]
+        for end, name, _ in p["blocks"]:
+            if name in longest["blocks"] and start < last_exact <= end:
+                return rank_dir / "snapshots" / f"{p['id']}.safetensors"
+            start = end
+    raise AssertionError("no pack holds the longest snapshot's prefill")
 
 
 def test_two_ranks_exact_cache_restart_and_lost_snapshots(tiny_model: Path, tmp_path: Path,

@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.cache.planner import schedule_cuts
 from engine.cache.families import layer_offset
 from engine.generate.sampling import Sampler

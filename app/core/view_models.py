@@ -468,6 +468,8 @@ def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:
             parts.append(f"{entries} snapshot{'s' if entries != 1 else ''}")
         if nbytes is not None:
             parts.append(format_bytes(nbytes))
+        if disk.get("blocks") is not None:  # the block store (engine/cache/blocks.py): each block once
+            parts.append(f"{disk['blocks']} blocks, {format_bytes(disk.get('shared_bytes') or 0)} shared")
         rows["disk"] = (", ".join(parts) or json.dumps(disk), json.dumps(disk, indent=1, default=str))
     return rows
 

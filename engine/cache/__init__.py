@@ -1,1 +1,3 @@
-"""The prompt cache: the exactness planner, snapshots, the memory tier and the disk tier."""
+"""The prompt cache: the exactness planner (planner.py), each cache class's rules (families.py),
+snapshots (snapshot.py), block names (blocks.py), the front with the memory tier
+(prompt_cache.py) and the disk tier's block store (disk/)."""

@@ -7,7 +7,8 @@ For every per-layer cache class a model can build (`make_prompt_cache`), `RULES`
 - whether the disk tier writes it and how it comes back (`persist`, `restore`: `from_state`);
 - its offset, the tokens it has seen (`offset`: None for state without positions);
 - why a snapshot holding it cannot be cut back (`no_cut`, the planner's decline);
-- what it becomes when the engine quantizes the KV cache (`quantized`).
+- what it becomes when the engine quantizes the KV cache (`quantized`);
+- whether its state is a run of positions stored in shared blocks (`blocks`, blocks.py).
 
 Lookups go by exact class (`rules_of`) or by the class name stored in snapshot metadata
 (`rules_named`). A class not in the table (a subclass, a model's own cache) gets `_fallback`
@@ -47,6 +48,9 @@ class CacheRules:
     persist: bool  # its `.state` is arrays and scalars that `from_state` rebuilds: the disk tier keeps it
     no_cut: str  # why a snapshot holding it cannot be cut back
     quantized: Optional[Callable[[int, int], Any]] = None  # (group_size, bits) -> a new empty cache
+    # Its state is a run of positions (every array's axis -2, `offset` long): stored in blocks
+    # shared between snapshots (engine/cache/blocks.py). Else each snapshot keeps it whole.
+    blocks: bool = False
 
     @property
     def name(self) -> str:
@@ -112,10 +116,10 @@ def _never(c: Any) -> bool:
 _TABLE = (
     # A growing buffer of keys and values: cut back by lowering the offset.
     CacheRules(KVCache, can_cut="always", trimmable=_always, offset=_int_offset, clone=_clone_kv_buffer,
-               persist=True, no_cut=GENERIC_NO_CUT, quantized=_kv_quantized),
+               persist=True, no_cut=GENERIC_NO_CUT, quantized=_kv_quantized, blocks=True),
     # The same, quantized (keys and values are (packed, scales, biases) triples).
     CacheRules(QuantizedKVCache, can_cut="always", trimmable=_always, offset=_int_offset, clone=_clone_kv_buffer,
-               persist=True, no_cut=GENERIC_NO_CUT),
+               persist=True, no_cut=GENERIC_NO_CUT, blocks=True),
     # A sliding window: once it has wrapped, the tokens it overwrote are gone.
     CacheRules(RotatingKVCache, can_cut="sometimes", trimmable=lambda c: c.offset < c.max_size,
                offset=_int_offset, clone=copy.deepcopy, persist=True, no_cut="sliding window wrapped"),

@@ -45,6 +45,12 @@ class SnapshotMeta:
     classes: tuple[str, ...]
     trimmable: bool
     nbytes: int
+    # The forwards that computed positions [0, length), as (start, end) pairs in order (decode
+    # steps are (p, p + 1)); () when unknown, which keeps its blocks from ever being shared.
+    forwards: tuple[tuple[int, int], ...] = ()
+    # Where its blocks end besides `length`: the schedule's cuts it was prefilled at, and the
+    # restore point it started from (engine/cache/blocks.py).
+    block_ends: tuple[int, ...] = ()
 
     @property
     def length(self) -> int:

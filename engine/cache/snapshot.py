@@ -7,11 +7,12 @@ it can be cut back, is its class's rule in engine/cache/families.py.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -38,13 +39,13 @@ class DiskTier(Protocol):
     """What the prompt cache needs from a persistent tier (engine/cache/disk/)."""
 
     def entries(self, model_key: str) -> list[SnapshotMeta]: ...
-    def load(self, meta: SnapshotMeta) -> Snapshot: ...  # raises SnapshotError if bad
+    def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> Snapshot: ...  # SnapshotError if bad
     def save_async(self, snapshot: Snapshot) -> None: ...
     def remove(self, snapshot_id: str) -> None: ...
     def clear(self) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def pop_warnings(self) -> list[str]: ...  # problems the user has not been told about yet
-    def hold_writes(self) -> None: ...  # a generation runs: background writes wait
+    def hold_writes(self) -> None: ...  # a generation runs: background writes wait (bounded)
     def release_writes(self) -> None: ...
 
 
@@ -61,6 +62,43 @@ def cache_nbytes(cache: Sequence[Any]) -> int:
 def clone_cache(cache: Sequence[Any]) -> list[Any]:
     """A deep copy that owns its memory, evaluated (KV buffers: only the used part)."""
     out = clone_layers(cache)
+    mx.eval(cache_arrays(out))
+    return out
+
+
+GROW_ROOM = 256  # positions of room a restored KV buffer gets (mlx-lm's KVCache.step)
+
+
+def _with_room(x: Any, n: int, room: int) -> Any:
+    if isinstance(x, mx.array):
+        pad = mx.zeros((*x.shape[:-2], room, x.shape[-1]), dtype=x.dtype)
+        return mx.concatenate([x[..., :n, :], pad], axis=-2)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_with_room(v, n, room) for v in x)
+    return x
+
+
+def restore_copy(cache: Sequence[Any], n: int) -> list[Any]:
+    """A private copy of a snapshot's layers holding its first `n` tokens, for a generation to
+    continue from: layers kept in blocks (KV, quantized KV) get one new buffer of the first `n`
+    positions with room to grow (the first forward writes into it in place instead of copying it
+    again to grow it), never a view of the snapshot's arrays; other layers are copied whole and
+    cut back (families.cut_back raises SnapshotError where they cannot be)."""
+    out = []
+    for c in cache:
+        rules = rules_of(c)
+        if rules.blocks and getattr(c, "keys", None) is not None:
+            d = copy.copy(c)
+            d.keys = _with_room(c.keys, n, GROW_ROOM)
+            d.values = _with_room(c.values, n, GROW_ROOM)
+            d.offset = n
+            out.append(d)
+        else:
+            d = rules.clone(c)
+            off = rules.offset(c)
+            if off is not None and off > n:
+                rules.cut(d, off - n)
+            out.append(d)
     mx.eval(cache_arrays(out))
     return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.cache.planner import Plan
 from engine.distributed.group import Group
 

@@ -36,7 +36,7 @@ from engine.cache.families import (
     quantized_cache,
     trimmable,
 )
-from engine.cache.memory import PromptCache
+from engine.cache.prompt_cache import PromptCache
 from engine.cache.namespace import cache_key
 from engine.cache.planner import SnapshotMeta, chunks, exact_at, schedule_cuts
 from engine.cache.snapshot import (
@@ -87,22 +87,33 @@ class LoadedModel:
 class _Snapshots:
     """Takes the snapshots of one generation and lists them (`stored`, for the report).
 
-    Snapshots taken before decode reach the disk tier only once decoding is over (`defer`):
-    the disk writer (serialise, SHA-256, fsync) would otherwise compete with decode for the CPU.
+    It also keeps the cache's history: every forward that computed a position of it (`forwards`,
+    from the restored snapshot's and then this generation's) and where its blocks end (`ends`):
+    what names a snapshot's blocks (engine/cache/blocks.py). When the disk tier writes them is
+    the prompt cache's business (`PromptCache.generation`).
     """
 
-    def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], exact_cuts: tuple[int, ...],
+    def __init__(self, lm: LoadedModel, prompt_cache: Optional[PromptCache], rest: "Restored",
                  classes: tuple[str, ...], key: str) -> None:
         self.lm, self.prompt_cache = lm, prompt_cache
         self.key = key  # the cache's lookup key: the model's, within the request's namespace
-        self.exact_cuts, self.classes = exact_cuts, classes  # this generation's exact history
-        self.deferred: list[Snapshot] = []
+        self.exact_cuts, self.classes = rest.exact_cuts, classes  # this generation's exact history
+        self.forwards: list[tuple[int, int]] = list(rest.forwards)
+        self.ends: list[int] = list(rest.block_ends)
+        self.known = rest.history_known  # False: restored from a snapshot that kept no history
         self.stored: list[dict[str, Any]] = []  # kind / length / canonical of each, in order
 
-    def take(self, kind: str, tokens: Sequence[int], cache: list[Any], defer: bool = False) -> None:
+    def forwarded(self, start: int, end: int, cut: bool = False) -> None:
+        """The model forwarded positions [start, end); `cut`: a block ends at `end`."""
+        self.forwards.append((start, end))
+        if cut:
+            self.ends.append(end)
+
+    def take(self, kind: str, tokens: Sequence[int], cache: list[Any]) -> None:
         if self.prompt_cache is None or not tokens:
             return
         snap_cache = clone_cache(cache)
+        n = len(tokens)
         meta = SnapshotMeta(
             id=new_snapshot_id(),
             model_key=self.key,
@@ -112,24 +123,16 @@ class _Snapshots:
             classes=self.classes,
             trimmable=trimmable(snap_cache),
             nbytes=cache_nbytes(snap_cache),
+            forwards=tuple(f for f in self.forwards if f[0] < n) if self.known else (),
+            block_ends=tuple(sorted({e for e in self.ends if e < n})),
         )
-        snap = Snapshot(meta, snap_cache)
-        self.prompt_cache.put(snap, persist=not defer)
-        if defer:
-            self.deferred.append(snap)
+        self.prompt_cache.put(Snapshot(meta, snap_cache))
         self.stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
 
     def keep_partial(self, prompt: Sequence[int], cache: list[Any], restored: int, done: int) -> None:
         """Stopped mid-prefill with the cache complete up to `done`: keep it if that state is exact."""
         if restored < done and done in self.exact_cuts:
             self.take("partial", prompt[:done], cache)
-
-    def persist_deferred(self) -> None:
-        disk = self.prompt_cache.disk if self.prompt_cache is not None else None
-        if disk is not None:
-            for snap in self.deferred:
-                disk.save_async(snap)
-        self.deferred.clear()
 
 
 # -- restore -------------------------------------------------------------------------------------
@@ -147,6 +150,9 @@ class Restored:
     stored: Optional[int] = None  # length of the snapshot restored from, None if none
     source: Optional[str] = None  # "memory" | "disk" | None
     declines: list[str] = field(default_factory=list)  # why longer matches were not usable
+    forwards: tuple[tuple[int, int], ...] = ()  # the restored positions' history (SnapshotMeta.forwards)
+    block_ends: tuple[int, ...] = ()  # where the restored positions' blocks end (the restore point too)
+    history_known: bool = True
 
     @property
     def partial(self) -> bool:
@@ -161,17 +167,24 @@ def restore(key: str, lm: LoadedModel, prompt: list[int], mode: str, cuts: tuple
     restored = 0
     exact_cuts = cuts
     matched, declines, stored, source = 0, [], None, None
+    forwards: tuple[tuple[int, int], ...] = ()
+    block_ends: tuple[int, ...] = ()
+    known = True
     if prompt_cache is not None:
         plan, cache = prompt_cache.fetch(key, prompt, mode, cuts)
         matched, declines = plan.matched, plan.declines
         if cache is not None and plan.meta is not None:
             restored, stored, source = plan.reuse, plan.meta.length, plan.source
+            forwards = tuple(f for f in plan.meta.forwards if f[0] < restored)
+            block_ends = tuple(e for e in plan.meta.block_ends if e < restored) + (restored,)
+            known = bool(plan.meta.forwards)
             if not exact_at(plan.meta, restored, cuts):  # fast mode: exact only as far as the source was
                 exact_cuts = tuple(c for c in plan.meta.exact_cuts if c <= restored)
     if cache is None:
         cache = lm.new_cache()
     assert restored <= len(prompt) - 1, "never restore the whole prompt"
-    return Restored(cache, restored, exact_cuts, describe_layers(cache), matched, stored, source, declines)
+    return Restored(cache, restored, exact_cuts, describe_layers(cache), matched, stored, source, declines,
+                    forwards, block_ends, known)
 
 
 # -- prefill -------------------------------------------------------------------------------------
@@ -228,6 +241,7 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
                 return Prefilled(forwarded, cancelled=True)
             lm.model(mx.array([prompt[start:end]]), cache=cache)
             mx.eval(cache_arrays(cache))
+            snaps.forwarded(start, end, cut=True)
             done = end
             forwarded.append([start, end])
             yield PrefillProgress(end, n_prompt)
@@ -239,7 +253,7 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
             snaps.keep_partial(prompt, cache, restored, done)
         raise
     if points.prelast_now:
-        snaps.take("pre-last", prompt[:-1], cache, defer=True)
+        snaps.take("pre-last", prompt[:-1], cache)
     forwarded.append([n_prompt - 1, n_prompt])
     cancelled = is_cancelled()
     if cancelled and points.prelast_by_end:  # no token will be decoded: no end snapshot to serve
@@ -276,7 +290,7 @@ def stream(
     rest = restore(key, lm, prompt, request.mode, cuts, prompt_cache)
     cache = rest.cache
     points = snapshot_points(len(prompt), cuts, rest.restored, prompt_cache is not None, always_trimmable(cache))
-    snaps = _Snapshots(lm, prompt_cache, rest.exact_cuts, class_names(cache), key)
+    snaps = _Snapshots(lm, prompt_cache, rest, class_names(cache), key)
     t_prefill = time.perf_counter()
 
     def result(pre: Prefilled, decoded: Optional[Decoded]) -> GenerationResult:
@@ -294,6 +308,10 @@ def stream(
             return result(pre, None)
         decoded = yield from decode(lm, request, prompt, cache, is_cancelled, context_limit, guide)
         mx.eval(cache_arrays(cache))
+        n = len(prompt)
+        snaps.forwarded(n - 1, n)  # the last prompt token, alone; then one forward per decoded token
+        for i in range(decoded.forwarded):
+            snaps.forwarded(n + i, n + i + 1)
         if prompt_cache is not None and decoded.tokens:
             fed = prompt + decoded.tokens[: decoded.forwarded]
             assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
@@ -306,8 +324,6 @@ def stream(
                 cut_back(cache, (layer_offset(cache[0]) or 0) - (len(prompt) - 1))
                 snaps.take("pre-last", prompt[:-1], cache)
         raise
-    finally:
-        snaps.persist_deferred()
 
 
 # -- the report ----------------------------------------------------------------------------------

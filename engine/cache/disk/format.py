@@ -1,10 +1,8 @@
-"""The snapshot file format and the validation of everything read back from disk.
+"""What the disk tier's files say, and the validation of everything read back from disk.
 
-One snapshot is one safetensors file: each layer's state arrays as tensors, the rest of the
-state (its tree structure and scalars) as JSON in the safetensors metadata, together with the
-snapshot's `SnapshotMeta` and the compute environment that produced it. Nothing read from disk
-(index entry or file header) is trusted: every field is checked against sanity limits before
-use, and a snapshot is rebuilt only from bytes whose checksum and header match its index entry.
+The compute environment, the encoding of a layer's state (arrays as tensors, the rest as a JSON
+tree) and of `SnapshotMeta`, with the sanity limits that every field read back is checked
+against before use. The pack files and the index rows that name them are in pack.py.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
 
 FORMAT = "verbatim-prompt-cache"
-FORMAT_VERSION = 2  # 2: exact_cuts replaces canonical / prefill_end / prefill_exact
+FORMAT_VERSION = 3  # 3: blocks in packs + manifests (2: one file a snapshot, exact_cuts)
 
 # Sanity limits for anything read back from disk (index or file header): hostile or corrupt
 # metadata is rejected instead of allocating or looping on absurd values.
@@ -66,20 +64,20 @@ def is_snapshot_id(sid: Any) -> bool:
 # Serialisation: cache objects <-> (tensors, JSON structure)
 
 
-def _encode_state(x: Any, path: str, tensors: dict[str, mx.array]) -> Any:
+def encode_state(x: Any, path: str, tensors: dict[str, mx.array]) -> Any:
     """A JSON tree for a layer's state; arrays go to `tensors` under their tree path."""
     if isinstance(x, mx.array):
         tensors[path] = x
         return {"a": path}
     if isinstance(x, (list, tuple)):
         tag = "l" if isinstance(x, list) else "t"
-        return {tag: [_encode_state(v, f"{path}.{i}", tensors) for i, v in enumerate(x)]}
+        return {tag: [encode_state(v, f"{path}.{i}", tensors) for i, v in enumerate(x)]}
     if x is None or isinstance(x, (bool, int, float, str)):
         return {"v": x}
     raise TypeError(f"unserialisable cache state element: {type(x).__name__}")
 
 
-def _decode_state(node: Any, tensors: dict[str, mx.array], depth: int = 0) -> Any:
+def decode_state(node: Any, tensors: dict[str, mx.array], depth: int = 0) -> Any:
     if depth > 8 or not isinstance(node, dict) or len(node) != 1:
         raise SnapshotError("bad state structure")
     (tag, val), = node.items()
@@ -90,13 +88,39 @@ def _decode_state(node: Any, tensors: dict[str, mx.array], depth: int = 0) -> An
     if tag in ("l", "t"):
         if not isinstance(val, list) or len(val) > 64:
             raise SnapshotError("bad state list")
-        items = [_decode_state(v, tensors, depth + 1) for v in val]
+        items = [decode_state(v, tensors, depth + 1) for v in val]
         return items if tag == "l" else tuple(items)
     if tag == "v":
         if val is not None and not isinstance(val, (bool, int, float, str)):
             raise SnapshotError("bad state scalar")
         return val
     raise SnapshotError("bad state tag")
+
+
+def _forward_runs(forwards: tuple[tuple[int, int], ...]) -> list[list[int]]:
+    """Forwards as runs [start, end, width] of equal-width forwards end to end (decode steps are
+    one run of width 1), so a long reply's history stays a few numbers."""
+    runs: list[list[int]] = []
+    for s, e in forwards:
+        if runs and runs[-1][1] == s and runs[-1][2] == e - s:
+            runs[-1][1] = e
+        else:
+            runs.append([s, e, e - s])
+    return runs
+
+
+def _forwards_from_runs(runs: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(runs, list) or len(runs) > MAX_TOKENS:
+        raise ValueError("bad forwards")
+    out: list[tuple[int, int]] = []
+    for r in runs:
+        if not (isinstance(r, list) and len(r) == 3 and all(_is_int(x, 0, MAX_TOKENS) for x in r)):
+            raise ValueError("bad forward run")
+        s, e, w = r
+        if w < 1 or e <= s or (e - s) % w or len(out) + (e - s) // w > MAX_TOKENS:
+            raise ValueError("bad forward run")
+        out.extend((p, p + w) for p in range(s, e, w))
+    return tuple(out)
 
 
 def meta_to_dict(meta: SnapshotMeta) -> dict[str, Any]:
@@ -109,6 +133,8 @@ def meta_to_dict(meta: SnapshotMeta) -> dict[str, Any]:
         "classes": list(meta.classes),
         "trimmable": meta.trimmable,
         "nbytes": meta.nbytes,
+        "forwards": _forward_runs(meta.forwards),
+        "block_ends": list(meta.block_ends),
     }
 
 
@@ -146,6 +172,10 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
         raise ValueError("unknown cache class")
     if not _is_int(d.get("nbytes"), 0, MAX_FILE_BYTES):
         raise ValueError("bad nbytes")
+    forwards = _forwards_from_runs(d.get("forwards"))
+    ends = d.get("block_ends")
+    if not isinstance(ends, list) or not all(_is_int(e, 1, n) for e in ends) or ends != sorted(set(ends)):
+        raise ValueError("bad block ends")
     return SnapshotMeta(
         id=sid,
         model_key=key,
@@ -155,6 +185,8 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
         classes=tuple(classes),
         trimmable=d["trimmable"],
         nbytes=d["nbytes"],
+        forwards=forwards,
+        block_ends=tuple(ends),
     )
 
 
@@ -183,112 +215,6 @@ def read_header(data_or_file: Any) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise ValueError("header is not an object")
     return header
-
-
-def file_meta(header: dict[str, Any]) -> tuple[SnapshotMeta, list[Any]]:
-    """(meta, per-layer state structure) from a snapshot file's header."""
-    md = header.get("__metadata__")
-    if not isinstance(md, dict) or md.get("format") != FORMAT:
-        raise ValueError("not a Verbatim snapshot")
-    try:
-        version = int(md.get("version", ""))
-    except ValueError:
-        raise ValueError("bad format version") from None
-    if version != FORMAT_VERSION:
-        raise ValueError(f"unsupported format version {version}")
-    meta = meta_from_dict(json.loads(md.get("meta", "null")))
-    layers = json.loads(md.get("layers", "null"))
-    if not isinstance(layers, list) or len(layers) != len(meta.classes):
-        raise ValueError("layer structure does not match the classes")
-    return meta, layers
-
-
-@dataclass
-class Entry:
-    meta: SnapshotMeta
-    file_bytes: int
-    sha256: str
-    created: float
-    last_used: float
-    env: str  # compute_env() of the process that computed it
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **meta_to_dict(self.meta),
-            "env": self.env,
-            "file_bytes": self.file_bytes,
-            "sha256": self.sha256,
-            "created": self.created,
-            "last_used": self.last_used,
-        }
-
-
-def entry_from_dict(d: Any) -> Entry:
-    meta = meta_from_dict(d)
-    fb, sha = d.get("file_bytes"), d.get("sha256")
-    if not _is_int(fb, 1, MAX_FILE_BYTES):
-        raise ValueError("bad file size")
-    if not isinstance(sha, str) or not _SHA_RE.match(sha):
-        raise ValueError("bad checksum")
-    times = [d.get("created", 0.0), d.get("last_used", 0.0)]
-    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 1e11 for t in times):
-        raise ValueError("bad timestamps")
-    env = d.get("env")
-    if not isinstance(env, str) or len(env) > MAX_ENV_LEN:
-        raise ValueError("bad environment")
-    return Entry(meta, fb, sha, float(times[0]), float(times[1]), env)
-
-
-def encode_snapshot(snap: Snapshot, env: str) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """(tensors, safetensors metadata) for `mx.save_safetensors`."""
-    tensors: dict[str, mx.array] = {}
-    layers = [_encode_state(c.state, str(i), tensors) for i, c in enumerate(snap.cache)]
-    metadata = {
-        "format": FORMAT,
-        "version": str(FORMAT_VERSION),
-        "meta": json.dumps(meta_to_dict(snap.meta), separators=(",", ":")),
-        "layers": json.dumps(layers, separators=(",", ":")),
-        "env": env,
-    }
-    return tensors, metadata
-
-
-def decode_snapshot(data: bytes, entry: Entry, env: str) -> Snapshot:
-    """Check a file's bytes against its index entry, then rebuild the cache objects.
-
-    Raises `SnapshotError` for anything that does not match: size, checksum, header, compute
-    environment, layer offsets, or a `trimmable` flag that the rebuilt caches contradict.
-    """
-    meta = entry.meta
-    if len(data) != entry.file_bytes:
-        raise SnapshotError(f"file size {len(data)} != {entry.file_bytes} (truncated or replaced)")
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise SnapshotError("checksum mismatch")
-    try:
-        header = read_header(data)
-        fmeta, layers = file_meta(header)
-        file_env = header["__metadata__"].get("env")
-    except ValueError as e:
-        raise SnapshotError(f"bad header: {e}") from None
-    if meta_to_dict(fmeta) != meta_to_dict(meta) or file_env != entry.env or entry.env != env:
-        raise SnapshotError("file does not match its index entry")
-    try:
-        tensors, _ = mx.load(io.BytesIO(data), format="safetensors", return_metadata=True)
-        cache = []
-        for cls_name, node in zip(meta.classes, layers):
-            rules = rules_named(cls_name)
-            assert rules is not None  # meta_from_dict accepted only persisted classes
-            c = rules.restore(_decode_state(node, tensors))
-            off = layer_offset(c)
-            if off is not None and off != meta.length:
-                raise SnapshotError(f"layer offset {off} != snapshot length {meta.length}")
-            cache.append(c)
-        mx.eval(list(tensors.values()))
-    except SnapshotError:
-        raise
-    except Exception as e:  # MLX raises RuntimeError/ValueError on malformed tensors
-        raise SnapshotError(f"cannot rebuild cache: {e}") from None
-    return Snapshot(checked_trimmable(meta, cache), cache, source="disk")
 
 
 def checked_trimmable(meta: SnapshotMeta, cache: list[Any]) -> SnapshotMeta:

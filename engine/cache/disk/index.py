@@ -1,9 +1,12 @@
-"""The disk tier's index: what is on disk, per model key, and what to evict or skip.
+"""The disk tier's index: the manifests (snapshots) and the packs that hold their blocks.
 
-`index.json` holds every entry's `SnapshotMeta`, file size, sha256 and compute environment.
-It is loaded and validated once when the tier opens; afterwards the `Index` object in memory is
-the truth and the writer thread writes it back. `Index` is plain bookkeeping with no locking:
-`DiskCache` guards it with its own lock.
+`index.json` holds every manifest (`Entry`: meta, block names, whole-piece pack) and every pack
+row (`PackRow`: span, block names and sizes, file size, sha256, environment). It is loaded and
+validated once when the tier opens; afterwards the `Index` object in memory is the truth and the
+writer thread writes it back. A manifest is valid only if every block it names is in a listed
+pack (and its whole-piece pack is listed): `read_index` drops the others. A pack that no manifest
+uses is garbage: listed or not, it is deleted (after an index that no longer names it is on disk).
+`Index` is plain bookkeeping with no locking: `DiskCache` guards it with its own lock.
 """
 
 from __future__ import annotations
@@ -13,23 +16,23 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from engine.cache.disk.format import (
-    FORMAT,
-    FORMAT_VERSION,
-    MAX_INDEX_BYTES,
-    Entry,
-    entry_from_dict,
-)
+from engine.cache.disk.format import FORMAT, FORMAT_VERSION, MAX_INDEX_BYTES
+from engine.cache.disk.pack import Entry, PackRow, entry_from_dict, pack_from_dict
 from engine.cache.planner import SnapshotMeta, dominates
+
+PACK_SUFFIX = ".safetensors"
 
 
 class Index:
-    """Entries by id; this compute environment's metas by model key (others only take space)."""
+    """Manifests by id, packs by id, where each block name lives, and who uses each pack."""
 
     def __init__(self, env: str) -> None:
         self.env = env
         self._entries: dict[str, Entry] = {}
         self._by_key: dict[str, dict[str, SnapshotMeta]] = {}
+        self.packs: dict[str, PackRow] = {}
+        self.blocks: dict[str, tuple[str, int, int, int]] = {}  # name -> (pack id, start, end, bytes)
+        self._users: dict[str, set[str]] = {}  # pack id -> ids of the manifests using it
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -43,14 +46,68 @@ class Index:
     def get(self, sid: str) -> Optional[Entry]:
         return self._entries.get(sid)
 
-    def add(self, e: Entry) -> None:
+    # -- packs ---------------------------------------------------------------------------------
+    def add_pack(self, row: PackRow) -> None:
+        self.packs[row.id] = row
+        self._users.setdefault(row.id, set())
+        for a, b, k, nb in row.spans():
+            self.blocks.setdefault(k, (row.id, a, b, nb))  # the first pack to hold a block keeps it
+
+    def _drop_pack(self, pid: str) -> None:
+        row = self.packs.pop(pid, None)
+        self._users.pop(pid, None)
+        if row is not None:
+            for _, _, k, _ in row.spans():
+                if self.blocks.get(k, ("",))[0] == pid:
+                    del self.blocks[k]
+
+    def packs_of(self, e: Entry) -> Optional[set[str]]:
+        """The packs `e` uses; None if one of its blocks (or its whole pieces) is not listed."""
+        out = set()
+        for k in e.blocks:
+            loc = self.blocks.get(k)
+            if loc is None:
+                return None
+            out.add(loc[0])
+        if e.whole is not None:
+            if e.whole not in self.packs:
+                return None
+            out.add(e.whole)
+        return out
+
+    def unused_packs(self) -> list[str]:
+        """Packs no manifest uses: free to delete once the index on disk no longer names them."""
+        return [pid for pid, users in self._users.items() if not users]
+
+    def collect(self) -> list[str]:
+        """Forget the packs no manifest uses; their ids (delete the files after the next index write)."""
+        gone = self.unused_packs()
+        for pid in gone:
+            self._drop_pack(pid)
+        return gone
+
+    def users_of_pack(self, pid: str) -> list[str]:
+        return sorted(self._users.get(pid, ()))
+
+    # -- manifests -----------------------------------------------------------------------------
+    def add(self, e: Entry) -> bool:
+        """Add a manifest whose blocks are all listed; False (not added) otherwise."""
+        packs = self.packs_of(e)
+        if packs is None:
+            return False
         self._entries[e.meta.id] = e
+        for pid in packs:
+            self._users[pid].add(e.meta.id)
         if e.env == self.env:  # other environments' entries only count toward the budget
             self._by_key.setdefault(e.meta.model_key, {})[e.meta.id] = e.meta
+        return True
 
     def drop(self, sid: str) -> Optional[Entry]:
+        """Forget a manifest (its packs stay until `collect`)."""
         e = self._entries.pop(sid, None)
         if e is not None:
+            for users in self._users.values():
+                users.discard(sid)
             self._by_key.get(e.meta.model_key, {}).pop(sid, None)
             if not self._by_key.get(e.meta.model_key):
                 self._by_key.pop(e.meta.model_key, None)
@@ -59,16 +116,30 @@ class Index:
     def clear(self) -> None:
         self._entries.clear()
         self._by_key.clear()
+        self.packs.clear()
+        self.blocks.clear()
+        self._users.clear()
 
     def metas(self, model_key: str) -> list[SnapshotMeta]:
         return list(self._by_key.get(model_key, {}).values())
 
+    # -- sizes ---------------------------------------------------------------------------------
     def total_bytes(self) -> int:
-        return sum(e.file_bytes for e in self._entries.values())
+        """Bytes of the pack files: what the folder holds (each block counted once)."""
+        return sum(r.file_bytes for r in self.packs.values())
+
+    def used_bytes(self, exclude: set[str] = frozenset()) -> int:  # type: ignore[assignment]
+        """Bytes of the packs some manifest (not in `exclude`) uses."""
+        return sum(r.file_bytes for pid, r in self.packs.items() if self._users.get(pid, set()) - exclude)
+
+    def referenced_block_bytes(self) -> int:
+        """The bytes every manifest's blocks would take if none were shared."""
+        return sum(self.blocks[k][3] for e in self._entries.values() for k in e.blocks if k in self.blocks)
 
     def other_env(self) -> int:
         return sum(1 for e in self._entries.values() if e.env != self.env)
 
+    # -- what to skip, drop or evict -----------------------------------------------------------
     def dominating(self, meta: SnapshotMeta) -> Optional[Entry]:
         """An entry that serves every restore `meta` could (so `meta` need not be written)."""
         for other in self._by_key.get(meta.model_key, {}).values():
@@ -80,29 +151,49 @@ class Index:
         """Ids of the entries `meta` makes redundant (same state, or a trimmable superset)."""
         return [m.id for m in self._by_key.get(meta.model_key, {}).values() if m.id != meta.id and dominates(meta, m)]
 
+    def own_bytes(self, sid: str) -> int:
+        """Bytes dropping manifest `sid` would free: its packs that no other manifest uses."""
+        return sum(self.packs[pid].file_bytes for pid, users in self._users.items() if users == {sid})
+
     def lru_victims(self, budget: int, incoming: int) -> list[str]:
-        """Drop least recently used entries (any model) until `incoming` more bytes fit; their ids."""
+        """Forget snapshots (any model) until the packs still used, plus `incoming` bytes, fit
+        `budget`; their ids. A shared pack counts once and goes only with its last user. Victims
+        are taken from the ends of chains: the least recently used snapshot that frees something
+        (one whose blocks all serve longer snapshots frees nothing: it goes when they have)."""
         victims: list[str] = []
-        total = self.total_bytes()
-        for e in sorted(self._entries.values(), key=lambda e: e.last_used):
-            if total + incoming <= budget:
-                break
+        while self._entries and self.used_bytes() + incoming > budget:
+            order = sorted(self._entries.values(), key=lambda e: e.last_used)
+            e = next((e for e in order if self.own_bytes(e.meta.id) > 0), order[0])
             victims.append(e.meta.id)
-            total -= e.file_bytes
             self.drop(e.meta.id)
         return victims
 
-    def to_json(self, extra: Optional[Entry] = None) -> bytes:
-        rows = [e.to_dict() for e in self._entries.values()]
-        if extra is not None:
-            rows.append(extra.to_dict())
-        doc = {"format": FORMAT, "version": FORMAT_VERSION, "entries": rows}
+    def to_json(self) -> bytes:
+        doc = {"format": FORMAT, "version": FORMAT_VERSION,
+               "packs": [r.to_dict() for r in self.packs.values()],
+               "entries": [e.to_dict() for e in self._entries.values()]}
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def read_index(index_path: Path, snap_dir: Path) -> tuple[list[Entry], int, Optional[str]]:
-    """(valid entries whose file is there with its size, rejected entry count, why the whole
-    index was unreadable or None). Never raises for bad content: a cache starts empty instead."""
+def index_version(index_path: Path) -> Optional[int]:
+    """The format version an index file says it has (None: no file, or not ours at all)."""
+    try:
+        if index_path.stat().st_size > MAX_INDEX_BYTES:
+            return None
+        doc = json.loads(index_path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return None
+    v = doc.get("version")
+    return v if type(v) is int else None
+
+
+def read_index(index_path: Path, pack_dir: Path, env: str) -> tuple[Index, int, Optional[str]]:
+    """(the index of the valid manifests and their packs, rejected row count, why the whole index
+    was unreadable or None). A pack row is valid if its file is there with its size; a manifest if
+    it is valid and every pack it uses is. Never raises for bad content: a cache starts empty."""
+    raw_packs: list[Any] = []
     raw: list[Any] = []
     error = None
     try:
@@ -111,38 +202,48 @@ def read_index(index_path: Path, snap_dir: Path) -> tuple[list[Entry], int, Opti
         doc = json.loads(index_path.read_bytes())
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
             raise ValueError("unknown index format")
-        raw = doc.get("entries")
-        if not isinstance(raw, list):
-            raise ValueError("entries is not a list")
+        raw, raw_packs = doc.get("entries"), doc.get("packs")
+        if not isinstance(raw, list) or not isinstance(raw_packs, list):
+            raise ValueError("entries or packs is not a list")
     except FileNotFoundError:
         pass
     except (OSError, ValueError) as e:
         error = f"prompt cache index unreadable, starting empty: {e}"
-        raw = []
-    entries: dict[str, Entry] = {}
+        raw, raw_packs = [], []
+    index = Index(env)
     rejected = 0
-    for d in raw:
+    for d in raw_packs:
         try:
-            e = entry_from_dict(d)
-            if e.meta.id in entries:
-                raise ValueError("duplicate id")
-            p = snap_dir / f"{e.meta.id}.safetensors"
+            row = pack_from_dict(d)
+            if row.id in index.packs:
+                raise ValueError("duplicate pack")
+            p = pack_dir / f"{row.id}{PACK_SUFFIX}"
             st = p.lstat()
             if not p.is_file() or p.is_symlink():
                 raise ValueError("not a regular file")
-            if st.st_size != e.file_bytes:
+            if st.st_size != row.file_bytes:
                 raise ValueError("file size does not match the index")
         except (ValueError, OSError):
             rejected += 1
             continue
-        entries[e.meta.id] = e
-    return list(entries.values()), rejected, error
+        index.add_pack(row)
+    for d in raw:
+        try:
+            e = entry_from_dict(d)
+            if e.meta.id in index:
+                raise ValueError("duplicate id")
+            if not index.add(e):
+                raise ValueError("a block it names is not on disk")
+        except ValueError:
+            rejected += 1
+            continue
+    return index, rejected, error
 
 
-def stray_files(root: Path, snap_dir: Path, index: Index, tmp_prefix: str) -> Iterator[tuple[Path, bool]]:
-    """(path, is a temp file) for every temp file (an interrupted write) and every snapshot file
-    the index does not list."""
-    for folder in (snap_dir, root):
+def stray_files(root: Path, pack_dir: Path, index: Index, tmp_prefix: str) -> Iterator[tuple[Path, bool]]:
+    """(path, is a temp file) for every temp file (an interrupted write) and every pack file the
+    index does not list (written, but its manifest never committed)."""
+    for folder in (pack_dir, root):
         try:
             names = os.listdir(folder)
         except OSError:
@@ -150,5 +251,5 @@ def stray_files(root: Path, snap_dir: Path, index: Index, tmp_prefix: str) -> It
         for name in names:
             if name.startswith(tmp_prefix):
                 yield folder / name, True
-            elif folder == snap_dir and name.endswith(".safetensors") and name[: -len(".safetensors")] not in index:
+            elif folder == pack_dir and name.endswith(PACK_SUFFIX) and name[: -len(PACK_SUFFIX)] not in index.packs:
                 yield folder / name, False

@@ -3,31 +3,43 @@
 Layout under the cache root (``platformdirs.user_cache_dir("Verbatim")/prompt-cache`` or the
 ``--cache-dir`` given)::
 
-    index.json                    every entry's SnapshotMeta + file size + sha256 of the file
-    snapshots/<id>.safetensors    one snapshot: each layer's state (arrays as tensors, the rest
-                                  as JSON in the safetensors metadata, with the meta fields again)
-    .lock                         flock held by the one process allowed to write
+    index.json                 the manifests (each snapshot's SnapshotMeta, the names of its blocks,
+                               the pack of its whole pieces) and the pack rows (span, block names,
+                               file size, sha256, compute environment)
+    snapshots/<id>.safetensors one save's new blocks (positions [start, end) of every layer kept in
+                               blocks) and its snapshot's whole pieces (pack.py)
+    .lock                      flock held by the one process allowed to write
+
+A snapshot costs what it adds: a save writes only the blocks the disk lacks (engine/cache/
+blocks.py names them by their history), in one pack; the budget counts each pack once, however
+many snapshots share its blocks; eviction drops least recently used snapshots, and a pack goes
+when no snapshot uses it any more.
 
 Invariants, and why they hold:
 
-- A file under its final name is complete: it is written as ``snapshots/.tmp-*``, fsynced, and
-  only then renamed. Temp files are never entries and are deleted on open.
-- The index is written (temp + fsync + rename) *before* the snapshot file is renamed into place,
-  so a crash leaves at worst an index entry without a file (dropped on open), never an unlisted
-  file. A file the index does not list (only possible if index.json was lost or damaged) is
-  deleted on open: without its checksum nothing vouches for its bytes, and it is only a cache.
-- ``load()`` reads the file once, checks its sha256 and its header against the index entry, and
-  only then builds cache objects: a flipped, truncated, swapped or missing file raises
-  ``SnapshotError`` and its entry is removed. Nothing partial is ever restored.
+- A file under its final name is complete: it is written as ``snapshots/.tmp-*``, fsynced, and only
+  then renamed. Temp files are never listed and are deleted on open.
+- A pack is on disk (fsynced, renamed, folder fsynced) *before* the index that names it is
+  written (temp + fsync + rename: atomic). A crash in between leaves an unlisted pack, deleted on
+  open. A manifest is valid only if every pack its blocks are in is listed with its file there;
+  the reader drops the others. A pack is deleted only after an index that no longer names it is
+  on disk, so no manifest on disk ever names a deleted pack.
+- ``load()`` reads each pack a snapshot uses once, checks its size, sha256 and header against its
+  row, and only then builds cache objects: a flipped, truncated, swapped or missing pack raises
+  ``SnapshotError``, and every snapshot using it is removed (exactly those). Nothing partial is
+  ever restored. A reader (another instance writes) that finds a pack gone restores the longest
+  prefix of blocks still there.
 - Only ids accepted by ``format.is_snapshot_id`` ever become paths, so no index content can
   reach outside the root.
-- Each entry records the compute environment (MLX and mlx-lm versions, device, BLAS libraries):
-  a state computed by other kernels is not bit-equal to a cold run here (G3), and unlike the
-  memory tier the disk outlives an app update or a BLAS change. Entries from another environment
-  are kept (within the budget) but never returned.
-- All disk I/O (snapshot files, index, deletions) runs on one writer thread; ``save_async`` only
-  appends to a queue. Snapshot arrays are already evaluated (``clone_cache``), so serialising them
-  off the engine thread needs no MLX stream (checked: ``mx.save_safetensors`` works there).
+- Each pack and manifest records the compute environment (MLX and mlx-lm versions, device, BLAS
+  libraries): a state computed by other kernels is not bit-equal to a cold run here (G3), and unlike
+  the memory tier the disk outlives an app update or a BLAS change. Entries from another environment
+  are kept (within the budget) but never returned; the environment also roots every block name.
+- A folder of an older format (format 2: one file a snapshot) is removed at the first open, with
+  one log line: nothing is lost but speed.
+- All disk I/O (packs, index, deletions) runs on one writer thread; ``save_async`` only appends
+  to a queue. Snapshot arrays are already evaluated (``clone_cache``), so serialising them off
+  the engine thread needs no MLX stream (checked: ``mx.save_safetensors`` works there).
 - I/O errors (disk full, read-only dir) never reach the generation: they are counted, the first
   one becomes a user-facing warning, and the memory tier keeps working.
 
@@ -41,6 +53,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import logging
 import os
 import shutil
 import threading
@@ -50,19 +63,25 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from dataclasses import replace
+
+from engine.cache.blocks import block_keys, prefix_meta_fields
 from engine.cache.disk.files import unlink
-from engine.cache.disk.format import Entry, compute_env, decode_snapshot
+from engine.cache.disk.format import FORMAT_VERSION, checked_trimmable, compute_env
 from engine.cache.disk.hooks import NO_HOOKS, WriterHooks
-from engine.cache.disk.index import Index, read_index, stray_files
+from engine.cache.disk.index import PACK_SUFFIX, Index, index_version, read_index, stray_files
+from engine.cache.disk.pack import Entry, LoadedPack, PackRow, assemble, decode_pack
 from engine.cache.disk.writer import MAX_PENDING_BYTES, TMP_PREFIX, WriterThread, WriteTask
 from engine.cache.families import persisted
 from engine.cache.planner import SnapshotMeta
-from engine.cache.snapshot import Snapshot
+from engine.cache.snapshot import Snapshot, cache_nbytes, new_snapshot_id
 from engine.errors import SnapshotError
 from engine.paths import prompt_cache_dir
 
+log = logging.getLogger(__name__)
+
 INDEX_NAME = "index.json"
-SNAP_DIR = "snapshots"
+PACK_DIR = "snapshots"  # format 2 kept one file a snapshot here; format 3 keeps packs
 LOCK_NAME = ".lock"
 LOCKED = "another Verbatim instance is using this prompt cache"
 DEFAULT_MAX_BUDGET = 10 << 30
@@ -86,7 +105,7 @@ class DiskCache(WriterThread):
         hooks: WriterHooks = NO_HOOKS,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else prompt_cache_dir()
-        self.snap_dir = self.root / SNAP_DIR
+        self.pack_dir = self.root / PACK_DIR
         self.index_path = self.root / INDEX_NAME
         self.on_warning = on_warning
         self.max_pending_bytes = max_pending_bytes
@@ -96,6 +115,8 @@ class DiskCache(WriterThread):
         self._pending_bytes = 0
         self._busy = False
         self._holds = 0  # generations in progress: the writer waits for them (see hold_writes)
+        self._write_started: Optional[float] = None
+        self.old_format_removed = False
         self._flushers = 0  # callers in flush(): a hold must not make them wait for ever
         self._stop = False
         self._dirty = False
@@ -134,7 +155,8 @@ class DiskCache(WriterThread):
             self.root.mkdir(parents=True, exist_ok=True)
             self.writable = self._acquire_lock()
             if self.writable:
-                self.snap_dir.mkdir(exist_ok=True)
+                self._remove_old_format()
+                self.pack_dir.mkdir(exist_ok=True)
             self.enabled = True
         except OSError as e:
             self.writable = False
@@ -186,7 +208,8 @@ class DiskCache(WriterThread):
             self._next_poll = now + READER_POLL_S
             if self._try_lock():
                 self.writable, self.took_over, self.read_only_reason = True, True, None
-                self.snap_dir.mkdir(exist_ok=True)
+                self._remove_old_format()
+                self.pack_dir.mkdir(exist_ok=True)
                 self._reload_index()
                 self._start_writer()
                 return
@@ -200,14 +223,23 @@ class DiskCache(WriterThread):
         self._index = Index(self.env)
         self._open_index()
 
-    def load(self, meta: SnapshotMeta) -> Snapshot:
-        """Read, verify and rebuild a snapshot (on the calling thread, which owns the arrays)."""
+    def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> Snapshot:
+        """Read, verify and rebuild a snapshot (on the calling thread, which owns the arrays).
+
+        A pack that fails its checks makes every snapshot using it unusable (removed, and the
+        error says which pack). A reader that finds a pack gone (the writer instance evicted it)
+        gets the longest prefix of the snapshot whose blocks are still there, if its layers allow
+        cutting it; the caller sees a shorter snapshot. `upto`: the caller restores only that
+        many tokens; a snapshot that can be cut is then read only up to the first block end at
+        or past it (a regenerate does not read the decoded tail), as a shorter snapshot of its own
+        id (the one on disk stays whole)."""
         with self._lock:
             entry = self._index.get(meta.id)
+            index = self._index
         if entry is None:
             raise SnapshotError("not in the disk index")
         try:
-            snap = self._read(entry)
+            snap = self._read(entry, index, upto)
         except SnapshotError as e:
             self.load_errors += 1
             self.remove(meta.id)
@@ -251,6 +283,14 @@ class DiskCache(WriterThread):
                 self._queue.append(WriteTask("delete", ids=[snapshot_id]))
                 self._cond.notify()
 
+    def _remove_pack_users(self, pack_id: str) -> list[str]:
+        """A bad pack: forget every snapshot that uses it (exactly those); their ids."""
+        with self._lock:
+            users = self._index.users_of_pack(pack_id)
+        for sid in users:
+            self.remove(sid)
+        return users
+
     def clear(self) -> None:
         with self._lock:
             self._index.clear()
@@ -265,7 +305,12 @@ class DiskCache(WriterThread):
                 "env": self.env,
                 "entries": len(self._index),
                 "entries_other_env": self._index.other_env(),
-                "bytes": self._index.total_bytes(),
+                "bytes": self._index.total_bytes(),  # unique bytes: each pack once
+                "packs": len(self._index.packs),
+                "blocks": len(self._index.blocks),
+                "shared_bytes": max(0, self._index.referenced_block_bytes() - self._index.total_bytes()),
+                "format_version": FORMAT_VERSION,
+                "old_format_removed": self.old_format_removed,
                 "budget_bytes": self.budget_bytes,
                 "writable": self.writable,
                 "pending": sum(1 for t in self._queue if t.kind == "save") + (1 if self._busy else 0),
@@ -349,18 +394,31 @@ class DiskCache(WriterThread):
         self._lock_fd = fd
         return True
 
+    def _remove_old_format(self) -> None:
+        """A folder written by an older format (2: one file a snapshot) is removed, with one line."""
+        version = index_version(self.index_path)
+        if version is None or version == FORMAT_VERSION:
+            return
+        if self.pack_dir.is_dir():
+            shutil.rmtree(self.pack_dir, ignore_errors=True)
+        unlink(self.index_path)
+        self.old_format_removed = True
+        log.warning("prompt cache %s: removed a cache of format %s (this version writes format %s); "
+                    "it is rebuilt as you chat", self.root, version, FORMAT_VERSION)
+
     def _open_index(self) -> None:
         """Load and validate the index, then reconcile it with the files (writer not started)."""
-        entries, self.rejected, error = read_index(self.index_path, self.snap_dir)
+        index, self.rejected, error = read_index(self.index_path, self.pack_dir, self.env)
         if error is not None:
             self.last_error = error
         self._dirty = bool(self.rejected or error)
-        for e in entries:
-            self._index.add(e)
+        self._index = index
         if self.writable:
-            for path, temp in stray_files(self.root, self.snap_dir, self._index, TMP_PREFIX):
-                # Temp files are interrupted writes; unlisted snapshot files have no checksum
-                # that vouches for their bytes (module doc): both go.
+            if index.collect():  # packs no snapshot uses (a crash between a delete and its files)
+                self._dirty = True
+            for path, temp in stray_files(self.root, self.pack_dir, self._index, TMP_PREFIX):
+                # Temp files are interrupted writes; unlisted packs were written but never named
+                # by a committed manifest (module doc): both go.
                 unlink(path)
                 if temp:
                     self.temps_removed += 1
@@ -370,13 +428,76 @@ class DiskCache(WriterThread):
             self._dirty = False
 
     # -- reading -------------------------------------------------------------------------------
-    def _read(self, entry: Entry) -> Snapshot:
-        path = self.snap_dir / f"{entry.meta.id}.safetensors"
+    def _read_pack(self, row: PackRow) -> LoadedPack:
+        path = self.pack_dir / f"{row.id}{PACK_SUFFIX}"
         try:
             with open(path, "rb") as f:
-                data = f.read(entry.file_bytes + 1)
+                data = f.read(row.file_bytes + 1)
         except FileNotFoundError:
-            raise SnapshotError("file missing") from None
+            raise SnapshotError(f"pack {row.id} missing") from None
         except OSError as e:
-            raise SnapshotError(f"cannot read file: {e.strerror or e}") from None
-        return decode_snapshot(data, entry, self.env)
+            raise SnapshotError(f"pack {row.id}: cannot read: {e.strerror or e}") from None
+        try:
+            return decode_pack(data, row, self.env)
+        except SnapshotError:
+            self._remove_pack_users(row.id)
+            raise
+
+    def _read(self, entry: Entry, index: Index, upto: Optional[int] = None) -> Snapshot:
+        meta = entry.meta
+        if entry.env != self.env:
+            raise SnapshotError("computed in another environment")
+        if entry.blocks and block_keys(meta, self.env) != entry.blocks:
+            # Block names hash the tokens, the history and the key: an edited manifest shows.
+            raise SnapshotError("the blocks do not match its index entry (tokens, history or key changed)")
+        loaded: dict[str, LoadedPack] = {}
+        pieces: list[tuple[LoadedPack, int, int]] = []
+        gone: Optional[SnapshotError] = None
+        short = upto is not None and entry.whole is None and meta.trimmable and upto < meta.length
+        for k in entry.blocks:
+            loc = index.blocks.get(k)
+            if loc is None:
+                raise SnapshotError(f"block {k} is not on disk")
+            pid, a, b, _ = loc
+            if short and upto is not None and a >= upto:
+                break  # the rest is past what the caller restores
+            if pid not in loaded:
+                row = index.packs.get(pid)
+                try:
+                    if row is None:  # the writer collected it meanwhile
+                        raise SnapshotError(f"pack {pid} missing")
+                    loaded[pid] = self._read_pack(row)
+                except SnapshotError as e:
+                    if self.writable or "missing" not in str(e):
+                        raise
+                    gone = e  # a reader: the writer instance took it away; keep the prefix
+                    break
+            if pieces and pieces[-1][0] is loaded[pid] and pieces[-1][2] == a:
+                pieces[-1] = (loaded[pid], pieces[-1][1], b)  # one slice per pack run
+            else:
+                pieces.append((loaded[pid], a, b))
+        whole = None
+        if gone is None and entry.whole is not None:
+            row = index.packs.get(entry.whole)
+            if row is None:
+                raise SnapshotError("its whole-state pack is not on disk")
+            whole = loaded.get(row.id) or self._read_pack(row)
+        if gone is not None:
+            n = pieces[-1][2] if pieces else 0
+            if n == 0 or entry.whole is not None or not meta.trimmable:
+                raise gone
+            meta = replace(meta, tokens=meta.tokens[:n], kind="partial", **prefix_meta_fields(meta, n))
+        elif short and pieces and pieces[-1][2] < meta.length:
+            n = pieces[-1][2]
+            meta = replace(meta, id=new_snapshot_id(), tokens=meta.tokens[:n], kind="partial",
+                           nbytes=meta.nbytes * n // meta.length, **prefix_meta_fields(meta, n))
+        try:
+            cache = assemble(meta, pieces, whole)
+        except SnapshotError as e:
+            raise SnapshotError(f"cannot rebuild from its blocks: {e}") from None
+        if gone is not None:
+            meta = replace(meta, nbytes=cache_nbytes(cache))
+        elif cache_nbytes(cache) != meta.nbytes:
+            raise SnapshotError(f"its state holds {cache_nbytes(cache)} bytes, its index entry says {meta.nbytes}: "
+                                "the file does not match its index entry")
+        return Snapshot(checked_trimmable(meta, cache), cache, source="disk")

@@ -18,24 +18,29 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 import mlx.core as mx
 
+from engine.cache.blocks import block_bounds, block_keys, prefix_meta_fields
 from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
-from engine.cache.disk.format import Entry, encode_snapshot
 from engine.cache.disk.hooks import WriterHooks
-from engine.cache.disk.index import Index
+from engine.cache.disk.index import PACK_SUFFIX, Index
+from engine.cache.disk.pack import Entry, PackRow, encode_pack, in_blocks, position_bytes
 from engine.cache.planner import SnapshotMeta, dominates
-from engine.cache.snapshot import Snapshot
+from engine.cache.snapshot import Snapshot, new_snapshot_id
 from engine.threads import lower_thread_priority
 
 WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI (0)
 TMP_PREFIX = ".tmp-"
 MAX_PENDING_BYTES = 1 << 30  # snapshots queued for writing; beyond this the oldest are dropped
 INDEX_RETRY_S = 5.0  # after a failed index write (disk full), wait this long before retrying
+# A generation holds writes, but never for longer than this per queued write: a server that
+# generates back to back still gets a finished reply's blocks on disk within seconds (the writer
+# runs at the lowest priority; docs/benchmarks.md measures what that costs a decode step).
+MAX_HOLD_S = 2.0
 
 
 @dataclass
@@ -46,6 +51,7 @@ class WriteTask:
     snapshot: Optional[Snapshot] = None
     ids: list[str] = field(default_factory=list)
     nbytes: int = 0
+    queued: float = field(default_factory=time.monotonic)
 
 
 
@@ -54,7 +60,7 @@ class WriterThread:
 
     # Set by DiskCache.__init__; `_lock` guards everything below it.
     root: Path
-    snap_dir: Path
+    pack_dir: Path
     index_path: Path
     env: str
     hooks: WriterHooks
@@ -66,6 +72,7 @@ class WriterThread:
     _pending_bytes: int
     _busy: bool  # a task is being done
     _holds: int  # generations in progress: the writer waits for them (see hold_writes)
+    _write_started: Optional[float]  # monotonic time the current save began (bounds its pauses)
     _flushers: int  # callers in flush(): a hold must not make them wait for ever
     _stop: bool
     _dirty: bool  # the index on disk is behind the one in memory
@@ -116,13 +123,22 @@ class WriterThread:
         with self._cond:
             self._holds += 1
 
+    def _held(self, since: Optional[float]) -> bool:
+        """Must the writer wait for a generation? Not past MAX_HOLD_S after `since` (when the
+        oldest write was queued, or the current one started), nor while someone flushes."""
+        if self._holds <= 0 or self._flushers or self._stop:
+            return False
+        return since is None or time.monotonic() - since < MAX_HOLD_S
+
     def _wait_while_held(self) -> None:
         """Called by the writer between pieces of a write: a generation that started meanwhile
-        gets the CPU (and the GIL) back at once; the temp file simply waits to be finished."""
+        gets the CPU (and the GIL) back at once; the temp file simply waits to be finished
+        (at most MAX_HOLD_S from the start of this write)."""
         with self._cond:
-            if self._holds > 0 and not self._flushers and not self._stop:
+            since = self._write_started
+            if self._held(since):
                 self.hooks.point("paused")
-            while self._holds > 0 and not self._flushers and not self._stop:
+            while self._held(since):
                 self._cond.wait(0.1)
 
     def release_writes(self) -> None:
@@ -134,7 +150,7 @@ class WriterThread:
     def _next_task(self) -> Optional[WriteTask]:
         with self._cond:
             while True:
-                held = self._holds > 0 and not self._flushers and not self._stop
+                held = self._held(self._queue[0].queued if self._queue else None)
                 if self._queue and not held:
                     task = self._queue.popleft()
                     if task.kind == "save":
@@ -148,6 +164,8 @@ class WriterThread:
                     return None
                 if held and self._queue:
                     self.hooks.point("held")
+                    self._cond.wait(0.1)  # the hold has a time limit: look again soon
+                    continue
                 self._cond.wait(max(0.05, self._retry_at - time.monotonic()) if index_due else None)
             self._busy = True
             return task
@@ -164,9 +182,7 @@ class WriterThread:
                     self._save(task.snapshot)
                 elif task.kind == "delete":
                     self._mark_dirty()
-                    self._write_index()  # forget first, then delete (see _evict)
-                    for sid in task.ids:
-                        unlink(self.snap_dir / f"{sid}.safetensors")
+                    self._collect()  # forget first, then delete (see _evict)
                 elif task.kind == "clear":
                     self._clear_files()
                 elif task.kind == "sync":
@@ -201,19 +217,136 @@ class WriterThread:
                         return True
         return False
 
+    def _plan_packs(self, snap: Snapshot) -> tuple[list[str], list[PackRow]]:
+        """(the names of the snapshot's blocks, the rows of the packs to write: the blocks the disk
+        lacks, from the first missing one to the end, and its whole pieces; none: nothing new).
+
+        The new blocks go in at most two packs: those up to the snapshot's last exact cut (the
+        prefill, which later turns share) and those after it (decoded tokens), which a later
+        snapshot of the same conversation makes redundant (`_trim_tails` frees them)."""
+        meta = snap.meta
+        blocked = in_blocks(snap.cache)
+        names = block_keys(meta, self.env) if any(blocked) else []
+        bounds = block_bounds(meta) if names else []
+        with self._lock:
+            have = 0
+            while have < len(names) and names[have] in self._index.blocks:
+                have += 1
+        new = list(zip(bounds[have:], names[have:]))
+        whole = meta.id if not all(blocked) else None
+        per_pos = position_bytes(snap.cache)
+        groups = [[x for x in new if x[0][1] <= meta.canonical], [x for x in new if x[0][1] > meta.canonical]]
+        rows = []
+        for group in groups:
+            if group:
+                rows.append(PackRow(new_snapshot_id(), self.env, meta.model_key, group[0][0][0], group[-1][0][1],
+                                    [(b, k, (b - a) * per_pos) for (a, b), k in group], None, 0, ""))
+        if whole is not None:
+            if rows:
+                rows[-1].whole = whole
+            else:
+                rows.append(PackRow(new_snapshot_id(), self.env, meta.model_key, meta.length, meta.length, [],
+                                    whole, 0, ""))
+        return names, rows
+
     def _save(self, snap: Snapshot) -> None:
         meta = snap.meta
         if self._superseded(meta) or meta.nbytes > self.budget_bytes:
             self.skipped += 1
             return
-        self._evict(meta.nbytes)
+        names, rows = self._plan_packs(snap)
+        self._evict(sum(nb for r in rows for _, _, nb in r.blocks))
+        names, rows = self._plan_packs(snap)  # again: the eviction may have freed blocks it shared
         t0 = time.perf_counter()
+        self._write_started = time.monotonic()
         self.hooks.point("begin")
-        tensors, header_meta = encode_snapshot(snap, self.env)
-        final = self.snap_dir / f"{meta.id}.safetensors"
-        tmp = self.snap_dir / f"{TMP_PREFIX}{meta.id}-{os.getpid()}.safetensors"
+        size = 0
+        now = time.time()
+        whole = next((r.id for r in rows if r.whole), None)
+        entry = Entry(meta, self.env, names, whole, now, now)
+
+        def commit() -> None:
+            """The manifest commit: list the packs and the manifest, write the index atomically."""
+            with self._lock:
+                for row in rows:
+                    self._index.add_pack(row)
+                added = self._index.add(entry)
+                self._dirty = True
+            if not added:  # a block it shares went meanwhile (a delete): drop it, nothing is lost
+                raise OSError(errno.ENOENT, "a block of the snapshot left the disk while it was saved")
+            self._write_index()
+            self.hooks.point("index_written")
+
+        written: list[Path] = []
+        try:
+            # The packs are on disk (fsynced, renamed) before the index that names them: a crash
+            # in between leaves unlisted packs, deleted on open; never a manifest without its blocks.
+            for row in rows:
+                size += self._write_pack(snap, row, written)
+            commit()
+        except Exception as e:
+            with self._lock:
+                self._index.drop(meta.id)
+                listed = set(self._index.packs)
+                self._dirty = True
+            for path in written:
+                if path.name[: -len(PACK_SUFFIX)] not in listed:
+                    unlink(path)
+            self._record_error(e)
+            self._collect_quietly()
+            return
+        finally:
+            self._write_started = None
+        dt = time.perf_counter() - t0
+        with self._lock:
+            self.writes += 1
+            self.write_seconds += dt
+            self.bytes_written += size
+            self.write_log.append((meta.kind, meta.length, size, dt))
+            del self.write_log[:-64]
+            # Drop entries the new one makes redundant (same state, or a trimmable superset), and
+            # the decoded tails it makes redundant.
+            redundant = self._index.redundant(meta)
+            for sid in redundant:
+                self._index.drop(sid)
+            trimmed = self._trim_tails(meta)
+        if redundant or trimmed:
+            self._collect()
+        self._evict(0)
+        self.hooks.point("done")
+
+    def _trim_tails(self, meta: SnapshotMeta) -> int:
+        """Cut back to their last exact cut the "end" snapshots whose tokens `meta` (trimmable)
+        extends: past that cut they hold decoded tokens, which `meta` serves as well in fast mode
+        and no exact restore can use; up to it (a regenerate's pre-last point) they stay. Their
+        tail blocks are then free. Called with the lock held; how many were cut."""
+        if not meta.trimmable:
+            return 0
+        n_cut = 0
+        for e in list(self._index):
+            m = e.meta
+            n = m.canonical
+            if (m.id == meta.id or m.model_key != meta.model_key or m.kind != "end" or not m.trimmable
+                    or e.whole is not None or not e.blocks or not 0 < n < m.length
+                    or meta.tokens[: m.length] != m.tokens):
+                continue
+            ends = [b for _, b in block_bounds(m)]
+            if n not in ends:
+                continue
+            cut = replace(m, id=new_snapshot_id(), tokens=m.tokens[:n], kind="pre-last",
+                          nbytes=m.nbytes * n // m.length, **prefix_meta_fields(m, n))
+            self._index.drop(m.id)
+            if self._index.add(Entry(cut, e.env, e.blocks[: ends.index(n) + 1], None, e.created, e.last_used)):
+                n_cut += 1
+        return n_cut
+
+    def _write_pack(self, snap: Snapshot, row: PackRow, written: list[Path]) -> int:
+        """Write the pack `row` describes (temp file, fsync, rename, fsync the folder); its size.
+        Fills in the row's size and checksum; appends the file to `written` once renamed."""
+        tensors, header_meta = encode_pack(snap, row)
+        final = self.pack_dir / f"{row.id}{PACK_SUFFIX}"
+        tmp = self.pack_dir / f"{TMP_PREFIX}{row.id}-{os.getpid()}{PACK_SUFFIX}"
         writer: Optional[HashingWriter] = None
-        renamed = False
         try:
             with open(tmp, "wb") as f:
 
@@ -230,77 +363,58 @@ class WriterThread:
                 self._wait_while_held()
                 fsync(f.fileno())
                 size = f.tell()
-            sha = writer.hash.hexdigest() if writer.linear and writer.pos == size else file_sha256(tmp)
+            row.sha256 = writer.hash.hexdigest() if writer.linear and writer.pos == size else file_sha256(tmp)
+            row.file_bytes = size
             self.hooks.point("temp_synced")
-            now = time.time()
-            entry = Entry(meta, size, sha, now, now, self.env)
-            # The index lists the entry before the file appears under its final name (tier.py's doc);
-            # entries() shows it only once the file is there.
-            self._write_index(extra=entry)
-            self.hooks.point("index_written")
-            try:
-                os.replace(tmp, final)
-                renamed = True
-            except BaseException:
-                self._mark_dirty()  # the index on disk lists a file that is not there
-                raise
-            fsync_dir(self.snap_dir)
+            os.replace(tmp, final)
+            written.append(final)
+            fsync_dir(self.pack_dir)
             self.hooks.point("renamed")
         except Exception as e:
-            if not renamed:
-                unlink(tmp)
+            unlink(tmp)
             if writer is not None and writer.error is not None and not isinstance(e, OSError):
-                e = writer.error  # the errno MLX wrapped away
-            self._record_error(e)
-            return
-        dt = time.perf_counter() - t0
+                raise writer.error from None  # the errno MLX wrapped away
+            raise
+        return size
+
+    def _collect(self) -> None:
+        """Forget the packs no manifest uses, write the index, then delete their files: a crash in
+        between leaves unlisted files (removed on open), never a manifest whose blocks are gone."""
         with self._lock:
-            self._index.add(entry)
-            self.writes += 1
-            self.write_seconds += dt
-            self.bytes_written += size
-            self.write_log.append((meta.kind, meta.length, size, dt))
-            del self.write_log[:-64]
-            # Drop entries the new one makes redundant (same state, or a trimmable superset).
-            redundant = self._index.redundant(meta)
-            for sid in redundant:
-                self._index.drop(sid)
-            if redundant:
-                self._dirty = True
-        if redundant:
-            self._write_index()
-            for sid in redundant:
-                unlink(self.snap_dir / f"{sid}.safetensors")
-        self._evict(0)
-        self.hooks.point("done")
+            gone = self._index.collect()
+            self._dirty = True
+        self._write_index()
+        for pid in gone:
+            unlink(self.pack_dir / f"{pid}{PACK_SUFFIX}")
+
+    def _collect_quietly(self) -> None:
+        try:
+            self._collect()
+        except Exception:
+            pass  # already recorded; the next index write retries
 
     def _evict(self, incoming: int) -> None:
-        """Drop least recently used entries (any model) until `incoming` more bytes fit."""
+        """Drop least recently used snapshots (any model) until `incoming` more bytes fit."""
         with self._lock:
             victims = self._index.lru_victims(self.budget_bytes, incoming)
             self.evictions += len(victims)
-            if victims:
-                self._dirty = True
-        if victims:
-            # Forget first, then delete: a crash in between leaves unlisted files (removed on
-            # open), never an entry whose file is gone.
-            self._write_index()
-            for sid in victims:
-                unlink(self.snap_dir / f"{sid}.safetensors")
+            collect = bool(victims or self._index.unused_packs())
+        if collect:
+            self._collect()
 
     def _clear_files(self) -> None:
         with self._lock:
             self._index.clear()
             self._dirty = True
         self._write_index()
-        for name in os.listdir(self.snap_dir):
-            if name.endswith(".safetensors"):
-                unlink(self.snap_dir / name)
+        for name in os.listdir(self.pack_dir):
+            if name.endswith(PACK_SUFFIX):
+                unlink(self.pack_dir / name)
 
-    def _write_index(self, extra: Optional[Entry] = None) -> None:
-        """Atomically replace index.json with the in-memory index (plus `extra`)."""
+    def _write_index(self) -> None:
+        """Atomically replace index.json with the in-memory index."""
         with self._lock:
-            blob = self._index.to_json(extra)
+            blob = self._index.to_json()
             self._dirty = False
         tmp = self.root / f"{TMP_PREFIX}index-{os.getpid()}.json"
         try:

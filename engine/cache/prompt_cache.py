@@ -1,15 +1,18 @@
-"""The memory tier of the prompt cache: an LRU of snapshots under a byte budget, written
-through to the disk tier; `fetch` asks the planner what to restore and hands out a private copy."""
+"""The prompt cache's front: the memory tier (an LRU of snapshots under a byte budget), the
+disk tier behind it, and when the disk writes. `fetch` asks the planner what to restore and
+hands out a private copy; `put` stores a snapshot in memory and queues it for the disk;
+`generation()` brackets a generation (the disk writer waits, for a bounded time, while the
+model runs). The memory tier and the disk tier are steered from here only."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
 
-from engine.cache.families import cut_back
 from engine.cache.planner import Plan, SnapshotMeta, dominates, plan_restore
-from engine.cache.snapshot import DiskTier, Snapshot, clone_cache
+from engine.cache.snapshot import DiskTier, Snapshot, restore_copy
 from engine.errors import SnapshotError
 
 
@@ -31,8 +34,14 @@ class PromptCache:
 
     # -- store ----------------------------------------------------------------------------------
     def put(self, snapshot: Snapshot, persist: bool = True) -> None:
+        """Keep `snapshot` in memory (if it fits the budget) and queue it for the disk tier (even if
+        it does not: a long chat's state may exceed the memory budget, never the disk's reason)."""
         meta = snapshot.meta
-        if meta.length == 0 or meta.nbytes > self.budget_bytes:
+        if meta.length == 0:
+            return
+        if persist and self.disk is not None:
+            self.disk.save_async(snapshot)
+        if meta.nbytes > self.budget_bytes:
             return
         with self._lock:
             for sid, other in list(self._items.items()):
@@ -42,8 +51,19 @@ class PromptCache:
             self._bytes += meta.nbytes
             while self._bytes > self.budget_bytes and self._items:
                 self._drop(next(iter(self._items)))
-        if persist and self.disk is not None:
-            self.disk.save_async(snapshot)
+
+    @contextmanager
+    def generation(self) -> Iterator[None]:
+        """A generation runs inside: disk writes queued meanwhile wait (at most the disk tier's
+        `MAX_HOLD_S` each, so a server busy back to back still persists), then go."""
+        disk = self.disk
+        if disk is not None:
+            disk.hold_writes()
+        try:
+            yield
+        finally:
+            if disk is not None:
+                disk.release_writes()
 
     def _drop(self, sid: str) -> None:
         snap = self._items.pop(sid)
@@ -72,9 +92,12 @@ class PromptCache:
             if plan.meta is None:
                 return plan, None
             try:
-                snap = self._get(plan.meta, plan.source)
-                cache = clone_cache(snap.cache)
-                cut_back(cache, plan.meta.length - plan.reuse)
+                snap = self._get(plan.meta, plan.source, plan.reuse)
+                if snap.meta.length < plan.reuse:  # the disk had only a prefix left: plan again
+                    declines.append(f"{plan.source} snapshot {plan.meta.id}: only {snap.meta.length} "
+                                    f"of {plan.meta.length} tokens left on disk")
+                    continue
+                cache = restore_copy(snap.cache, plan.reuse)  # private, with room to grow
             except SnapshotError as e:
                 declines.append(f"{plan.source} snapshot {plan.meta.id} unusable: {e}")
                 excluded.add(plan.meta.id)
@@ -84,14 +107,14 @@ class PromptCache:
             self.hits += 1
             return plan, cache
 
-    def _get(self, meta: SnapshotMeta, source: Optional[str]) -> Snapshot:
+    def _get(self, meta: SnapshotMeta, source: Optional[str], upto: Optional[int] = None) -> Snapshot:
         with self._lock:
             snap = self._items.get(meta.id)
             if snap is not None:
                 self._items.move_to_end(meta.id)
                 return snap
         if source == "disk" and self.disk is not None:
-            snap = self.disk.load(meta)
+            snap = self.disk.load(meta, upto)
             snap.source = "disk"
             self.put(snap, persist=False)  # promote to memory
             return snap
