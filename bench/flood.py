@@ -14,7 +14,6 @@ without it. Bounded: every socket has a 60 s timeout; the flood stops with the l
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.flood_clients import reconnect_flood  # noqa: E402
 from tests.tiny_models import build_model  # noqa: E402
 
 BODY = json.dumps({"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 1,
@@ -58,36 +58,15 @@ def normal_request(port: int) -> tuple[int, float]:
 
 
 def flood(port: int, clients: int, stop: "mp.synchronize.Event", connects: "mp.sharedctypes.Synchronized") -> None:
+    """tests/flood_clients.py's flood in this process, counting connections in `connects`."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, clients + 256), hard))
-    host = f"127.0.0.1:{port}".encode()
 
-    async def one(i: int) -> None:
-        while not stop.is_set():
-            try:
-                r, w = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
-            with connects.get_lock():
-                connects.value += 1
-            if i % 2:
-                w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host + b"\r\nContent-Ty")
-            try:
-                while not stop.is_set():
-                    try:
-                        if not await asyncio.wait_for(r.read(1024), 0.5):
-                            break
-                    except asyncio.TimeoutError:
-                        continue
-            except OSError:
-                pass
-            w.close()
+    def connected() -> None:
+        with connects.get_lock():
+            connects.value += 1
 
-    async def main() -> None:
-        await asyncio.gather(*(one(i) for i in range(clients)))
-
-    asyncio.run(main())
+    reconnect_flood(port, clients, stop.is_set, connected, retry_s=0.05, poll_s=0.5)
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ deadline that fails on an assertion (never a socket timeout).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -24,6 +23,7 @@ import pytest
 from engine.serve.connections import IDLE, RECEIVING, ConnectionGuard, Limits, RequestScan
 from engine.serve.guard import RateLimitedLog
 from engine.serve.quote import quote
+from tests.flood_clients import reconnect_flood
 from tests.test_server import SKY, Server, http
 from tests.test_server_guard import Reply, chat_body, exchange, read_to_close, request_bytes
 
@@ -202,35 +202,12 @@ def test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow(tiny_mod
 
 
 def _flood(port: int, clients: int, stop: threading.Event, counts: dict[str, int]) -> None:
-    """`clients` connections, each reconnecting as soon as it is dropped: even ones send nothing,
-    odd ones half a request head. Runs on its own loop until `stop` is set."""
-    host = f"127.0.0.1:{port}".encode()
+    """tests/flood_clients.py's flood, counting its connections in `counts`."""
 
-    async def one(i: int) -> None:
-        while not stop.is_set():
-            try:
-                r, w = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.01)
-                continue
-            counts["connects"] += 1
-            if i % 2:
-                w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host + b"\r\nContent-Ty")
-            try:
-                while not stop.is_set():
-                    try:
-                        if not await asyncio.wait_for(r.read(1024), 0.2):
-                            break
-                    except asyncio.TimeoutError:
-                        continue
-            except OSError:
-                pass
-            w.close()
+    def connected() -> None:
+        counts["connects"] += 1
 
-    async def main() -> None:
-        await asyncio.gather(*(one(i) for i in range(clients)))
-
-    asyncio.run(main())
+    reconnect_flood(port, clients, stop.is_set, connected)
 
 
 def test_complete_requests_are_answered_while_a_flood_reconnects(tiny_model: Path) -> None:
