@@ -1,7 +1,8 @@
 """Snapshots: private, compact copies of a model's per-layer cache objects (mlx-lm classes).
 
-A snapshot never hands out its arrays: a restore gets a copy (`clone_cache`), cut back
-(`families.cut_back`) when the planner says so. What a copy of each layer holds, and whether
+A snapshot never hands out its arrays: a restore gets a copy (`restore_copy`), cut back
+(`families.cut_back`) when the planner says so, or the spare copied after the reply that
+stored it (`spare_layers`), so a regenerate copies nothing before its first forward. What a copy of each layer holds, and whether
 it can be cut back, is its class's rule in engine/cache/families.py.
 """
 
