@@ -52,6 +52,7 @@ AR = "tests/test_app_remote.py::"
 RE = "tests/test_remote.py::"
 WT = "tests/test_app_window_truth.py::"
 BS = "tests/test_block_store.py::"
+RS = "tests/test_restore_spare.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -359,6 +360,24 @@ MUTATIONS: list[Mutation] = [
           "            commit()\n",
           "            commit()\n            for row in rows:\n                size += self._write_pack(snap, row, written)\n"),),
         (DC + "test_sigkill_while_writing_leaves_consistent_cache",),
+    ),
+    # issue 27: a regenerate's restore hands over a spare copied after the reply (no copy before its first forward)
+    Mutation(
+        "the restore ignores the spare and copies first",
+        (("engine/cache/prompt_cache.py", "                spare = self._take_spare(plan.meta.id)\n",
+          "                spare = self._take_spare(plan.meta.id) and None\n"),),
+        (RS + "test_regenerate_hands_over_the_spare_and_keeps_the_snapshot_bits",),
+    ),
+    Mutation(
+        "the spare handed over at its full length, not cut back",
+        (("engine/cache/snapshot.py", "                ready.offset = n\n", "                pass\n"),),
+        (RS + "test_regenerate_hands_over_the_spare_and_keeps_the_snapshot_bits",),
+    ),
+    Mutation(
+        "the spare of another snapshot handed over",
+        (("engine/cache/prompt_cache.py", "return spare[1] if spare is not None and spare[0] == snapshot_id else None",
+          "return spare[1] if spare is not None else None"),),
+        (RS + "test_spare_serves_a_cut_back_restore_and_never_another_snapshot",),
     ),
 ]
 

@@ -1,6 +1,7 @@
 """The prompt cache's front: the memory tier (an LRU of snapshots under a byte budget), the
 disk tier behind it, and when the disk writes. `fetch` asks the planner what to restore and
-hands out a private copy; `put` stores a snapshot in memory and queues it for the disk;
+hands out a private copy (a spare copied in the background after the reply that stored the
+snapshot, where there is one: `keep_spare`); `put` stores a snapshot in memory and queues it for the disk;
 `generation()` brackets a generation (the disk writer waits, for a bounded time, while the
 model runs). The memory tier and the disk tier are steered from here only."""
 
@@ -12,7 +13,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
 from engine.cache.planner import Plan, SnapshotMeta, dominates, plan_restore
-from engine.cache.snapshot import DiskTier, Snapshot, restore_copy
+import mlx.core as mx
+
+from engine.cache.snapshot import DiskTier, Snapshot, cache_arrays, restore_copy, spare_layers
 from engine.errors import SnapshotError
 
 
@@ -31,6 +34,11 @@ class PromptCache:
         self._lock = threading.Lock()
         self.lookups = 0
         self.hits = 0
+        self.spare_hits = 0  # restores that used a spare: no copy before the first forward
+        # (snapshot id, its layers copied privately after the reply that stored it): at most one,
+        # kept until the next fetch, which uses it or drops it
+        self._spare: Optional[tuple[str, list[Any]]] = None
+        self.spares = True  # False: no spares, every restore copies first (bench/regen_spare.py's "before")
 
     # -- store ----------------------------------------------------------------------------------
     def put(self, snapshot: Snapshot, persist: bool = True) -> None:
@@ -51,6 +59,28 @@ class PromptCache:
             self._bytes += meta.nbytes
             while self._bytes > self.budget_bytes and self._items:
                 self._drop(next(iter(self._items)))
+
+    def keep_spare(self, snapshot_id: str, live: Sequence[Any]) -> None:
+        """After a reply stored `snapshot_id` from the live cache `live`: copy its block layers
+        into new buffers in the background (`mx.async_eval`, off the critical path), for the next
+        fetch of that snapshot (a regenerate) to hand over instead of copying then. The copy is
+        the spare's own memory: neither the snapshot (whose arrays view the live buffer), nor the
+        disk writer serialising them, nor the live cache shares it."""
+        if not self.spares:
+            self._spare = None
+            return
+        spare = spare_layers(live)
+        arrays = cache_arrays([d for d in spare if d is not None])
+        if not arrays:
+            self._spare = None
+            return
+        mx.async_eval(arrays)
+        self._spare = (snapshot_id, spare)
+
+    def _take_spare(self, snapshot_id: str) -> Optional[list[Any]]:
+        """The spare if it copies `snapshot_id`; the spare is dropped either way (used once)."""
+        spare, self._spare = self._spare, None
+        return spare[1] if spare is not None and spare[0] == snapshot_id else None
 
     @contextmanager
     def generation(self) -> Iterator[None]:
@@ -90,6 +120,7 @@ class PromptCache:
             plan = plan_restore(cands, prompt, mode, cuts)
             plan.declines = declines + plan.declines
             if plan.meta is None:
+                self._spare = None  # a generation from scratch: nothing will regenerate from it
                 return plan, None
             try:
                 snap = self._get(plan.meta, plan.source, plan.reuse)
@@ -97,7 +128,10 @@ class PromptCache:
                     declines.append(f"{plan.source} snapshot {plan.meta.id}: only {snap.meta.length} "
                                     f"of {plan.meta.length} tokens left on disk")
                     continue
-                cache = restore_copy(snap.cache, plan.reuse)  # private, with room to grow
+                spare = self._take_spare(plan.meta.id)
+                cache = restore_copy(snap.cache, plan.reuse, spare)  # private, with room to grow
+                if spare is not None:
+                    self.spare_hits += 1
             except SnapshotError as e:
                 declines.append(f"{plan.source} snapshot {plan.meta.id} unusable: {e}")
                 excluded.add(plan.meta.id)
@@ -125,6 +159,7 @@ class PromptCache:
         with self._lock:
             self._items.clear()
             self._bytes = 0
+        self._spare = None
         if self.disk is not None:
             self.disk.clear()
 
@@ -137,6 +172,7 @@ class PromptCache:
                 "memory_budget_bytes": self.budget_bytes,
                 "lookups": self.lookups,
                 "hits": self.hits,
+                "spare_hits": self.spare_hits,
             }
         out["disk"] = self.disk.stats() if self.disk is not None else None
         return out

@@ -1,7 +1,8 @@
 """Snapshots: private, compact copies of a model's per-layer cache objects (mlx-lm classes).
 
-A snapshot never hands out its arrays: a restore gets a copy (`clone_cache`), cut back
-(`families.cut_back`) when the planner says so. What a copy of each layer holds, and whether
+A snapshot never hands out its arrays: a restore gets a copy (`restore_copy`), cut back
+(`families.cut_back`) when the planner says so, or the spare copied after the reply that
+stored it (`spare_layers`), so a regenerate copies nothing before its first forward. What a copy of each layer holds, and whether
 it can be cut back, is its class's rule in engine/cache/families.py.
 """
 
@@ -78,16 +79,41 @@ def _with_room(x: Any, n: int, room: int) -> Any:
     return x
 
 
-def restore_copy(cache: Sequence[Any], n: int) -> list[Any]:
+def spare_layers(cache: Sequence[Any]) -> list[Any]:
+    """A private copy of the live cache's layers kept in blocks, with room to grow (None for the
+    other layers: a restore copies those from the snapshot). Lazy: the caller starts it in the
+    background (`mx.async_eval`) so a reply ends without waiting for it. New buffers (a
+    concatenation), never views: an end snapshot's arrays are views of the live buffer."""
+    out: list[Any] = []
+    for c in cache:
+        if rules_of(c).blocks and getattr(c, "keys", None) is not None:
+            d = copy.copy(c)
+            d.keys = _with_room(c.keys, c.offset, GROW_ROOM)
+            d.values = _with_room(c.values, c.offset, GROW_ROOM)
+            out.append(d)
+        else:
+            out.append(None)
+    return out
+
+
+def restore_copy(cache: Sequence[Any], n: int, spare: Optional[Sequence[Any]] = None) -> list[Any]:
     """A private copy of a snapshot's layers holding its first `n` tokens, for a generation to
     continue from: layers kept in blocks (KV, quantized KV) get one new buffer of the first `n`
     positions with room to grow (the first forward writes into it in place instead of copying it
     again to grow it), never a view of the snapshot's arrays; other layers are copied whole and
-    cut back (families.cut_back raises SnapshotError where they cannot be)."""
+    cut back (families.cut_back raises SnapshotError where they cannot be). `spare`: the same
+    snapshot's layers already copied off the critical path (`spare_layers`); a block layer of it
+    holding at least `n` tokens is handed over as it is, cut back to `n` (what lies past the
+    offset is never read), so no copy stands between the request and its first forward."""
     out = []
-    for c in cache:
+    for i, c in enumerate(cache):
         rules = rules_of(c)
         if rules.blocks and getattr(c, "keys", None) is not None:
+            ready = spare[i] if spare is not None else None
+            if ready is not None and ready.offset >= n:
+                ready.offset = n
+                out.append(ready)
+                continue
             d = copy.copy(c)
             d.keys = _with_room(c.keys, n, GROW_ROOM)
             d.values = _with_room(c.values, n, GROW_ROOM)

@@ -109,9 +109,10 @@ class _Snapshots:
         if cut:
             self.ends.append(end)
 
-    def take(self, kind: str, tokens: Sequence[int], cache: list[Any]) -> None:
+    def take(self, kind: str, tokens: Sequence[int], cache: list[Any]) -> Optional[str]:
+        """Store a snapshot of `cache` holding `tokens`; its id (None: nothing stored)."""
         if self.prompt_cache is None or not tokens:
-            return
+            return None
         snap_cache = clone_cache(cache)
         n = len(tokens)
         meta = SnapshotMeta(
@@ -128,6 +129,7 @@ class _Snapshots:
         )
         self.prompt_cache.put(Snapshot(meta, snap_cache))
         self.stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
+        return meta.id
 
     def keep_partial(self, prompt: Sequence[int], cache: list[Any], restored: int, done: int) -> None:
         """Stopped mid-prefill with the cache complete up to `done`: keep it if that state is exact."""
@@ -315,7 +317,9 @@ def stream(
         if prompt_cache is not None and decoded.tokens:
             fed = prompt + decoded.tokens[: decoded.forwarded]
             assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
-            snaps.take("end", fed, cache)
+            sid = snaps.take("end", fed, cache)
+            if sid is not None and prompt_cache is not None:  # a regenerate restores from it: copy now
+                prompt_cache.keep_spare(sid, cache)
         return result(pre, decoded)
     except GeneratorExit:  # closed mid-decode (prefill keeps its own state): what a regenerate needs
         if pre is not None:
