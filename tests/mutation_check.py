@@ -379,6 +379,12 @@ MUTATIONS: list[Mutation] = [
           "return spare[1] if spare is not None else None"),),
         (RS + "test_spare_serves_a_cut_back_restore_and_never_another_snapshot",),
     ),
+    Mutation(
+        "the spare kept whatever the memory budget has left",
+        (("engine/cache/prompt_cache.py", "        if not arrays or sum(a.nbytes for a in arrays) > room:\n",
+          "        if not arrays:\n"),),
+        (RS + "test_no_spare_where_the_memory_budget_has_no_room_for_it",),
+    ),
 ]
 
 

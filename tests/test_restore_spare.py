@@ -86,3 +86,18 @@ def test_spare_serves_a_cut_back_restore_and_never_another_snapshot(models):
     again = eng.generate(request(a, max_tokens=6))  # b's spare copies b's snapshot, not a's
     assert again.report.restored == len(eng.prompt_ids(a)) - 1 and eng.cache.spare_hits == 1
     assert again.tokens == ra.tokens and again.logprobs == ra.logprobs
+
+
+def test_no_spare_where_the_memory_budget_has_no_room_for_it(models):
+    """The spare is memory too: with a budget that holds the snapshots but not one more state,
+    no spare is kept and the regenerate copies first, identically."""
+    probe = make_engine(models["llama"])
+    msgs = [{"role": "user", "content": LONG}]
+    first = probe.generate(request(msgs, max_tokens=12))
+    held = probe.cache.stats()["memory_bytes"]
+    eng = make_engine(models["llama"], memory_budget=held + 1)
+    assert eng.generate(request(msgs, max_tokens=12)).tokens == first.tokens
+    assert eng.cache._spare is None  # no room left for it
+    again = eng.generate(request(msgs, max_tokens=12))
+    assert again.report.restored == len(eng.prompt_ids(msgs)) - 1 and eng.cache.spare_hits == 0
+    assert again.tokens == first.tokens and again.logprobs == first.logprobs

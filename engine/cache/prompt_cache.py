@@ -12,9 +12,9 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
-from engine.cache.planner import Plan, SnapshotMeta, dominates, plan_restore
 import mlx.core as mx
 
+from engine.cache.planner import Plan, SnapshotMeta, dominates, plan_restore
 from engine.cache.snapshot import DiskTier, Snapshot, cache_arrays, restore_copy, spare_layers
 from engine.errors import SnapshotError
 
@@ -71,7 +71,11 @@ class PromptCache:
             return
         spare = spare_layers(live)
         arrays = cache_arrays([d for d in spare if d is not None])
-        if not arrays:
+        # The spare is memory too: it is kept only where it fits in what the memory tier's
+        # budget has left (a large model's long chat restores by copying, as before).
+        with self._lock:
+            room = self.budget_bytes - self._bytes
+        if not arrays or sum(a.nbytes for a in arrays) > room:
             self._spare = None
             return
         mx.async_eval(arrays)
