@@ -458,6 +458,10 @@ def test_gui_thread_never_waits_on_the_engine_during_generation(
     w = open_window(max_tokens=200)
     send(qtbot, w, LONG_PROMPT[:600])  # warm-up: first paint, glyph caches, MLX kernels
     gui = threading.current_thread()
+    # Collections from here on: a worker thread an earlier test's window left (its model
+    # discovery, finishing with the collector on between windows) is not this window's doing.
+    qtbot.waitUntil(lambda: w._discovery is None or w._discovery.done(), timeout=LONG)
+    gc_collections.clear()
     waits: list[str] = []  # engine jobs the GUI thread blocked on, while generating
     for name in ("result", "exception"):
         original = getattr(concurrent.futures.Future, name)
