@@ -1,12 +1,13 @@
 """Regenerate time to first token right after a cold run, with and without the spare (issue 27).
 
-One process, memory tier only, the demo model by default: for each round and each arm ("before":
-`PromptCache.spares = False`, every restore copies the state before its first forward; "after":
-the reply's state is copied in the background after it ends and the next restore hands that
-copy over), a cold run of a new `--tokens`-token chat (greedy, 16 new tokens), then `--repeat`
-regenerates, the first right after the cold run (`--pause` seconds after each reply: a
-user's click; 0, back to back, leaves the background copy no time to finish first). Times in
-decode steps of that cold run. `--restore-only`: the restore alone, no model.
+One process, the demo model by default, memory tier only (`--disk`: with the default disk tier
+in a fresh folder, whose writer then runs beside the regenerates): for each round and each arm
+("before": `PromptCache.spares = False`, every restore copies the state from the memory tier's
+blocks before its first forward; "after": the reply's live cache is handed over to the next
+restore of its snapshot), a cold run of a new `--tokens`-token chat (greedy, 16 new tokens), then
+`--repeat` regenerates, the first right after the cold run (`--pause` seconds after each reply:
+a user's click; 0: back to back). Times in decode steps of that cold run. `--restore-only`: the
+restore alone, no model.
 
   LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 PYTHONPATH=. \\
       .venv/bin/python bench/regen_spare.py --tokens 4349 --repeat 3 --rounds 1
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,27 +29,33 @@ from bench import common as C  # noqa: E402
 
 def restore_only(n: int, trials: int = 3) -> None:
     """The restore alone, no model: a 24-layer KV state of `n` tokens (~204 MB at 4,349, like the
-    demo model's), restored to n - 1 by copying (before) and by handing a ready spare over (after)."""
+    demo model's) in the memory tier, restored to n - 1 by copying its blocks (before) and by
+    handing the live cache that stored it over (after)."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from engine.cache.snapshot import cache_arrays, clone_cache, restore_copy, spare_layers
+    from engine.cache.memory_tier import MemoryTier
+    from engine.cache.planner import SnapshotMeta
+    from engine.cache.snapshot import cache_arrays, cache_nbytes, new_snapshot_id
 
     live = [KVCache() for _ in range(24)]
     for c in live:
         c.update_and_fetch(mx.random.normal((1, 4, n, 64)), mx.random.normal((1, 4, n, 64)))
     mx.eval(cache_arrays(live))
-    snap = clone_cache(live)
-    C.log(f"  state {C.fmt_bytes(sum(a.nbytes for a in cache_arrays(snap)))}")
+    tier = MemoryTier(8 << 30)
+    meta = SnapshotMeta(new_snapshot_id(), "k" * 32, tuple(range(n)), "end", (n - 1,), ("KVCache",) * 24, True,
+                        cache_nbytes(live), forwards=((0, n),))
+    tier.add(meta, live)
+    C.log(f"  state {C.fmt_bytes(meta.nbytes)}")
     for _ in range(trials):
         t = time.perf_counter()
-        restore_copy(snap, n - 1)
+        tier.restore(meta.id, n - 1)
         copied = time.perf_counter() - t
-        spare = spare_layers(live)
-        mx.eval(cache_arrays(spare))  # what the background copy has done by the time of a click
         t = time.perf_counter()
-        restore_copy(snap, n - 1, spare)
-        C.log(f"  restore by copying {C.fmt_s(copied)}, by handing the spare over {C.fmt_s(time.perf_counter() - t)}")
+        tier.restore(meta.id, n - 1, live)
+        C.log(f"  restore by copying {C.fmt_s(copied)}, by handing the live cache over {C.fmt_s(time.perf_counter() - t)}")
+        for c in live:
+            c.offset = n
 
 
 def main() -> None:
@@ -61,11 +69,16 @@ def main() -> None:
     p.add_argument("--pause", type=float, default=0.0,
                    help="seconds between a reply and the next regenerate (a click; 0: back to back)")
     p.add_argument("--restore-only", action="store_true", help="time the restore alone (no model)")
+    p.add_argument("--disk", action="store_true", help="with the default disk tier (a fresh folder)")
     args = p.parse_args()
     if args.restore_only:
         restore_only(args.tokens)
         return
-    engine, _ = C.load_engine(args.model, use_disk=False)
+    if args.disk:
+        work = Path(tempfile.mkdtemp(prefix="verbatim-regen-"))
+        engine, _ = C.load_engine(args.model, cache_dir=work)
+    else:
+        engine, _ = C.load_engine(args.model, use_disk=False)
     C.warm_up(engine)
     rows = []
     for rnd in range(args.rounds):
@@ -81,6 +94,7 @@ def main() -> None:
                 time.sleep(args.pause)
                 r = engine.generate(req)
                 assert r.report.source == "memory" and r.tokens == cold.tokens, r.report.source
+                assert r.logprobs == cold.logprobs
                 regen.append(r.report.ttft_s)
             row = {"round": rnd, "arm": arm, "prompt": cold.report.prompt_tokens, "cold": cold.report.ttft_s,
                    "step": step, "regen": regen, "steps": [t / step for t in regen],

@@ -52,6 +52,7 @@ AR = "tests/test_app_remote.py::"
 RE = "tests/test_remote.py::"
 WT = "tests/test_app_window_truth.py::"
 BS = "tests/test_block_store.py::"
+MT = "tests/test_memory_tier.py::"
 RS = "tests/test_restore_spare.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
@@ -147,7 +148,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "memory tier evicts first in, not least recently used",
-        (("engine/cache/prompt_cache.py", "                self._items.move_to_end(meta.id)\n", ""),),
+        (("engine/cache/memory_tier.py", "            self._items.move_to_end(sid)\n", ""),),
         (EC + "test_memory_budget_evicts_least_recently_used",),
     ),
     Mutation(
@@ -175,8 +176,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the memory tier returns snapshots of any model, not only the loaded one",
-        (("engine/cache/prompt_cache.py", ' for s in self._items.values() if s.meta.model_key == model_key]',
-          ' for s in self._items.values()]'),),
+        (("engine/cache/memory_tier.py", ' for e in self._items.values() if model_key is None or e.meta.model_key == model_key]',
+          ' for e in self._items.values()]'),),
         (EP + "test_two_models_in_one_engine_never_share_snapshots",),
     ),
     Mutation(
@@ -361,7 +362,7 @@ MUTATIONS: list[Mutation] = [
           "            commit()\n            for row in rows:\n                size += self._write_pack(snap, row, written)\n"),),
         (DC + "test_sigkill_while_writing_leaves_consistent_cache",),
     ),
-    # issue 27: a regenerate's restore hands over a spare copied after the reply (no copy before its first forward)
+    # issue 27: a regenerate's restore takes over the reply's live cache (no copy before its first forward)
     Mutation(
         "the restore ignores the spare and copies first",
         (("engine/cache/prompt_cache.py", "                spare = self._take_spare(plan.meta.id)\n",
@@ -370,7 +371,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the spare handed over at its full length, not cut back",
-        (("engine/cache/snapshot.py", "                ready.offset = n\n", "                pass\n"),),
+        (("engine/cache/memory_tier.py", "                    ready.offset = n\n", "                    pass\n"),),
         (RS + "test_regenerate_hands_over_the_spare_and_keeps_the_snapshot_bits",),
     ),
     Mutation(
@@ -381,9 +382,21 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the spare kept whatever the memory budget has left",
-        (("engine/cache/prompt_cache.py", "        if not arrays or sum(a.nbytes for a in arrays) > room:\n",
+        (("engine/cache/prompt_cache.py", "        if not arrays or sum(a.nbytes for a in arrays) > self.memory.room():\n",
           "        if not arrays:\n"),),
         (RS + "test_no_spare_where_the_memory_budget_has_no_room_for_it",),
+    ),
+    # issue 27 (memory tier): snapshots in memory over shared blocks
+    Mutation(
+        "a memory block freed while another snapshot still names it",
+        (("engine/cache/memory_tier.py", "            if left > 0:\n", "            if False:\n"),),
+        (MT + "test_a_block_shared_by_two_snapshots_outlives_the_one_dropped",),
+    ),
+    Mutation(
+        "the memory budget counts a shared pack once per block, not once",
+        (("engine/cache/memory_tier.py", "                if blk.pack.blocks == 0:\n                    self._bytes += blk.pack.nbytes\n",
+          "                self._bytes += blk.pack.nbytes\n"),),
+        (MT + "test_four_variants_hold_their_shared_prefix_once",),
     ),
 ]
 

@@ -287,8 +287,8 @@ def test_cancel_mid_prefill_leaves_no_lying_snapshot(models):
     assert r.finish_reason == "cancelled" and r.tokens == []
     assert seen[-1] < r.report.prompt_tokens - 1  # stopped inside prefill
     for meta in eng.cache.metas():
-        snap = eng.cache._items[meta.id]
-        assert all(layer_offset(c) in (None, meta.length) for c in snap.cache)
+        held = eng.cache.memory.cache_of(meta.id)
+        assert all(layer_offset(c) in (None, meta.length) for c in held)
         assert meta.length <= seen[-1]
     # Resuming reuses the checkpoint and still matches a cold run exactly.
     again = eng.generate(request(msgs))
@@ -300,16 +300,16 @@ def test_restore_never_aliases_the_stored_snapshot(models):
     eng = make_engine(models["llama"])
     msgs = [{"role": "user", "content": LONG_Q}]
     eng.generate(request(msgs))
-    # Hold the snapshot objects themselves: a later put may drop them from the cache.
-    held = [eng.cache._items[m.id] for m in eng.cache.metas()]
-    before = [[c.keys.tolist() for c in snap.cache] for snap in held]
+    # Hold the memory tier's packs themselves: a later put may drop the snapshots from the cache.
+    held = [blk.pack for blk in eng.cache.memory._blocks.values()]
+    before = [[kv[0].tolist() for kv in p.layers if kv is not None] for p in held]
     # Restores cut back to the pre-last position and to the shared prefix, then write other
     # tokens there (sampled, another seed; another question, fast and exact mode).
     assert eng.generate(request(msgs, temperature=1.0, seed=5)).report.restored > 0
     other = [{"role": "user", "content": LONG_Q + " And why?"}]
     assert eng.generate(request(other, mode="fast")).report.restored > 0
     eng.generate(request(other))
-    assert [[c.keys.tolist() for c in snap.cache] for snap in held] == before
+    assert [[kv[0].tolist() for kv in p.layers if kv is not None] for p in held] == before
 
 
 def test_memory_budget_evicts_least_recently_used():

@@ -454,7 +454,9 @@ def stats_rows(stats: dict[str, Any]) -> dict[str, tuple[str, str]]:
     budget = stats.get("memory_budget_bytes")
     rows = {
         "entries": (str(stats.get("memory_entries", "–")), ""),
-        "memory": (format_bytes(stats.get("memory_bytes")) + (f" of {format_bytes(budget)}" if budget else ""), ""),
+        "memory": (format_bytes(stats.get("memory_bytes")) + (f" of {format_bytes(budget)}" if budget else "")
+                   + (f", {stats['memory_blocks']} blocks, {format_bytes(stats.get('memory_shared_bytes') or 0)} shared"
+                      if stats.get("memory_blocks") is not None else ""), ""),
         "hits": (f"{stats.get('hits', 0)} / {stats.get('lookups', 0)}", ""),
     }
     disk = stats.get("disk") or {}

@@ -21,6 +21,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Sequence
 
+import mlx.core as mx
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
@@ -80,10 +81,12 @@ def _no_offset(c: Any) -> Optional[int]:
     return None
 
 
-def _slice_used(x: Any, n: int) -> Any:
+def _copy_used(x: Any, n: int) -> Any:
+    """`x[..., :n, :]` in new memory (`mx.array` copies; `copy.deepcopy` of an MLX array shares
+    its buffer, so the live cache's next write would copy the whole buffer instead)."""
     if isinstance(x, (list, tuple)):
-        return type(x)(_slice_used(v, n) for v in x)
-    return x[..., :n, :] if x is not None else None
+        return type(x)(_copy_used(v, n) for v in x)
+    return mx.array(x[..., :n, :]) if x is not None else None
 
 
 def _clone_kv_buffer(c: Any) -> Any:
@@ -91,9 +94,8 @@ def _clone_kv_buffer(c: Any) -> Any:
     if c.keys is None:
         return copy.deepcopy(c)
     d = copy.copy(c)
-    # slicing is lazy; deepcopy makes the copy own its memory once evaluated
-    d.keys = copy.deepcopy(_slice_used(c.keys, c.offset))
-    d.values = copy.deepcopy(_slice_used(c.values, c.offset))
+    d.keys = _copy_used(c.keys, c.offset)
+    d.values = _copy_used(c.values, c.offset)
     return d
 
 

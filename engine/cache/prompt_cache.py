@@ -1,88 +1,76 @@
-"""The prompt cache's front: the memory tier (an LRU of snapshots under a byte budget), the
-disk tier behind it, and when the disk writes. `fetch` asks the planner what to restore and
-hands out a private copy (a spare copied in the background after the reply that stored the
-snapshot, where there is one: `keep_spare`); `put` stores a snapshot in memory and queues it for the disk;
-`generation()` brackets a generation (the disk writer waits, for a bounded time, while the
-model runs). The memory tier and the disk tier are steered from here only."""
+"""The prompt cache's front: the memory tier (engine/cache/memory_tier.py: snapshots over shared
+blocks under a byte budget), the disk tier behind it, and when the disk writes. `fetch` asks the
+planner what to restore and hands out a private copy (or the live cache of the reply that stored
+the snapshot, handed over as it is: `keep_spare`); `store` keeps a snapshot of a live cache in
+memory and queues it for the disk; `generation()` brackets a generation (the disk writer waits,
+for a bounded time, while the model runs). The memory tier and the disk tier are steered from
+here only."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
-import mlx.core as mx
-
-from engine.cache.planner import Plan, SnapshotMeta, dominates, plan_restore
-from engine.cache.snapshot import DiskTier, Snapshot, cache_arrays, restore_copy, spare_layers
+from engine.cache.families import rules_of
+from engine.cache.memory_tier import MemoryTier
+from engine.cache.planner import Plan, SnapshotMeta, plan_restore
+from engine.cache.snapshot import DiskTier, Snapshot, cache_arrays, restore_copy
 from engine.errors import SnapshotError
 
 
 class PromptCache:
-    """An LRU of snapshots under a byte budget, optionally written through to a disk tier.
+    """The memory tier, optionally written through to a disk tier.
 
-    Only the engine's worker thread touches the arrays; the lock guards the bookkeeping so
-    statistics can be read from elsewhere.
+    Only the engine's worker thread touches the arrays; statistics can be read from elsewhere.
     """
 
     def __init__(self, budget_bytes: int = 2 << 30, disk: Optional[DiskTier] = None) -> None:
-        self.budget_bytes = budget_bytes
+        self.memory = MemoryTier(budget_bytes)
         self.disk = disk
-        self._items: "OrderedDict[str, Snapshot]" = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
         self.lookups = 0
         self.hits = 0
-        self.spare_hits = 0  # restores that used a spare: no copy before the first forward
-        # (snapshot id, its layers copied privately after the reply that stored it): at most one,
-        # kept until the next fetch, which uses it or drops it
+        self.spare_hits = 0  # restores that took over a reply's live cache: no copy before the first forward
+        # (snapshot id, the live cache of the reply that stored it; None for layers kept whole):
+        # at most one, kept until the next fetch, which uses it or drops it
         self._spare: Optional[tuple[str, list[Any]]] = None
         self.spares = True  # False: no spares, every restore copies first (bench/regen_spare.py's "before")
 
+    @property
+    def budget_bytes(self) -> int:
+        return self.memory.budget_bytes
+
     # -- store ----------------------------------------------------------------------------------
-    def put(self, snapshot: Snapshot, persist: bool = True) -> None:
-        """Keep `snapshot` in memory (if it fits the budget) and queue it for the disk tier (even if
-        it does not: a long chat's state may exceed the memory budget, never the disk's reason)."""
-        meta = snapshot.meta
+    def store(self, meta: SnapshotMeta, cache: Sequence[Any], persist: bool = True) -> None:
+        """Keep the snapshot `meta` of the live cache `cache` in memory (if it fits the budget;
+        only the positions whose blocks the memory lacks are copied) and queue it for the disk
+        tier (even if it does not fit: a long chat's state may exceed the memory budget, never
+        the disk's reason). The live cache is not held: the generation may go on writing it."""
         if meta.length == 0:
             return
+        shared = self.memory.add(meta, cache)
         if persist and self.disk is not None:
-            self.disk.save_async(snapshot)
-        if meta.nbytes > self.budget_bytes:
-            return
-        with self._lock:
-            for sid, other in list(self._items.items()):
-                if other.meta.model_key == meta.model_key and dominates(meta, other.meta):
-                    self._drop(sid)
-            self._items[meta.id] = snapshot
-            self._bytes += meta.nbytes
-            while self._bytes > self.budget_bytes and self._items:
-                self._drop(next(iter(self._items)))
+            self.disk.save_async(shared)
+
+    def put(self, snapshot: Snapshot, persist: bool = True) -> None:
+        """`store` for a snapshot's own cache objects (they are only read)."""
+        self.store(snapshot.meta, snapshot.cache, persist)
 
     def keep_spare(self, snapshot_id: str, live: Sequence[Any]) -> None:
-        """After a reply stored `snapshot_id` from the live cache `live`: copy its block layers
-        into new buffers in the background (`mx.async_eval`, off the critical path), for the next
-        fetch of that snapshot (a regenerate) to hand over instead of copying then. The copy is
-        the spare's own memory: neither the snapshot (whose arrays view the live buffer), nor the
-        disk writer serialising them, nor the live cache shares it."""
+        """After a reply stored `snapshot_id` from the live cache `live`, which nothing else holds
+        now (the snapshot copied what it keeps): keep `live`'s block layers as they are, for the
+        next fetch of that snapshot (a regenerate) to hand over, cut back, instead of copying
+        the state first. Kept only where its buffers fit in what the memory budget has left."""
+        self._spare = None
         if not self.spares:
-            self._spare = None
             return
-        spare = spare_layers(live)
-        arrays = cache_arrays([d for d in spare if d is not None])
-        # The spare is memory too: it is kept only where it fits in what the memory tier's
-        # budget has left (a large model's long chat restores by copying, as before).
-        with self._lock:
-            room = self.budget_bytes - self._bytes
-        if not arrays or sum(a.nbytes for a in arrays) > room:
-            self._spare = None
+        spare = [c if rules_of(c).blocks and getattr(c, "keys", None) is not None else None for c in live]
+        arrays = cache_arrays([c for c in spare if c is not None])
+        if not arrays or sum(a.nbytes for a in arrays) > self.memory.room():
             return
-        mx.async_eval(arrays)
         self._spare = (snapshot_id, spare)
 
     def _take_spare(self, snapshot_id: str) -> Optional[list[Any]]:
-        """The spare if it copies `snapshot_id`; the spare is dropped either way (used once)."""
+        """The spare if it holds `snapshot_id`; the spare is dropped either way (used once)."""
         spare, self._spare = self._spare, None
         return spare[1] if spare is not None and spare[0] == snapshot_id else None
 
@@ -99,14 +87,9 @@ class PromptCache:
             if disk is not None:
                 disk.release_writes()
 
-    def _drop(self, sid: str) -> None:
-        snap = self._items.pop(sid)
-        self._bytes -= snap.meta.nbytes
-
     # -- lookup ---------------------------------------------------------------------------------
     def candidates(self, model_key: str) -> list[tuple[SnapshotMeta, str]]:
-        with self._lock:
-            mem = [(s.meta, "memory") for s in self._items.values() if s.meta.model_key == model_key]
+        mem = [(m, "memory") for m in self.memory.metas(model_key)]
         seen = {m.id for m, _ in mem}
         disk: list[tuple[SnapshotMeta, str]] = []
         if self.disk is not None:
@@ -127,13 +110,14 @@ class PromptCache:
                 self._spare = None  # a generation from scratch: nothing will regenerate from it
                 return plan, None
             try:
-                snap = self._get(plan.meta, plan.source, plan.reuse)
-                if snap.meta.length < plan.reuse:  # the disk had only a prefix left: plan again
-                    declines.append(f"{plan.source} snapshot {plan.meta.id}: only {snap.meta.length} "
-                                    f"of {plan.meta.length} tokens left on disk")
-                    continue
                 spare = self._take_spare(plan.meta.id)
-                cache = restore_copy(snap.cache, plan.reuse, spare)  # private, with room to grow
+                cache = self._restore(plan.meta, plan.source, plan.reuse, spare)  # private, with room to grow
+                if cache is None:  # the disk had only a prefix left (now in memory): plan again
+                    declines.append(f"{plan.source} snapshot {plan.meta.id}: only a part of its "
+                                    f"{plan.meta.length} tokens is left on disk")
+                    if not self.memory.touch(plan.meta.id):
+                        excluded.add(plan.meta.id)
+                    continue
                 if spare is not None:
                     self.spare_hits += 1
             except SnapshotError as e:
@@ -145,42 +129,45 @@ class PromptCache:
             self.hits += 1
             return plan, cache
 
-    def _get(self, meta: SnapshotMeta, source: Optional[str], upto: Optional[int] = None) -> Snapshot:
-        with self._lock:
-            snap = self._items.get(meta.id)
-            if snap is not None:
-                self._items.move_to_end(meta.id)
-                return snap
+    def _restore(self, meta: SnapshotMeta, source: Optional[str], upto: int,
+                 spare: Optional[list[Any]]) -> Optional[list[Any]]:
+        """A private copy of `meta`'s first `upto` tokens (read from the disk and promoted to
+        memory if need be); None if the disk has fewer than `upto` left."""
+        if self.memory.touch(meta.id):
+            return self.memory.restore(meta.id, upto, spare)
         if source == "disk" and self.disk is not None:
             snap = self.disk.load(meta, upto)
-            snap.source = "disk"
-            self.put(snap, persist=False)  # promote to memory
-            return snap
+            if snap.meta.length < upto:
+                self.memory.add(snap.meta, snap.cache, owned=True)
+                return None
+            self.memory.add(snap.meta, snap.cache, owned=True)  # promote to memory
+            if self.memory.touch(snap.meta.id):
+                return self.memory.restore(snap.meta.id, upto)
+            return restore_copy(snap.cache, upto)  # over the memory budget: restored, not kept
         raise SnapshotError("evicted")
 
     # -- housekeeping ---------------------------------------------------------------------------
     def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
+        self.memory.clear()
         self._spare = None
         if self.disk is not None:
             self.disk.clear()
 
     def stats(self) -> dict[str, Any]:
         """The memory tier's counts, and the disk tier's own stats under "disk" (None: no disk tier)."""
-        with self._lock:
-            out: dict[str, Any] = {
-                "memory_entries": len(self._items),
-                "memory_bytes": self._bytes,
-                "memory_budget_bytes": self.budget_bytes,
-                "lookups": self.lookups,
-                "hits": self.hits,
-                "spare_hits": self.spare_hits,
-            }
+        mem = self.memory.stats()
+        out: dict[str, Any] = {
+            "memory_entries": mem["entries"],
+            "memory_bytes": mem["bytes"],
+            "memory_blocks": mem["blocks"],
+            "memory_shared_bytes": mem["shared_bytes"],
+            "memory_budget_bytes": self.memory.budget_bytes,
+            "lookups": self.lookups,
+            "hits": self.hits,
+            "spare_hits": self.spare_hits,
+        }
         out["disk"] = self.disk.stats() if self.disk is not None else None
         return out
 
     def metas(self) -> list[SnapshotMeta]:
-        with self._lock:
-            return [s.meta for s in self._items.values()]
+        return self.memory.metas()

@@ -1,9 +1,9 @@
 """Snapshots: private, compact copies of a model's per-layer cache objects (mlx-lm classes).
 
-A snapshot never hands out its arrays: a restore gets a copy (`restore_copy`), cut back
-(`families.cut_back`) when the planner says so, or the spare copied after the reply that
-stored it (`spare_layers`), so a regenerate copies nothing before its first forward. What a copy of each layer holds, and whether
-it can be cut back, is its class's rule in engine/cache/families.py.
+A snapshot never hands out its arrays: a restore gets a copy (the memory tier's `restore`, or
+`restore_copy` for a snapshot read from disk that the memory budget cannot hold), cut back
+(`families.cut_back`) when the planner says so. What a copy of each layer holds, and whether it
+can be cut back, is its class's rule in engine/cache/families.py.
 """
 
 from __future__ import annotations
@@ -35,6 +35,33 @@ class Snapshot:
     cache: list[Any]  # mlx-lm cache objects; never handed out, only copies of them
     source: str = "memory"
 
+    # What the disk writer reads (memory_tier.SharedSnapshot keeps the positions in blocks):
+    def span_state(self, i: int, a: int, b: int) -> Any:
+        """Layer `i`'s state for positions [a, b) (a layer kept in blocks); lazy views."""
+        return sliced(self.cache[i].state, a, b)
+
+    def run_ends(self) -> list[int]:
+        """Positions where the block layers' storage changes buffer (a disk pack never crosses one)."""
+        return []
+
+    def position_bytes(self) -> int:
+        """Bytes one position takes in the layers kept in blocks."""
+        total = 0
+        for c in self.cache:
+            if rules_of(c).blocks:
+                for v in cache_arrays([c]):
+                    total += v.nbytes // max(1, v.shape[-2])
+        return total
+
+
+def sliced(x: Any, a: int, b: int) -> Any:
+    """A layer state's positions [a, b) (axis -2 of every array in it): lazy views."""
+    if isinstance(x, mx.array):
+        return x[..., a:b, :]
+    if isinstance(x, (list, tuple)):
+        return type(x)(sliced(v, a, b) for v in x)
+    return x
+
 
 class DiskTier(Protocol):
     """What the prompt cache needs from a persistent tier (engine/cache/disk/)."""
@@ -56,8 +83,15 @@ def cache_arrays(cache: Sequence[Any]) -> list[mx.array]:
 
 
 def cache_nbytes(cache: Sequence[Any]) -> int:
-    """Bytes of the state a snapshot keeps (the used part of each buffer)."""
-    return sum(a.nbytes for a in cache_arrays(cache))
+    """Bytes of the state a snapshot keeps: the used positions of a KV buffer (mlx-lm's `.state`
+    is the whole buffer, room to grow included), every array of the other layers."""
+    total = 0
+    for c in cache:
+        if rules_of(c).blocks and getattr(c, "keys", None) is not None:
+            total += sum(a.nbytes * c.offset // max(1, a.shape[-2]) for a in cache_arrays([c]) if a.ndim >= 2)
+        else:
+            total += sum(a.nbytes for a in cache_arrays([c]))
+    return total
 
 
 def clone_cache(cache: Sequence[Any]) -> list[Any]:
@@ -79,54 +113,36 @@ def _with_room(x: Any, n: int, room: int) -> Any:
     return x
 
 
-def spare_layers(cache: Sequence[Any]) -> list[Any]:
-    """A private copy of the live cache's layers kept in blocks, with room to grow (None for the
-    other layers: a restore copies those from the snapshot). Lazy: the caller starts it in the
-    background (`mx.async_eval`) so a reply ends without waiting for it. New buffers (a
-    concatenation), never views: an end snapshot's arrays are views of the live buffer."""
-    out: list[Any] = []
-    for c in cache:
-        if rules_of(c).blocks and getattr(c, "keys", None) is not None:
-            d = copy.copy(c)
-            d.keys = _with_room(c.keys, c.offset, GROW_ROOM)
-            d.values = _with_room(c.values, c.offset, GROW_ROOM)
-            out.append(d)
-        else:
-            out.append(None)
-    return out
-
-
-def restore_copy(cache: Sequence[Any], n: int, spare: Optional[Sequence[Any]] = None) -> list[Any]:
+def restore_copy(cache: Sequence[Any], n: int) -> list[Any]:
     """A private copy of a snapshot's layers holding its first `n` tokens, for a generation to
     continue from: layers kept in blocks (KV, quantized KV) get one new buffer of the first `n`
     positions with room to grow (the first forward writes into it in place instead of copying it
     again to grow it), never a view of the snapshot's arrays; other layers are copied whole and
-    cut back (families.cut_back raises SnapshotError where they cannot be). `spare`: the same
-    snapshot's layers already copied off the critical path (`spare_layers`); a block layer of it
-    holding at least `n` tokens is handed over as it is, cut back to `n` (what lies past the
-    offset is never read), so no copy stands between the request and its first forward."""
+    cut back (families.cut_back raises SnapshotError where they cannot be)."""
     out = []
-    for i, c in enumerate(cache):
+    for c in cache:
         rules = rules_of(c)
         if rules.blocks and getattr(c, "keys", None) is not None:
-            ready = spare[i] if spare is not None else None
-            if ready is not None and ready.offset >= n:
-                ready.offset = n
-                out.append(ready)
-                continue
             d = copy.copy(c)
             d.keys = _with_room(c.keys, n, GROW_ROOM)
             d.values = _with_room(c.values, n, GROW_ROOM)
             d.offset = n
             out.append(d)
         else:
-            d = rules.clone(c)
-            off = rules.offset(c)
-            if off is not None and off > n:
-                rules.cut(d, off - n)
-            out.append(d)
+            out.append(whole_copy(c, n))
     mx.eval(cache_arrays(out))
     return out
+
+
+def whole_copy(c: Any, n: int) -> Any:
+    """A copy of a layer not kept in blocks, cut back to `n` tokens where it holds more
+    (families.cut_back's rule: SnapshotError where it cannot be cut)."""
+    rules = rules_of(c)
+    d = rules.clone(c)
+    off = rules.offset(c)
+    if off is not None and off > n:
+        rules.cut(d, off - n)
+    return d
 
 
 def describe_layers(cache: Sequence[Any]) -> list[LayerInfo]:

@@ -39,14 +39,7 @@ from engine.cache.families import (
 from engine.cache.prompt_cache import PromptCache
 from engine.cache.namespace import cache_key
 from engine.cache.planner import SnapshotMeta, chunks, exact_at, schedule_cuts
-from engine.cache.snapshot import (
-    Snapshot,
-    cache_arrays,
-    cache_nbytes,
-    clone_cache,
-    describe_layers,
-    new_snapshot_id,
-)
+from engine.cache.snapshot import cache_arrays, cache_nbytes, describe_layers, new_snapshot_id
 from engine.generate.constraints import Guide
 from engine.generate.sampling import Sampler, top_logprobs
 from engine.generate.stops import StopStrings
@@ -113,7 +106,6 @@ class _Snapshots:
         """Store a snapshot of `cache` holding `tokens`; its id (None: nothing stored)."""
         if self.prompt_cache is None or not tokens:
             return None
-        snap_cache = clone_cache(cache)
         n = len(tokens)
         meta = SnapshotMeta(
             id=new_snapshot_id(),
@@ -122,12 +114,12 @@ class _Snapshots:
             kind=kind,
             exact_cuts=tuple(c for c in self.exact_cuts if c <= len(tokens)),
             classes=self.classes,
-            trimmable=trimmable(snap_cache),
-            nbytes=cache_nbytes(snap_cache),
+            trimmable=trimmable(cache),
+            nbytes=cache_nbytes(cache),
             forwards=tuple(f for f in self.forwards if f[0] < n) if self.known else (),
             block_ends=tuple(sorted({e for e in self.ends if e < n})),
         )
-        self.prompt_cache.put(Snapshot(meta, snap_cache))
+        self.prompt_cache.store(meta, cache)  # copies what the memory lacks; `cache` goes on
         self.stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
         return meta.id
 
@@ -318,8 +310,8 @@ def stream(
             fed = prompt + decoded.tokens[: decoded.forwarded]
             assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
             sid = snaps.take("end", fed, cache)
-            if sid is not None and prompt_cache is not None:  # a regenerate restores from it: copy now
-                prompt_cache.keep_spare(sid, cache)
+            if sid is not None and prompt_cache is not None:  # a regenerate restores from it
+                prompt_cache.keep_spare(sid, cache)  # this cache, handed over: nothing holds it now
         return result(pre, decoded)
     except GeneratorExit:  # closed mid-decode (prefill keeps its own state): what a regenerate needs
         if pre is not None:

@@ -38,7 +38,7 @@ from engine.cache.disk.format import (
     read_header,
 )
 from engine.cache.planner import SnapshotMeta
-from engine.cache.snapshot import Snapshot
+from engine.cache.snapshot import Snapshot, sliced
 from engine.errors import SnapshotError
 
 _BLOCK_KEY_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -153,35 +153,9 @@ def entry_from_dict(d: Any) -> Entry:
 # Pack files
 
 
-def _sliced(x: Any, a: int, b: int) -> Any:
-    if isinstance(x, mx.array):
-        return x[..., a:b, :]
-    if isinstance(x, (list, tuple)):
-        return type(x)(_sliced(v, a, b) for v in x)
-    return x
-
-
 def in_blocks(cache: Sequence[Any]) -> list[bool]:
     """Per layer: is it stored in blocks (else whole)?"""
     return [rules_of(c).blocks for c in cache]
-
-
-def position_bytes(cache: Sequence[Any]) -> int:
-    """Bytes one position takes in the layers stored in blocks."""
-    total = 0
-    for c, blocked in zip(cache, in_blocks(cache)):
-        if blocked:
-            for _, v in _arrays(c.state):
-                total += v.nbytes // max(1, v.shape[-2])
-    return total
-
-
-def _arrays(x: Any, path: str = "") -> list[tuple[str, mx.array]]:
-    if isinstance(x, mx.array):
-        return [(path, x)]
-    if isinstance(x, (list, tuple)):
-        return [a for i, v in enumerate(x) for a in _arrays(v, f"{path}.{i}")]
-    return []
 
 
 def encode_pack(snap: Snapshot, row: PackRow) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -190,7 +164,7 @@ def encode_pack(snap: Snapshot, row: PackRow) -> tuple[dict[str, mx.array], dict
     layers: dict[str, Any] = {}
     for i, (c, blocked) in enumerate(zip(snap.cache, in_blocks(snap.cache))):
         if blocked and row.end > row.start:
-            layers[str(i)] = encode_state(_sliced(c.state, row.start, row.end), f"b{i}", tensors)
+            layers[str(i)] = encode_state(snap.span_state(i, row.start, row.end), f"b{i}", tensors)
         elif not blocked and row.whole is not None:
             layers[str(i)] = encode_state(c.state, f"w{i}", tensors)
     metadata = {
@@ -239,7 +213,8 @@ def decode_pack(data: bytes, row: PackRow, env: str) -> LoadedPack:
 
 def _join(parts: list[Any], n: int) -> Any:
     """One layer's state from its pieces in position order: arrays joined along positions (one
-    new buffer, owned by nobody else), scalars from the first piece, the offset set by the caller."""
+    new buffer, owned by nobody else; a single piece is the pack's own array), scalars from the
+    first piece, the offset set by the caller."""
     first = parts[0]
     if isinstance(first, mx.array):
         if any(not isinstance(p, mx.array) or p.shape[:-2] != first.shape[:-2] or p.shape[-1] != first.shape[-1]
@@ -247,7 +222,8 @@ def _join(parts: list[Any], n: int) -> Any:
             raise SnapshotError("blocks of a layer disagree in shape or dtype")
         if sum(p.shape[-2] for p in parts) != n:
             raise SnapshotError("blocks of a layer do not add up to the snapshot's length")
-        return mx.concatenate(parts, axis=-2) if len(parts) > 1 else mx.array(first)
+        # one part: the pack's own array (read from the file, nobody else's), not copied again
+        return mx.concatenate(parts, axis=-2) if len(parts) > 1 else first
     if isinstance(first, (list, tuple)):
         if any(not isinstance(p, type(first)) or len(p) != len(first) for p in parts):
             raise SnapshotError("blocks of a layer disagree in structure")
@@ -276,7 +252,7 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
                 st = lp.layers.get(i)
                 if st is None:
                     raise SnapshotError(f"pack {lp.row.id} lacks layer {i}")
-                parts.append(_sliced(st, a - lp.row.start, b - lp.row.start))
+                parts.append(sliced(st, a - lp.row.start, b - lp.row.start))
             state = _join(parts, n)
             if isinstance(state, tuple) and len(state) >= 3:
                 state = (*state[:2], n, *state[3:])  # mlx-lm KV states: (keys, values, offset, ...)

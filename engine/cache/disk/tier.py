@@ -38,7 +38,7 @@ Invariants, and why they hold:
 - A folder of an older format (format 2: one file a snapshot) is removed at the first open, with
   one log line: nothing is lost but speed.
 - All disk I/O (packs, index, deletions) runs on one writer thread; ``save_async`` only appends
-  to a queue. Snapshot arrays are already evaluated (``clone_cache``), so serialising them off
+  to a queue. Snapshot arrays are already evaluated (the memory tier's packs), so serialising them off
   the engine thread needs no MLX stream (checked: ``mx.save_safetensors`` works there).
 - I/O errors (disk full, read-only dir) never reach the generation: they are counted, the first
   one becomes a user-facing warning, and the memory tier keeps working.

@@ -28,7 +28,7 @@ from engine.cache.blocks import block_bounds, block_keys, prefix_meta_fields
 from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
 from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.index import PACK_SUFFIX, Index
-from engine.cache.disk.pack import Entry, PackRow, encode_pack, in_blocks, position_bytes
+from engine.cache.disk.pack import Entry, PackRow, encode_pack, in_blocks
 from engine.cache.planner import SnapshotMeta, dominates
 from engine.cache.snapshot import Snapshot, new_snapshot_id
 from engine.threads import lower_thread_priority
@@ -53,6 +53,16 @@ class WriteTask:
     nbytes: int = 0
     queued: float = field(default_factory=time.monotonic)
 
+
+
+def _split(group: list, at: set[int]) -> list[list]:
+    """`group` ((start, end), name) in order, cut before each block that starts at a position in `at`."""
+    out: list[list] = []
+    for x in group:
+        if not out or x[0][0] in at:
+            out.append([])
+        out[-1].append(x)
+    return out
 
 
 class WriterThread:
@@ -234,8 +244,10 @@ class WriterThread:
                 have += 1
         new = list(zip(bounds[have:], names[have:]))
         whole = meta.id if not all(blocked) else None
-        per_pos = position_bytes(snap.cache)
+        per_pos = snap.position_bytes()
         groups = [[x for x in new if x[0][1] <= meta.canonical], [x for x in new if x[0][1] > meta.canonical]]
+        runs = set(snap.run_ends())  # a pack never crosses a change of the snapshot's buffers
+        groups = [g for group in groups for g in _split(group, runs)]
         rows = []
         for group in groups:
             if group:
