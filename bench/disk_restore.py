@@ -1,12 +1,13 @@
 """A restore from the disk tier after a restart, old tree against new, side by side (issue 27).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 .venv/bin/python \\
-        bench/disk_restore.py --tokens 4096 --trials 3 --old <checkout of the tree before>
+        bench/disk_restore.py --tokens 4096 --trials 3 [--turns 16] --old <checkout of the tree before>
 
 No model: a 24-layer KV state of `--tokens` positions (4 heads x 64, float32: the demo model's
 shape, ~192 MiB at 4,096) is stored as a pre-last snapshot with the canonical history of a
 `--tokens + 1`-token prompt (chunks of 256), through each tree's own `PromptCache` and disk
-tier, in a fresh folder by one process (which flushes and exits); a second process (the
+tier, in a fresh folder by one process (which flushes and exits; `--turns K`: as K saves of
+growing prefixes, like a chat's turns, so the block store reads K packs); a second process (the
 restart) opens the folder and times `PromptCache.fetch` of the prompt: read, check, rebuild,
 promote to memory and hand out the private copy a generation continues from, then write one
 position into every layer as the first forward does (a tree whose restore shares the stored
@@ -69,7 +70,10 @@ def _prompt_cache(root: Path):
     return PromptCache(4 << 30, DiskCache(root, budget_bytes=8 << 30))
 
 
-def child_write(root: Path, n: int) -> dict:
+def child_write(root: Path, n: int, turns: int = 1) -> dict:
+    """Store the state of the first n tokens; `turns` > 1: as a chat would, the prefixes ending
+    at `turns` evenly spaced chunk cuts first, one save each (the block store then holds the
+    state in `turns` packs, the tree before in `turns` files)."""
     import dataclasses
 
     from engine.cache.planner import SnapshotMeta, chunks, schedule_cuts
@@ -78,17 +82,32 @@ def child_write(root: Path, n: int) -> dict:
     prompt = _prompt(n)
     cuts = schedule_cuts(len(prompt), CHUNK)
     live = _state(n)
-    snap_cache = clone_cache(live)
-    extra = {}
     names = {f.name for f in dataclasses.fields(SnapshotMeta)}
-    if "forwards" in names:
-        extra = {"forwards": tuple(chunks(0, cuts)), "block_ends": tuple(c for c in cuts if c < n)}
-    meta = SnapshotMeta(new_snapshot_id(), "k" * 32, tuple(prompt[:n]), "pre-last", cuts, ("KVCache",) * 24, True,
-                        cache_nbytes(snap_cache), **extra)
     pc = _prompt_cache(root)
-    pc.put(Snapshot(meta, snap_cache))
-    assert pc.disk.flush(600) and pc.disk.close()
-    return {"digest": _digest(live, n)}
+    ends = sorted({cuts[(len(cuts) - 1) * j // turns] for j in range(1, turns)} | {n})
+    for end in ends:
+        part = [copy_layer(c, end) for c in live]
+        snap_cache = clone_cache(part)
+        mine = tuple(c for c in cuts if c <= end)
+        extra = {}
+        if "forwards" in names:
+            extra = {"forwards": tuple(chunks(0, mine)), "block_ends": tuple(c for c in mine if c < end)}
+        meta = SnapshotMeta(new_snapshot_id(), "k" * 32, tuple(prompt[:end]), "pre-last", mine, ("KVCache",) * 24,
+                            True, cache_nbytes(snap_cache), **extra)
+        pc.put(Snapshot(meta, snap_cache))
+        assert pc.disk.flush(600)
+    files = len(list((root / "snapshots").glob("*.safetensors")))
+    assert pc.disk.close()
+    return {"digest": _digest(live, n), "files": files}
+
+
+def copy_layer(c, end: int):
+    """Layer `c` holding only its first `end` positions."""
+    from mlx_lm.models.cache import KVCache
+
+    d = KVCache()
+    d.update_and_fetch(c.keys[..., :end, :], c.values[..., :end, :])
+    return d
 
 
 def child_read(root: Path, n: int) -> dict:
@@ -113,9 +132,10 @@ def child_read(root: Path, n: int) -> dict:
     return out
 
 
-def run_child(checkout: Path, mode: str, root: Path, n: int) -> dict:
+def run_child(checkout: Path, mode: str, root: Path, n: int, turns: int = 1) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    p = subprocess.run([sys.executable, str(HERE), "--child", mode, "--root", str(root), "--tokens", str(n)],
+    p = subprocess.run([sys.executable, str(HERE), "--child", mode, "--root", str(root), "--tokens", str(n),
+                        "--turns", str(turns)],
                        cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"{mode} in {checkout} failed:\n{p.stderr[-3000:]}")
@@ -127,12 +147,13 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--old", type=Path, help="a checkout of the tree to compare with (before the block store)")
+    p.add_argument("--turns", type=int, default=1, help="store the state in this many saves (a chat's turns)")
     p.add_argument("--child", choices=("write", "read"))
     p.add_argument("--root", type=Path)
     args = p.parse_args()
     if args.child:
-        fn = child_write if args.child == "write" else child_read
-        print(json.dumps(fn(args.root, args.tokens)))
+        out = child_write(args.root, args.tokens, args.turns) if args.child == "write" else child_read(args.root, args.tokens)
+        print(json.dumps(out))
         return
     arms = {"new": HERE.parent.parent}
     if args.old is not None:
@@ -142,17 +163,18 @@ def main() -> None:
         for arm, checkout in arms.items():
             root = Path(tempfile.mkdtemp(prefix=f"verbatim-disk-restore-{arm}-"))
             try:
-                wrote = run_child(checkout, "write", root, args.tokens)
+                wrote = run_child(checkout, "write", root, args.tokens, args.turns)
                 read = run_child(checkout, "read", root, args.tokens)
             finally:
                 shutil.rmtree(root, ignore_errors=True)
             assert read["digest"] == wrote["digest"], f"{arm}: the restored state differs from the stored one"
             times[arm].append(read["seconds"])
-            print(f"trial {trial + 1} {arm}: restore {read['seconds'] * 1000:.0f} ms", file=sys.stderr)
+            print(f"trial {trial + 1} {arm}: restore {read['seconds'] * 1000:.0f} ms ({wrote['files']} files)",
+                  file=sys.stderr)
     summary = {a: sorted(t)[len(t) // 2] for a, t in times.items()}
     if "old" in summary:
         summary["new/old"] = summary["new"] / summary["old"]
-    print(json.dumps({"tokens": args.tokens, "times": times, "median": summary}))
+    print(json.dumps({"tokens": args.tokens, "turns": args.turns, "times": times, "median": summary}))
 
 
 if __name__ == "__main__":

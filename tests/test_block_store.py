@@ -111,8 +111,8 @@ def test_exact_and_decoded_blocks_of_the_same_tokens_are_kept_apart(tmp_path):
     assert m1["blocks"][0] == m2["blocks"][0] and m1["blocks"][1] != m2["blocks"][1]
     assert len(pack_files(tmp_path / "c")) == 2
     metas = {m.id: m for m in d.entries(KEY)}
-    assert same_state(d.load(metas[prefilled.meta.id]).cache, prefilled.cache)
-    assert same_state(d.load(metas[decoded.meta.id]).cache, decoded.cache)
+    assert same_state(d.load(metas[prefilled.meta.id]).full_cache(), prefilled.cache)
+    assert same_state(d.load(metas[decoded.meta.id]).full_cache(), decoded.cache)
     d.close()
 
 
@@ -167,7 +167,7 @@ def test_a_block_shared_by_two_snapshots_outlives_the_one_removed(tmp_path):
     assert len(pack_files(root)) == 2  # nothing of B's was freed
     d.close()
     d = DiskCache(root, budget_bytes=1 << 30)  # and after a restart
-    assert same_state(d.load(d.entries(KEY)[0]).cache, b.cache)
+    assert same_state(d.load(d.entries(KEY)[0]).full_cache(), b.cache)
     d.remove(b.meta.id)
     assert d.flush(10)
     assert pack_files(root) == set()  # no snapshot uses them: freed
@@ -183,7 +183,7 @@ def test_eviction_takes_the_end_of_a_chain_and_keeps_the_shared_blocks(tmp_path)
     assert d.flush(10)
     assert [m.id for m in d.entries(KEY)] == [a.meta.id] and d.stats()["evictions"] == 1
     assert len(pack_files(root)) == 1 and d.stats()["bytes"] <= stats["bytes"] - 1
-    assert same_state(d.load(d.entries(KEY)[0]).cache, a.cache)
+    assert same_state(d.load(d.entries(KEY)[0]).full_cache(), a.cache)
     d.close()
 
 
@@ -258,7 +258,7 @@ def test_a_reader_whose_blocks_vanish_restores_the_longest_prefix_left(tmp_path)
     meta_b = next(m for m in reader.entries(KEY) if m.id == b.meta.id)
     got = reader.load(meta_b)
     assert got.meta.length == 16 and got.meta.tokens == a.meta.tokens
-    assert same_state(got.cache, a.cache)
+    assert same_state(got.full_cache(), a.cache)
     # The same through the prompt cache: the plan for B's tokens ends on the prefix that is left.
     front = PromptCache(disk=reader)
     plan, cache = front.fetch(KEY, list(b.meta.tokens) + [99], "fast", ())

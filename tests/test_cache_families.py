@@ -64,7 +64,7 @@ def disk_roundtrip(root: Path, cache: list[Any], length: int) -> Optional[list[A
             assert disk.entries("k" * 32) == []
             return None
         [stored] = disk.entries("k" * 32)
-        return disk.load(stored).cache
+        return disk.load(stored).full_cache()
     finally:
         disk.close(10)
 

@@ -23,127 +23,38 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
+from engine.cache.block_state import (
+    MemBlock,
+    MemEntry,
+    MemPack,
+    SharedSnapshot,
+    State,
+    block_arrays,
+    joined,
+    kv_pair,
+    owned_copy,
+    position_bytes,
+    state_nbytes,
+    runs_of,
+)
 from engine.cache.blocks import block_bounds, block_keys
 from engine.cache.disk.format import compute_env
 from engine.cache.families import rules_of
 from engine.cache.planner import SnapshotMeta, dominates
-from engine.cache.snapshot import GROW_ROOM, Snapshot, cache_arrays, sliced, whole_copy
+from engine.cache.snapshot import GROW_ROOM, cache_arrays, sliced, whole_copy
 
-State = Any  # a layer's state: an array, or a tuple of them (quantized KV: (packed, scales, biases))
-
-
-def _arrays(x: State) -> list[mx.array]:
-    return [v for _, v in tree_flatten(x) if isinstance(v, mx.array)]
+def _bytes_of(whole: Sequence[Any]) -> int:
+    return sum(a.nbytes for a in cache_arrays([w for w in whole if w is not None]))
 
 
-def _nbytes(x: State) -> int:
-    return sum(a.nbytes for a in _arrays(x))
-
-
-def _owned(x: State) -> State:
-    """A copy in new memory (`mx.array` copies; `copy.deepcopy` would share the buffer)."""
-    if isinstance(x, mx.array):
-        return mx.array(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_owned(v) for v in x)
-    return x
-
-
-def _joined(parts: list[State], room: int) -> State:
-    """The parts joined along positions in one new buffer, with `room` zero positions after."""
-    first = parts[0]
-    if isinstance(first, mx.array):
-        pad = [mx.zeros((*first.shape[:-2], room, first.shape[-1]), dtype=first.dtype)] if room else []
-        return mx.concatenate([*parts, *pad], axis=-2)
-    return type(first)(_joined([p[i] for p in parts], room) for i in range(len(first)))
-
-
-def _kv_pair(c: Any) -> tuple[State, State]:
-    """(keys, values) of a KV layer, the used positions only (views: the caller copies)."""
-    n = c.offset
-    return sliced(c.keys, 0, n), sliced(c.values, 0, n)
-
-
-@dataclass
-class MemPack:
-    """Positions [start, end) of every block layer of one save, in new buffers (None: a layer kept whole)."""
-
-    start: int
-    end: int
-    layers: list[Optional[tuple[State, State]]]
-    nbytes: int
-    blocks: int = 0  # blocks of it still named by a snapshot
-
-
-@dataclass
-class MemBlock:
-    key: str
-    pack: MemPack
-    start: int
-    end: int
-
-
-@dataclass
-class MemEntry:
-    """A snapshot in memory: its meta, its blocks' names in order, its layers kept whole."""
-
-    meta: SnapshotMeta
-    blocks: list[str]
-    templates: list[Any]  # per layer: an empty copy of the layer object (block layers) or None
-    whole: list[Any]  # per layer: the whole layer's private clone (layers not in blocks) or None
-    whole_bytes: int
-
-
-def _runs(blocks: Sequence[MemBlock], n: int) -> list[tuple[MemPack, int, int]]:
-    """(pack, start, end) of the blocks' positions below `n`, consecutive blocks of one pack merged."""
-    out: list[tuple[MemPack, int, int]] = []
-    for blk in blocks:
-        if blk.start >= n:
-            break
-        end = min(n, blk.end)
-        if out and out[-1][0] is blk.pack and out[-1][2] == blk.start:
-            out[-1] = (blk.pack, out[-1][1], end)
-        else:
-            out.append((blk.pack, blk.start, end))
-    return out
-
-
-def _position_bytes(pack: MemPack) -> int:
-    """Bytes one position takes in the block layers."""
-    return sum(a.nbytes // max(1, a.shape[-2]) for kv in pack.layers if kv is not None for a in _arrays(kv))
-
-
-class SharedSnapshot(Snapshot):
-    """A snapshot made of memory blocks, as the disk writer sees it: `span_state` slices the pack
-    holding the positions (the writer's packs never cross `run_ends`, so no join is needed), the
-    whole layers are the entry's clones. Read-only: nothing writes into these arrays."""
-
-    def __init__(self, meta: SnapshotMeta, cache: list[Any], blocks: list[MemBlock]) -> None:
-        super().__init__(meta, cache)
-        self._blocks = blocks
-
-    def span_state(self, i: int, a: int, b: int) -> Any:
-        parts = [(p, s, e) for p, s, e in _runs(self._blocks, b) if e > a]
-        parts = [(p, max(a, s), e) for p, s, e in parts]
-        states = [tuple(sliced(x, s - p.start, e - p.start) for x in p.layers[i]) for p, s, e in parts]
-        kv = states[0] if len(states) == 1 else tuple(_joined([st[j] for st in states], 0) for j in range(2))
-        return (*kv, *self.cache[i].state[2:])  # mlx-lm's KV state: (keys, values, offset, ...)
-
-    def run_ends(self) -> list[int]:
-        ends = []
-        for prev, blk in zip(self._blocks, self._blocks[1:]):
-            if blk.pack is not prev.pack:
-                ends.append(blk.start)
-        return ends
-
-    def position_bytes(self) -> int:
-        return _position_bytes(self._blocks[0].pack) if self._blocks else 0
+def _block_layers(snap: SharedSnapshot) -> list[bool]:
+    """Per layer of a snapshot of blocks: are its positions in the packs?"""
+    first = snap.blocks[0].pack if snap.blocks else None
+    return [first is not None and first.layers[i] is not None for i in range(len(snap.cache))]
 
 
 class MemoryTier:
@@ -163,36 +74,25 @@ class MemoryTier:
         self._lock = threading.RLock()
 
     # -- store ----------------------------------------------------------------------------------
-    def add(self, meta: SnapshotMeta, cache: Sequence[Any], owned: bool = False) -> SharedSnapshot:
+    def add(self, meta: SnapshotMeta, cache: Sequence[Any]) -> SharedSnapshot:
         """Store the snapshot `meta` of `cache` (a live cache's layers: only the positions whose
-        blocks are missing are copied; `owned`: `cache` is nobody else's, its arrays are kept
-        as they are) and return it as the disk writer takes it. A snapshot larger than the
-        budget is not kept, but returned all the same (the disk has its own budget)."""
+        blocks are missing are copied) and return it as the disk writer takes it. A snapshot
+        larger than the budget is not kept, but returned all the same (the disk has its own)."""
         blocked = [rules_of(c).blocks and getattr(c, "keys", None) is not None for c in cache]
         names = block_keys(meta, self.env) if any(blocked) else []
         bounds = block_bounds(meta) if names else []
-        with self._lock:
-            have = 0
-            while have < len(names) and names[have] in self._blocks:
-                have += 1
-            mine = [self._blocks[k] for k in names[:have]]
-        blocks = list(mine)
+        blocks = self._have(names)
+        have = len(blocks)
         new = list(zip(bounds[have:], names[have:]))
-        # A copy splits at the last exact cut: the decoded tail's pack goes when a later turn
-        # makes it redundant. An owned cache is kept as it is, one pack (views of its buffers).
-        cut = meta.length if owned else meta.canonical
-        for group in ([x for x in new if x[0][1] <= cut], [x for x in new if x[0][1] > cut]):
+        # The decoded tail gets a pack of its own: it goes when a later turn makes it redundant.
+        for group in ([x for x in new if x[0][1] <= meta.canonical], [x for x in new if x[0][1] > meta.canonical]):
             if not group:
                 continue
             a, b = group[0][0][0], group[-1][0][1]
-            layers: list[Optional[tuple[State, State]]] = []
-            for c, bl in zip(cache, blocked):
-                if not bl:
-                    layers.append(None)
-                    continue
-                kv = tuple(sliced(x, a, b) for x in _kv_pair(c))
-                layers.append(kv if owned else tuple(_owned(x) for x in kv))
-            pack = MemPack(a, b, layers, sum(_nbytes(kv) for kv in layers if kv is not None))
+            layers: list[Optional[tuple[State, State]]] = [
+                tuple(owned_copy(sliced(x, a, b)) for x in kv_pair(c)) if bl else None  # type: ignore[misc]
+                for c, bl in zip(cache, blocked)]
+            pack = MemPack(a, b, layers, sum(state_nbytes(kv) for kv in layers if kv is not None))
             blocks += [MemBlock(key, pack, s, e) for (s, e), key in group]
         templates, whole = [], []
         for c, bl in zip(cache, blocked):
@@ -203,22 +103,49 @@ class MemoryTier:
                 whole.append(None)
             else:
                 templates.append(None)
-                whole.append(c if owned else rules_of(c).clone(c))
-        arrays = [a for blk in blocks[have:] for kv in blk.pack.layers if kv is not None for a in _arrays(kv)]
+                whole.append(rules_of(c).clone(c))
+        arrays = [a for blk in blocks[have:] for kv in blk.pack.layers if kv is not None for a in block_arrays(kv)]
         mx.eval(arrays + cache_arrays([w for w in whole if w is not None]))
-        entry = MemEntry(meta, names, templates, whole, sum(a.nbytes for a in cache_arrays([w for w in whole if w is not None])))
         shared = SharedSnapshot(meta, [t if t is not None else w for t, w in zip(templates, whole)], blocks)
-        if meta.nbytes <= self.budget_bytes:
-            with self._lock:
-                for sid, other in list(self._items.items()):
-                    if other.meta.model_key == meta.model_key and dominates(meta, other.meta):
-                        self._drop(sid)
-                self._insert(entry, blocks)
-                while self._bytes > self.budget_bytes and len(self._items) > 1:
-                    self._drop(next(iter(self._items)))
-                if self._bytes > self.budget_bytes:
-                    self._drop(next(iter(self._items)))
+        self._keep(MemEntry(meta, names, templates, whole, _bytes_of(whole)), blocks)
         return shared
+
+    def adopt(self, snap: SharedSnapshot) -> None:
+        """Keep a snapshot the disk tier read (its packs are the file's arrays, nobody else's):
+        blocks the tier has already are used instead of the snapshot's own."""
+        names = [b.key for b in snap.blocks]
+        mine = self._have(names)
+        blocks = mine + snap.blocks[len(mine):]
+        templates = [c if b else None for c, b in zip(snap.cache, _block_layers(snap))]
+        whole = [None if b else c for c, b in zip(snap.cache, _block_layers(snap))]
+        self._keep(MemEntry(snap.meta, names, templates, whole, _bytes_of(whole)), blocks)
+
+    def _have(self, names: Sequence[str]) -> list[MemBlock]:
+        """The tier's blocks for the longest prefix of `names` it holds."""
+        with self._lock:
+            out = []
+            for k in names:
+                blk = self._blocks.get(k)
+                if blk is None:
+                    break
+                out.append(blk)
+            return out
+
+    def _keep(self, entry: MemEntry, blocks: list[MemBlock]) -> None:
+        """Insert `entry` if it fits the budget, dropping what it dominates and what the budget
+        then has no room for (least recently used first)."""
+        meta = entry.meta
+        if meta.nbytes > self.budget_bytes:
+            return
+        with self._lock:
+            for sid, other in list(self._items.items()):
+                if other.meta.model_key == meta.model_key and dominates(meta, other.meta):
+                    self._drop(sid)
+            self._insert(entry, blocks)
+            while self._bytes > self.budget_bytes and len(self._items) > 1:
+                self._drop(next(iter(self._items)))
+            if self._bytes > self.budget_bytes:
+                self._drop(next(iter(self._items)))
 
     def _insert(self, entry: MemEntry, blocks: list[MemBlock]) -> None:
         old = self._items.pop(entry.meta.id, None)
@@ -290,7 +217,7 @@ class MemoryTier:
         with self._lock:
             entry = self._items[sid]
             blocks = [self._blocks[k] for k in entry.blocks]
-        runs = _runs(blocks, n)
+        runs = runs_of(blocks, n)
         out: list[Any] = []
         for i, (t, w) in enumerate(zip(entry.templates, entry.whole)):
             if t is not None:
@@ -301,8 +228,8 @@ class MemoryTier:
                     continue
                 parts = [tuple(sliced(x, s - p.start, e - p.start) for x in p.layers[i]) for p, s, e in runs]
                 d = copy.copy(t)
-                d.keys = _joined([p[0] for p in parts], GROW_ROOM)
-                d.values = _joined([p[1] for p in parts], GROW_ROOM)
+                d.keys = joined([p[0] for p in parts], GROW_ROOM)
+                d.values = joined([p[1] for p in parts], GROW_ROOM)
                 d.offset = n
                 out.append(d)
             else:
@@ -319,7 +246,7 @@ class MemoryTier:
     # -- statistics -----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         with self._lock:
-            named = sum(_position_bytes(b.pack) * (b.end - b.start)
+            named = sum(position_bytes(b.pack) * (b.end - b.start)
                         for e in self._items.values() for b in (self._blocks[k] for k in e.blocks))
             unique = sum({id(b.pack): b.pack.nbytes for b in self._blocks.values()}.values())
             return {"entries": len(self._items), "bytes": self._bytes, "blocks": len(self._blocks),

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
 from engine.cache.families import rules_of
+from engine.cache.block_state import SharedSnapshot
 from engine.cache.memory_tier import MemoryTier
 from engine.cache.planner import Plan, SnapshotMeta, plan_restore
 from engine.cache.snapshot import DiskTier, Snapshot, cache_arrays, restore_copy
@@ -137,14 +138,20 @@ class PromptCache:
             return self.memory.restore(meta.id, upto, spare)
         if source == "disk" and self.disk is not None:
             snap = self.disk.load(meta, upto)
+            self._promote(snap)
             if snap.meta.length < upto:
-                self.memory.add(snap.meta, snap.cache, owned=True)
                 return None
-            self.memory.add(snap.meta, snap.cache, owned=True)  # promote to memory
             if self.memory.touch(snap.meta.id):
                 return self.memory.restore(snap.meta.id, upto)
-            return restore_copy(snap.cache, upto)  # over the memory budget: restored, not kept
+            return restore_copy(snap.full_cache(), upto)  # over the memory budget: restored, not kept
         raise SnapshotError("evicted")
+
+    def _promote(self, snap: Snapshot) -> None:
+        """A snapshot read from disk goes to the memory tier as it was read (no copy)."""
+        if isinstance(snap, SharedSnapshot):
+            self.memory.adopt(snap)
+        else:
+            self.memory.add(snap.meta, snap.cache)
 
     # -- housekeeping ---------------------------------------------------------------------------
     def clear(self) -> None:

@@ -44,6 +44,10 @@ class Snapshot:
         """Positions where the block layers' storage changes buffer (a disk pack never crosses one)."""
         return []
 
+    def full_cache(self) -> list[Any]:
+        """Its layers, every position in them (a snapshot of blocks joins them)."""
+        return self.cache
+
     def position_bytes(self) -> int:
         """Bytes one position takes in the layers kept in blocks."""
         total = 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from engine.cache.families import layer_offset, rules_named, rules_of
 from engine.cache.disk.format import (
@@ -38,6 +39,8 @@ from engine.cache.disk.format import (
     read_header,
 )
 from engine.cache.planner import SnapshotMeta
+from engine.cache.block_state import MemBlock, MemPack, SharedSnapshot, block_arrays, state_nbytes
+from engine.cache.blocks import block_bounds
 from engine.cache.snapshot import Snapshot, sliced
 from engine.errors import SnapshotError
 
@@ -211,10 +214,9 @@ def decode_pack(data: bytes, row: PackRow, env: str) -> LoadedPack:
     return LoadedPack(row, out)
 
 
-def _join(parts: list[Any], n: int) -> Any:
-    """One layer's state from its pieces in position order: arrays joined along positions (one
-    new buffer, owned by nobody else; a single piece is the pack's own array), scalars from the
-    first piece, the offset set by the caller."""
+def _check_parts(parts: list[Any], n: int) -> None:
+    """One layer's pieces in position order agree in structure, shape and dtype and add up to
+    `n` positions (what a join would need; nothing is joined here)."""
     first = parts[0]
     if isinstance(first, mx.array):
         if any(not isinstance(p, mx.array) or p.shape[:-2] != first.shape[:-2] or p.shape[-1] != first.shape[-1]
@@ -222,25 +224,27 @@ def _join(parts: list[Any], n: int) -> Any:
             raise SnapshotError("blocks of a layer disagree in shape or dtype")
         if sum(p.shape[-2] for p in parts) != n:
             raise SnapshotError("blocks of a layer do not add up to the snapshot's length")
-        # one part: the pack's own array (read from the file, nobody else's), not copied again
-        return mx.concatenate(parts, axis=-2) if len(parts) > 1 else first
-    if isinstance(first, (list, tuple)):
+    elif isinstance(first, (list, tuple)):
         if any(not isinstance(p, type(first)) or len(p) != len(first) for p in parts):
             raise SnapshotError("blocks of a layer disagree in structure")
-        return type(first)(_join([p[i] for p in parts], n) for i in range(len(first)))
-    return first
+        for i in range(len(first)):
+            _check_parts([p[i] for p in parts], n)
 
 
-def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whole: Optional[LoadedPack]) -> list[Any]:
-    """The cache objects of `meta` from the pieces [a, b) of packs covering [0, length) in order
-    (layers kept in blocks) and the pack of its whole pieces (the other layers)."""
+def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whole: Optional[LoadedPack],
+             names: Sequence[str]) -> tuple[SharedSnapshot, int]:
+    """The snapshot `meta` from the pieces [a, b) of packs covering [0, length) in order (layers
+    kept in blocks: each piece becomes a `MemPack` of views of the pack's arrays, its blocks
+    named `names`; nothing is joined, the memory tier's restore joins once) and the pack of its
+    whole pieces (the other layers, rebuilt). Also the bytes of its state."""
     n = meta.length
     pos = 0
     for _, a, b in pieces:
         if a != pos:
             raise SnapshotError("blocks do not follow each other")
         pos = b
-    cache = []
+    cache: list[Any] = []
+    spans: list[list[Any]] = [[] for _ in pieces]  # per piece, per layer: (keys, values) or None
     for i, name in enumerate(meta.classes):
         rules = rules_named(name)
         assert rules is not None  # meta_from_dict accepted only persisted classes
@@ -253,23 +257,43 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
                 if st is None:
                     raise SnapshotError(f"pack {lp.row.id} lacks layer {i}")
                 parts.append(sliced(st, a - lp.row.start, b - lp.row.start))
-            state = _join(parts, n)
-            if isinstance(state, tuple) and len(state) >= 3:
-                state = (*state[:2], n, *state[3:])  # mlx-lm KV states: (keys, values, offset, ...)
-            c = rules.restore(state)
+            if not (isinstance(parts[0], tuple) and len(parts[0]) >= 3):
+                raise SnapshotError(f"layer {i}: not a KV state")
+            _check_parts([p[:2] for p in parts], n)
+            c = rules.restore((*parts[0][:2], n, *parts[0][3:]))  # mlx-lm KV states: (keys, values, offset, ...)
+            c.keys = c.values = None  # a template: the positions stay in the packs
             c.offset = n
+            for span, p in zip(spans, parts):
+                span.append((p[0], p[1]))
         else:
             if whole is None or i not in whole.layers:
                 raise SnapshotError(f"layer {i}'s whole state is missing")
             c = rules.restore(whole.layers[i])
+            for span in spans:
+                span.append(None)
         off = layer_offset(c)
         if off is not None and off != n:
             raise SnapshotError(f"layer offset {off} != snapshot length {n}")
         cache.append(c)
-    from engine.cache.snapshot import cache_arrays
-
+    packs = [MemPack(a, b, span, sum(state_nbytes(kv) for kv in span if kv is not None))
+             for (_, a, b), span in zip(pieces, spans)]
+    blocks: list[MemBlock] = []
+    if any(rules_of(c).blocks for c in cache):
+        bounds = block_bounds(meta)
+        if len(names) < len(bounds):
+            raise SnapshotError("fewer block names than blocks")
+        j = 0
+        for (s, e), key in zip(bounds, names):
+            while j < len(packs) and packs[j].end <= s:
+                j += 1
+            if j == len(packs) or not packs[j].start <= s < e <= packs[j].end:
+                raise SnapshotError("a block lies across two packs")
+            blocks.append(MemBlock(key, packs[j], s, e))
+    arrays = [a for p in packs for kv in p.layers if kv is not None for a in block_arrays(kv)]
+    whole_arrays = [a for c in cache if not rules_of(c).blocks for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
     try:
-        mx.eval(cache_arrays(cache))
+        mx.eval(arrays + whole_arrays)
     except Exception as e:
         raise SnapshotError(f"cannot rebuild cache: {e}") from None
-    return cache
+    nbytes = sum(p.nbytes for p in packs) + sum(a.nbytes for a in whole_arrays)
+    return SharedSnapshot(meta, cache, blocks), nbytes

@@ -74,7 +74,7 @@ from engine.cache.disk.pack import Entry, LoadedPack, PackRow, assemble, decode_
 from engine.cache.disk.writer import MAX_PENDING_BYTES, TMP_PREFIX, WriterThread, WriteTask
 from engine.cache.families import persisted
 from engine.cache.planner import SnapshotMeta
-from engine.cache.snapshot import Snapshot, cache_nbytes, new_snapshot_id
+from engine.cache.snapshot import Snapshot, new_snapshot_id
 from engine.errors import SnapshotError
 from engine.paths import prompt_cache_dir
 
@@ -492,12 +492,14 @@ class DiskCache(WriterThread):
             meta = replace(meta, id=new_snapshot_id(), tokens=meta.tokens[:n], kind="partial",
                            nbytes=meta.nbytes * n // meta.length, **prefix_meta_fields(meta, n))
         try:
-            cache = assemble(meta, pieces, whole)
+            snap, nbytes = assemble(meta, pieces, whole, entry.blocks)
         except SnapshotError as e:
             raise SnapshotError(f"cannot rebuild from its blocks: {e}") from None
         if gone is not None:
-            meta = replace(meta, nbytes=cache_nbytes(cache))
-        elif cache_nbytes(cache) != meta.nbytes:
-            raise SnapshotError(f"its state holds {cache_nbytes(cache)} bytes, its index entry says {meta.nbytes}: "
+            meta = replace(meta, nbytes=nbytes)
+        elif nbytes != meta.nbytes:
+            raise SnapshotError(f"its state holds {nbytes} bytes, its index entry says {meta.nbytes}: "
                                 "the file does not match its index entry")
-        return Snapshot(checked_trimmable(meta, cache), cache, source="disk")
+        snap.meta = checked_trimmable(meta, snap.cache)
+        snap.source = "disk"
+        return snap
