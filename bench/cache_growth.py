@@ -7,7 +7,8 @@ replies; each turn adds a user message of ~25 tokens (and the reply and the temp
 ~69 tokens a turn). After each turn the disk writer is flushed and the tier's own counters are
 read: bytes written this turn, unique bytes on disk (the pack files, each once), and the state
 the conversation now has (the longest snapshot's bytes). Ratios: on disk / final state, and
-bytes written at the last turn / the state of the tokens added that turn.
+bytes written at the last turn / the state of the tokens added that turn; and the memory tier's
+bytes (unique: each block once) / the final state.
 
 Variants: 4 replies (seeds 1-4, T=1, 40 tokens) to one ~600-token conversation: on disk / one
 variant's state. System prompt: two conversations opening with the same ~1k-token system
@@ -80,16 +81,19 @@ def chat(model: str, turns: int, work: Path) -> dict:
         added = total_tokens - prompt_before
         written = stats["bytes_written"] - written_before
         per_token = state / length
+        memory = engine.cache.stats()["memory_bytes"]
         rows.append({"turn": turn, "prompt": r.report.prompt_tokens, "added": added, "written": written,
-                     "on_disk": stats["bytes"], "folder": folder_bytes(root), "state": state,
+                     "on_disk": stats["bytes"], "folder": folder_bytes(root), "state": state, "memory": memory,
                      "restored": r.report.restored, "written_per_added": written / (added * per_token)})
         C.log(f"  turn {turn:2d}: prompt {r.report.prompt_tokens:5d}  added {added:4d}  written {C.fmt_bytes(written):>9}"
               f"  on disk {C.fmt_bytes(stats['bytes']):>9}  state {C.fmt_bytes(state):>9}"
-              f"  disk/state {stats['bytes'] / state:5.2f}  written/added {rows[-1]['written_per_added']:5.2f}")
+              f"  disk/state {stats['bytes'] / state:5.2f}  written/added {rows[-1]['written_per_added']:5.2f}"
+              f"  memory/state {memory / state:5.2f}")
         written_before, prompt_before = stats["bytes_written"], total_tokens
     engine.close()
     last = rows[-1]
     return {"turns": turns, "rows": rows, "disk_over_state": last["on_disk"] / last["state"],
+            "memory_over_state": last["memory"] / last["state"],
             "written_over_added": last["written_per_added"], "folder_matches": last["folder"] >= last["on_disk"]}
 
 
@@ -103,10 +107,12 @@ def variants(model: str, work: Path) -> dict:
         if one is None:
             one = state_bytes(root)[0]
     on_disk = engine.cache.disk.stats()["bytes"]
+    memory = engine.cache.stats()["memory_bytes"]
     engine.close()
     C.log(f"  4 variants of a {len(engine.prompt_ids(messages))}-token prompt: on disk {C.fmt_bytes(on_disk)},"
-          f" one variant's state {C.fmt_bytes(one)}: {on_disk / one:.2f}x")
-    return {"on_disk": on_disk, "one_state": one, "ratio": on_disk / one}
+          f" one variant's state {C.fmt_bytes(one)}: {on_disk / one:.2f}x; in memory {memory / one:.2f}x")
+    return {"on_disk": on_disk, "one_state": one, "ratio": on_disk / one, "memory": memory,
+            "memory_ratio": memory / one}
 
 
 def system_prompt(model: str, work: Path) -> dict:
