@@ -11,7 +11,7 @@ import json
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Generator, Optional
 
@@ -62,6 +62,8 @@ class Prepared:
     message_starts: list[int]
     context: ContextInfo
     grammar: Optional[str] = None  # the constraint's checked grammar (None: decoding is free)
+    # Where each earlier reply's generation header ends but its last token (templating.MessageStarts)
+    reply_header_cuts: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -225,8 +227,9 @@ class Engine:
                                 lambda m: len(lm.tokenizer.encode(m["content"])) + 4)
         assert self._starts is not None
         starts = self._starts(fitted.messages, fitted.prompt, tools)
+        headers = self._starts.reply_header_cuts(fitted.messages, fitted.prompt, tools)
         return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,
-                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar)
+                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers)
 
     def _check_constraint(self, request: GenerationRequest) -> Optional[str]:
         """A request's tools and output format, checked against the model before any prefill:
@@ -260,8 +263,8 @@ class Engine:
         disk = self.cache.disk
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
-                                       p.context.limit, self._guide(p.grammar))
-        result.report.context = p.context
+                                       p.context.limit, self._guide(p.grammar), p.reply_header_cuts)
+        _describe_cuts(result, p)
         if disk is not None:
             result.report.warnings = disk.pop_warnings()
         if result.finish_reason != "cancelled":
@@ -308,8 +311,8 @@ class Engine:
         """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
         p = self.prepare(request)
         result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                              p.message_starts, p.context.limit, self._guide(p.grammar)))
-        result.report.context = p.context
+                              p.message_starts, p.context.limit, self._guide(p.grammar), p.reply_header_cuts))
+        _describe_cuts(result, p)
         return result
 
     def token_texts(self, tokens: list[int]) -> list[str]:
@@ -336,6 +339,13 @@ class Engine:
 
 
 # -- helpers: request checks that need the model, model resolution, identity
+
+
+def _describe_cuts(result: GenerationResult, p: Prepared) -> None:
+    """The parts of the report `prepare` knows: the context fit, and the reply header cuts of the
+    schedule (each is inside (0, n - 1), so all are cuts: MessageStarts.reply_header_cuts)."""
+    result.report.context = p.context
+    result.report.reply_header_cuts = list(p.reply_header_cuts)
 
 
 def _vocab_size(lm: LoadedModel) -> int:

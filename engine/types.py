@@ -225,6 +225,9 @@ class CacheReport:
     prefill_tokens: int = 0  # tokens forwarded before decode, the last prompt token included
     chunks: list[list[int]] = field(default_factory=list)  # [start, end) of each prefill forward
     message_starts: list[int] = field(default_factory=list)  # message boundaries among the chunk cuts
+    # cuts at the end of each earlier reply's generation header but its last token (G_i - 1:
+    # where that turn's regenerate point ends; templating.MessageStarts.reply_header_cuts)
+    reply_header_cuts: list[int] = field(default_factory=list)
     context: Optional[ContextInfo] = None
     snapshots_stored: list[dict[str, Any]] = field(default_factory=list)  # kind/length/canonical
     mode: str = "exact"

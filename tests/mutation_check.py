@@ -54,6 +54,7 @@ WT = "tests/test_app_window_truth.py::"
 BS = "tests/test_block_store.py::"
 MT = "tests/test_memory_tier.py::"
 RS = "tests/test_restore_spare.py::"
+RH = "tests/test_reply_header_cuts.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -361,6 +362,20 @@ MUTATIONS: list[Mutation] = [
           "            commit()\n",
           "            commit()\n            for row in rows:\n                size += self._write_pack(snap, row, written)\n"),),
         (DC + "test_sigkill_while_writing_leaves_consistent_cache",),
+    ),
+    # issue 27 (reply header cuts): each earlier reply's header is forwarded as its own turn did
+    Mutation(
+        "drop the reply header cuts from the schedule",
+        (("engine/cache/planner.py", "    cuts.update(h for h in reply_header_cuts if 0 < h < last)\n", ""),),
+        (RH + "test_the_schedule_cuts_where_each_earlier_turns_prompt_ended_but_its_last_token",
+         RH + "test_every_earlier_turns_regenerate_point_is_stored_once_on_disk",
+         RH + "test_exact_follow_ups_restore_the_previous_regenerate_point_and_equal_cold"),
+    ),
+    Mutation(
+        "no reply header cut found (the turn's prompt never compared with this one)",
+        (("engine/generate/templating.py", "                out.append(len(ids) - 1)\n", "                pass\n"),),
+        (RH + "test_reply_header_cuts_only_where_the_turns_prompt_is_a_prefix",
+         RH + "test_every_earlier_turns_regenerate_point_is_stored_once_on_disk"),
     ),
     # issue 27: a regenerate's restore takes over the reply's live cache (no copy before its first forward)
     Mutation(

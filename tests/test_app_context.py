@@ -78,7 +78,9 @@ def test_every_follow_up_in_exact_mode_restores_the_earlier_turns(
     restored = [int(f.split("cache: restored ")[1].split(" / ")[0]) for f in footers]
     assert restored[0] == 0 and all(r > 0 for r in restored[1:]), footers
     reports = [vm.report for vm in replies(w)]
-    assert all(r.restored in r.message_starts for r in reports[1:])
+    # each at the previous turn's regenerate point (a reply header cut: its prompt but the last token)
+    assert all(r.restored == prev.prompt_tokens - 1 and r.restored in r.reply_header_cuts
+               for prev, r in zip(reports, reports[1:]))
 
 
 def test_the_context_limit_setting_applies_to_the_next_reply(

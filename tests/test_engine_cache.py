@@ -38,11 +38,12 @@ def kv_offsets(report):
     return [o for o in report.layer_offsets if o is not None]
 
 
-def schedule(chunk, start, n, message_starts=()):
+def schedule(chunk, start, n, message_starts=(), reply_header_cuts=()):
     """The forwards a run makes from `start` (a restore point, or 0): the prompt cut at every
-    multiple of `chunk` and every message start, then the last prompt token alone. Written out
-    here from the rule, not taken from the engine."""
-    cuts = sorted({c for c in range(chunk, n - 1, chunk)} | {m for m in message_starts if 0 < m < n - 1} | {n - 1})
+    multiple of `chunk`, every message start and every reply header cut, then the last prompt
+    token alone. Written out here from the rule, not taken from the engine."""
+    cuts = sorted({c for c in range(chunk, n - 1, chunk)} | {m for m in message_starts if 0 < m < n - 1}
+                  | {h for h in reply_header_cuts if 0 < h < n - 1} | {n - 1})
     out, pos = [], start
     for c in cuts:
         if c > pos:
@@ -148,9 +149,10 @@ def test_exact_mode_multi_turn_equals_cold_with_cache_used(models, family):
     logs = []
     results = _conversation(eng, "exact", logs=logs)
     cold_eng = make_engine(models[family])
-    for req, r in results[1:]:
-        assert r.report.restored > 0, "the cache must actually be used"
-        assert r.report.restored % eng.chunk == 0 or r.report.restored == r.report.prompt_tokens - 1
+    for (_, prev), (req, r) in zip(results, results[1:]):
+        # restored at the previous turn's regenerate point: its prompt but the last token (the
+        # end of its generation header, a reply header cut of this prompt)
+        assert r.report.restored == len(prev.prompt_ids) - 1 == r.report.reply_header_cuts[-1]
         cold = cold_eng.generate(cold_request(req))
         assert r.tokens == cold.tokens
         assert r.logprobs == cold.logprobs
@@ -158,12 +160,15 @@ def test_exact_mode_multi_turn_equals_cold_with_cache_used(models, family):
     # the aligned schedule from its restore point.
     for log, (_, r) in zip(logs, results):
         n, start = len(r.prompt_ids), r.report.restored
-        expected = schedule(eng.chunk, start, n, r.report.message_starts)
+        expected = schedule(eng.chunk, start, n, r.report.message_starts, r.report.reply_header_cuts)
         assert log.calls[0][1] and all(o in (None, start) for o in log.calls[0][1])  # restored state
         assert log.spans[: len(expected)] == expected
 
 
-@pytest.mark.parametrize("family", ALL_FAMILIES)
+# Not gemma3: its sliding window has wrapped, so fast mode too can restore only a whole snapshot,
+# and the one a follow-up finds (turn 1's pre-last) is at a reply header cut: an exact point. Its
+# control is tests/test_reply_header_cuts.py::test_control_without_reply_header_cuts_the_cold_run_differs.
+@pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f != "gemma3"])
 def test_control_fast_mode_reuse_differs_from_cold(models, family):
     """Same conditions, fast mode (decoded tokens, unaligned boundary): must differ in most
     conversations, else the exact-mode test above could not fail."""
@@ -206,21 +211,52 @@ def test_uncuttable_cache_declined_never_partially_restored(models, family, reas
 
 
 @pytest.mark.parametrize("family", ["gemma3", "lfm2"])
+def test_uncuttable_cache_uses_boundary_checkpoint(models, family):
+    """A second turn that shares turn 1 only up to the start of its generation prompt (another
+    user message where the reply would be) restores the "boundary" checkpoint. C = 512: the
+    checkpoint is then at that start (with C = 8 a multiple of 8 inside the header comes after
+    it, which only a follow-up reaches, and a follow-up restores the pre-last: the test below)."""
+    chunk = 512
+    eng = make_engine(models[family], chunk=chunk)
+    logs = []
+    ask = [{"role": "user", "content": LONG_Q}]
+    with forwards(eng) as log:
+        first = eng.generate(request(ask, max_tokens=12))
+    logs.append(log)
+    req = request(ask + [{"role": "user", "content": "And then?"}], max_tokens=12)
+    with forwards(eng) as log:
+        second = eng.generate(req)
+    logs.append(log)
+    rep = second.report
+    n1 = first.report.prompt_tokens
+    # the checkpoint sits at the last cut before n - 1: the start of turn 1's generation prompt
+    boundary = max(c for c in schedule_cuts(n1, chunk, first.report.message_starts) if c < n1 - 1)
+    assert boundary == first.report.message_starts[-1]
+    assert second.prompt_ids[:boundary] == first.prompt_ids[:boundary]
+    assert second.prompt_ids[: n1 - 1] != first.prompt_ids[: n1 - 1]
+    assert rep.restored == boundary and rep.stored == boundary and not rep.partial
+    assert logs[1].spans[0][0] == boundary  # turn 2's first forward found the checkpoint's state
+    assert any(s["kind"] == "boundary" and s["length"] == boundary for s in first.report.snapshots_stored)
+    assert any("cannot cut" in d for d in rep.declines)  # the longer snapshots could not be cut
+    cold = make_engine(models[family], chunk=chunk).generate(cold_request(req))
+    assert second.tokens == cold.tokens and second.logprobs == cold.logprobs
+
+
+@pytest.mark.parametrize("family", ["gemma3", "lfm2"])
 @pytest.mark.parametrize("chunk", [8, 512])
-def test_uncuttable_cache_uses_boundary_checkpoint(models, family, chunk):
+def test_uncuttable_cache_next_turn_restores_the_regenerate_point(models, family, chunk):
+    """The next turn of a chat cuts at the end of turn 1's generation header but its last token
+    (a reply header cut): the pre-last snapshot of turn 1 is then an exact restore for it,
+    whole, with no cut back (what a cache that cannot be cut back needs)."""
     eng = make_engine(models[family], chunk=chunk)
     logs = []
     (_, first), (req, second) = _conversation(eng, "exact", turns=2, q=LONG_Q, logs=logs)
     rep = second.report
     n1 = first.report.prompt_tokens
-    # the checkpoint sits at the last cut before n - 1: the start of turn 1's generation prompt
-    # (a message boundary), unless a multiple of the chunk size falls after it
-    boundary = max(c for c in schedule_cuts(n1, chunk, first.report.message_starts) if c < n1 - 1)
-    assert boundary >= first.report.message_starts[-1]
-    assert rep.restored == boundary and rep.stored == boundary and not rep.partial
-    assert logs[1].spans[0][0] == boundary  # turn 2's first forward found the checkpoint's state
-    assert any(s["kind"] == "boundary" and s["length"] == boundary for s in first.report.snapshots_stored)
-    assert any("cannot cut" in d for d in rep.declines)  # the longer snapshots could not be cut
+    assert rep.reply_header_cuts == [n1 - 1]
+    assert any(s["kind"] == "pre-last" and s["length"] == n1 - 1 for s in first.report.snapshots_stored)
+    assert rep.restored == rep.stored == n1 - 1 and not rep.partial
+    assert logs[1].spans[0][0] == n1 - 1  # turn 2's first forward found turn 1's prompt[:-1]
     cold = make_engine(models[family], chunk=chunk).generate(cold_request(req))
     assert second.tokens == cold.tokens and second.logprobs == cold.logprobs
 
@@ -243,9 +279,9 @@ def test_prefill_after_an_unaligned_restore_is_cut_at_absolute_multiples(models,
     (_, first), (_, second) = _conversation(eng, "fast", turns=2, logs=logs)
     start, n = second.report.restored, len(second.prompt_ids)
     assert start > len(first.prompt_ids) - 1 and start % 8, "the test needs an unaligned restore"
-    expected = schedule(8, start, n, second.report.message_starts)
+    expected = schedule(8, start, n, second.report.message_starts, second.report.reply_header_cuts)
     assert logs[1].spans[: len(expected)] == expected
-    expected = schedule(8, 0, len(first.prompt_ids), first.report.message_starts)
+    expected = schedule(8, 0, len(first.prompt_ids), first.report.message_starts, first.report.reply_header_cuts)
     assert logs[0].spans[: len(expected)] == expected
 
 

@@ -298,17 +298,22 @@ NO_REPORT = "This reply has no cache report yet"
 VERIFYING = "running a cold generation…"
 
 
-def chunks_text(chunks: list[list[int]], message_starts: Sequence[int] = ()) -> str:
-    """The prefill forwards; a ✉ marks a chunk that ends where a message starts."""
+def chunks_text(chunks: list[list[int]], message_starts: Sequence[int] = (),
+                reply_header_cuts: Sequence[int] = ()) -> str:
+    """The prefill forwards; a ✉ marks a chunk that ends where a message starts, a ↩ one that
+    ends at a reply header cut (an earlier reply's generation header but its last token: where
+    that turn's regenerate point ends, so the cache shares it: engine/cache/planner.py)."""
     if not chunks:
         return "none (whole prompt restored)"
-    starts = set(message_starts)
-    shown = [f"[{a}, {b}){'✉' if b in starts else ''}" for a, b in chunks]
+    starts, headers = set(message_starts), set(reply_header_cuts)
+    shown = [f"[{a}, {b}){'✉' if b in starts else ''}{'↩' if b in headers else ''}" for a, b in chunks]
     if len(shown) > 8:
         shown = shown[:4] + ["…"] + shown[-3:]
     text = f"{len(chunks)} forward{'s' if len(chunks) != 1 else ''}: " + " ".join(shown)
     if starts:
         text += f"\n✉ message starts: {', '.join(str(m) for m in sorted(starts))}"
+    if headers:
+        text += f"\n↩ reply header cuts: {', '.join(str(m) for m in sorted(headers))}"
     return text
 
 
@@ -405,7 +410,7 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
         "mode": str(r.mode),
         "chunk_size": str(r.chunk_size),
         "prefill_tokens": str(r.prefill_tokens),
-        "chunks": chunks_text(r.chunks, r.message_starts),
+        "chunks": chunks_text(r.chunks, r.message_starts, r.reply_header_cuts),
         "context": context_text(r),
         "snapshots": snaps or "none",
         "seed": str(r.seed),

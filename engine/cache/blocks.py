@@ -1,8 +1,8 @@
 """Blocks: the state of positions [a, b) of every position-indexed layer, named by its history.
 
 Why blocks, and why they end at cuts. Turn N + 1 of a chat restores turn N's state up to the
-start of turn N's reply and prefills from there: its state up to that point is turn N's, bit
-for bit. Stored as whole snapshots, every turn writes the whole conversation again. Stored as
+start of turn N's reply (turn N's prompt but its last token: a reply header cut, planner.py) and
+prefills from there: its state up to that point is turn N's, bit for bit. Stored as whole snapshots, every turn writes the whole conversation again. Stored as
 blocks, a snapshot is a list of block names (a manifest) and a save writes only the blocks the
 store lacks: what the turn added.
 
@@ -14,8 +14,8 @@ the cache key (model key and namespace: engine/cache/namespace.py). A fast-mode 
 prefilled one and a decoded one of the same tokens get different names; blocks of two
 namespaces never meet.
 
-Blocks end where the schedule cuts the prompt (chunk multiples, message starts), at the point a
-generation restored from, and at the snapshot's end. In exact mode no forward crosses a cut, so
+Blocks end where the schedule cuts the prompt (chunk multiples, message starts, reply header
+cuts), at the point a generation restored from, and at the snapshot's end. In exact mode no forward crosses a cut, so
 the blocks of turn N before a cut that turn N + 1 shares have the same names in both turns'
 manifests: they are stored once. A block boundary that falls inside a forward (fast mode
 restores anywhere) is still correct, the forward is part of both blocks' names, only shared

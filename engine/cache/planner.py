@@ -2,17 +2,21 @@
 
 The canonical schedule. A cold run of a prompt of n tokens forwards it in chunks cut at
 absolute multiples of C, at every message boundary (where a rendered message starts, and where
-the generation prompt starts), and before the last token, which goes alone. `schedule_cuts()`
-gives those cut positions (the last is n - 1). Two runs that forward the same chunks from
-position 0 have bit-identical states at every cut, whatever the BLAS does with the width.
+the generation prompt starts), at every reply header cut (the end of each earlier reply's
+generation header but its last token: G_i - 1, where G_i is turn i's own prompt length), and
+before the last token, which goes alone. `schedule_cuts()` gives those cut positions (the last
+is n - 1). Two runs that forward the same chunks from position 0 have bit-identical states at
+every cut, whatever the BLAS does with the width.
 
 Exactness. A snapshot records `exact_cuts`: the cuts of its own history up to which every
 forward followed a canonical schedule. Its state at a cut r equals a cold run's state for a new
 prompt exactly when r is also a cut of the new prompt's schedule and both schedules made the
 same cuts before r (`exact_at`). Exact mode restores only such points; fast mode restores the
-longest common prefix. Message boundaries are what make exact mode cheap: turn N + 1 shares
-turn N's cuts up to the start of turn N's reply, so only the previous reply, the new message
-and the template's headers are prefilled again.
+longest common prefix. Message boundaries and reply header cuts are what make exact mode cheap:
+turn N forwarded its generation header as [start of header, n_N - 1), then token n_N - 1 alone;
+turn N + 1 renders the same header before turn N's reply and cuts at n_N - 1 too, so it shares
+turn N's cuts up to n_N - 1 (turn N's regenerate point, bit for bit, and on disk the same
+blocks) and only the previous reply, the new message and the new header are prefilled again.
 
 Snapshot kinds, taken per generation:
 
@@ -62,11 +66,15 @@ class SnapshotMeta:
         return self.exact_cuts[-1] if self.exact_cuts else 0
 
 
-def schedule_cuts(n_prompt: int, chunk: int, message_starts: Sequence[int] = ()) -> tuple[int, ...]:
-    """The canonical schedule's cut positions for a prompt of `n_prompt` tokens (ends with n - 1)."""
+def schedule_cuts(n_prompt: int, chunk: int, message_starts: Sequence[int] = (),
+                  reply_header_cuts: Sequence[int] = ()) -> tuple[int, ...]:
+    """The canonical schedule's cut positions for a prompt of `n_prompt` tokens (ends with n - 1):
+    multiples of `chunk`, `message_starts` and `reply_header_cuts` (templating.MessageStarts)
+    inside (0, n - 1), and n - 1."""
     last = n_prompt - 1
     cuts = set(range(chunk, last, chunk))
     cuts.update(m for m in message_starts if 0 < m < last)
+    cuts.update(h for h in reply_header_cuts if 0 < h < last)
     cuts.add(last)
     return tuple(sorted(c for c in cuts if c > 0))
 

@@ -268,15 +268,17 @@ def stream(
     message_starts: Sequence[int] = (),
     context_limit: Optional[int] = None,
     guide: Optional[Guide] = None,
+    reply_header_cuts: Sequence[int] = (),
 ) -> Generator[Event, None, GenerationResult]:
     """Generate a reply to `prompt` (rendered from the request if not given). `message_starts`
-    are the token positions where rendered messages start (canonical cuts, see cache/planner.py);
+    are the token positions where rendered messages start and `reply_header_cuts` where earlier
+    replies' generation headers end but their last token (canonical cuts, see cache/planner.py);
     `context_limit` ends decoding (finish reason "context") before the model's context is full."""
     t0 = time.perf_counter()
     is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
     tools = request.constraint.tools if request.constraint is not None else None
     prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages, tools=tools)
-    cuts = schedule_cuts(len(prompt), chunk, message_starts)
+    cuts = schedule_cuts(len(prompt), chunk, message_starts, reply_header_cuts)
     if not request.use_cache:
         prompt_cache = None
     # The request's cache namespace is part of the lookup key (engine/cache/namespace.py).

@@ -40,13 +40,21 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_pr
 
 
 class MessageStarts:
-    """Where each rendered message starts in a prompt's tokens: the canonical schedule's
-    message cuts (cache/planner.py).
+    """Where each rendered message starts in a prompt's tokens, and where each earlier reply's
+    generation header ends: the canonical schedule's message cuts (cache/planner.py).
 
     The start of message i is the length of the conversation before it, rendered without a
     generation prompt, kept only if that is a prefix of the prompt (a template that rewrites
     history, or a tokenizer that merges across the seam, simply gives fewer cuts). The last
     entry is where the generation prompt starts: the next turn's reply starts there too.
+
+    Reply header cuts (`reply_header_cuts`): for each assistant message i, G_i - 1, where G_i is
+    the length of the conversation before it rendered *with* the generation prompt (turn i's own
+    prompt), kept only if those G_i tokens are a prefix of the prompt. Turn i forwarded its
+    header as the chunk [start of message i, G_i - 1) and then token G_i - 1 alone; a later turn
+    that cuts there too forwards the header as the same chunk, so the state (and the disk
+    block, engine/cache/blocks.py) of turn i's regenerate point is shared, not computed again.
+
     Renders are memoized by conversation prefix, so a growing chat renders only its new turns.
     """
 
@@ -58,23 +66,41 @@ class MessageStarts:
     def __call__(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None) -> list[int]:
         out: list[int] = []
         for i in range(1, len(messages) + 1):
-            ids = self._render(messages[:i], tools)
-            if ids is not None and 0 < len(ids) < len(prompt) and list(prompt[: len(ids)]) == ids:
+            ids = self._render(messages[:i], tools, generation=False)
+            if ids is not None and _is_prefix(ids, prompt):
                 out.append(len(ids))
         return out
 
-    def _render(self, messages: Sequence[Message], tools: Tools) -> Optional[list[int]]:
-        # Keyed by every key of every message (tool calls too) and the tools the template shows.
-        key = (json.dumps(list(tools or ()), sort_keys=True),
+    def reply_header_cuts(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None) -> list[int]:
+        """G_i - 1 for each assistant message i of `messages` whose turn's prompt (G_i tokens:
+        the messages before it with the generation prompt) is a prefix of `prompt`."""
+        out: list[int] = []
+        for i, m in enumerate(messages):
+            if i == 0 or m.get("role") != "assistant":
+                continue
+            ids = self._render(messages[:i], tools, generation=True)
+            if ids is not None and len(ids) > 1 and _is_prefix(ids, prompt):
+                out.append(len(ids) - 1)
+        return out
+
+    def _render(self, messages: Sequence[Message], tools: Tools, generation: bool) -> Optional[list[int]]:
+        # Keyed by every key of every message (tool calls too), the tools the template shows and
+        # whether the generation prompt is added.
+        key = ("gen" if generation else "", json.dumps(list(tools or ()), sort_keys=True),
                *(json.dumps(m, sort_keys=True, ensure_ascii=False) for m in messages))
         if key not in self._memo:
             if len(self._memo) >= self._max:
                 self._memo.pop(next(iter(self._memo)))
             try:
-                self._memo[key] = render_prompt(self._tok, messages, add_generation_prompt=False, tools=tools)
+                self._memo[key] = render_prompt(self._tok, messages, add_generation_prompt=generation, tools=tools)
             except RequestError:
                 self._memo[key] = None  # a template that will not render this prefix: no cut here
         return self._memo[key]
+
+
+def _is_prefix(ids: Sequence[int], prompt: Sequence[int]) -> bool:
+    """`ids` is a proper, non-empty prefix of `prompt`."""
+    return 0 < len(ids) < len(prompt) and list(prompt[: len(ids)]) == list(ids)
 
 
 def render_text(tokenizer: Any, text: str) -> list[int]:

@@ -458,6 +458,7 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "prefill_tokens": r.prefill_tokens,
         "chunks": [list(c) for c in r.chunks],  # the prefill forwards [start, end)
         "message_starts": list(r.message_starts),
+        "reply_header_cuts": list(r.reply_header_cuts),
         "snapshots_stored": [{k: s.get(k) for k in ("kind", "length", "canonical")} for s in r.snapshots_stored],
         "context": asdict(r.context) if r.context is not None else None,
         "mode": r.mode,
