@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import pytest
 
@@ -97,6 +97,24 @@ def forwards(eng: Engine) -> Iterator[ForwardLog]:
         yield log
     finally:
         eng.lm.model = model
+
+
+def chat_turns(eng: Engine, msgs: list[dict], follow_up: Callable[[int], str], turns: int, mode: str = "exact",
+               max_tokens: int = 12, logs: Optional[list] = None) -> list[tuple[GenerationRequest, object]]:
+    """`turns` turns of one chat from `msgs`, each adding its reply and the user message
+    `follow_up(t)`: [(request, result)]; with `logs` (a list), each turn's ForwardLog."""
+    results = []
+    for t in range(turns):
+        req = request(msgs, mode=mode, max_tokens=max_tokens)
+        if logs is None:
+            r = eng.generate(req)
+        else:
+            with forwards(eng) as log:
+                r = eng.generate(req)
+            logs.append(log)
+        results.append((req, r))
+        msgs = msgs + [{"role": "assistant", "content": r.text}, {"role": "user", "content": follow_up(t)}]
+    return results
 
 
 def kv_snapshot(tokens: list[int], key: str = "k" * 32, seed: int = 0):

@@ -16,6 +16,7 @@ from engine.types import CancelToken, PrefillProgress, SamplerSettings, TokenEve
 from tests.engine_helpers import (
     ALL_FAMILIES,
     QUESTIONS,
+    chat_turns,
     cold_request,
     forwards,
     kv_snapshot,
@@ -127,19 +128,7 @@ def test_whole_prompt_bug_reproduced_on_purpose(models):
 def _conversation(eng, mode, turns=3, q=QUESTIONS[0], logs=None):
     """`turns` turns of one conversation: [(request, result)]; with `logs` (a list), each turn's
     forwards are recorded (a ForwardLog per turn)."""
-    msgs = [{"role": "user", "content": q}]
-    results = []
-    for t in range(turns):
-        req = request(msgs, mode=mode, max_tokens=12)
-        if logs is None:
-            r = eng.generate(req)
-        else:
-            with forwards(eng) as log:
-                r = eng.generate(req)
-            logs.append(log)
-        results.append((req, r))
-        msgs = msgs + [{"role": "assistant", "content": r.text}, {"role": "user", "content": f"And then? ({t})"}]
-    return results
+    return chat_turns(eng, [{"role": "user", "content": q}], lambda t: f"And then? ({t})", turns, mode, logs=logs)
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)

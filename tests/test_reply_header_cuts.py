@@ -18,7 +18,15 @@ from engine.cache.planner import schedule_cuts
 from engine.engine import Engine
 from engine.generate.loop import drain, stream
 from engine.generate.templating import MessageStarts, render_prompt
-from tests.engine_helpers import cold_request, forwards, make_engine, model_dir, request, require_openblas
+from tests.engine_helpers import (
+    chat_turns,
+    cold_request,
+    forwards,
+    make_engine,
+    model_dir,
+    request,
+    require_openblas,
+)
 from tests.tiny_models import build_tokenizer
 
 FOLLOW_UPS = ["Why?", "Say more about the second point, please.", "And how does that compare with yesterday?"]
@@ -38,21 +46,10 @@ def models(tmp_path_factory):
     return {f: model_dir(root, f) for f in ("llama", "gemma3")}
 
 
-def _chat(eng, turns: int, first: str = QUESTIONS[0], logs=None, max_tokens: int = 12):
+def _chat(eng, turns: int, first: str = QUESTIONS[0], logs=None):
     """[(request, result)] per turn of one exact-mode chat; with `logs`, each turn's forwards."""
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": first}]
-    out = []
-    for t in range(turns):
-        req = request(msgs, max_tokens=max_tokens)
-        if logs is None:
-            r = eng.generate(req)
-        else:
-            with forwards(eng) as log:
-                r = eng.generate(req)
-            logs.append(log)
-        out.append((req, r))
-        msgs = msgs + [{"role": "assistant", "content": r.text}, {"role": "user", "content": FOLLOW_UPS[t % 3]}]
-    return out
+    return chat_turns(eng, msgs, lambda t: FOLLOW_UPS[t % 3], turns, logs=logs)
 
 
 def test_the_schedule_cuts_where_each_earlier_turns_prompt_ended_but_its_last_token(models):
