@@ -97,6 +97,11 @@ def test_two_ranks_exact_cache_restart_and_lost_snapshots(tiny_model: Path, tmp_
     disk = c.chat(SKY)
     _all_restored(disk, n - 1, "disk")
     assert _reply(disk) == _reply(first)
+    # Another question right after SKY's (no reply between): a snapshot that shares turn 1's
+    # blocks up to its generation prompt and extends no other, so it stays: the lower point
+    # below. (Turn 1's own snapshot is gone: turn 2's serves its regenerate, the reply header
+    # cut, so the disk keeps one chain for the chat.)
+    c.chat(SKY + CACHE)
     assert c.stop(rank=1) == [0, 0], c.log()  # SIGTERM on a follower stops every rank too
 
     # Rank 1's turn-2 snapshot corrupted while stopped: both ranks restore the same lower point.
