@@ -45,7 +45,7 @@ from engine.cache.blocks import block_bounds, block_keys
 from engine.cache.disk.format import compute_env
 from engine.cache.families import rules_of
 from engine.cache.planner import SnapshotMeta, dominates
-from engine.cache.snapshot import GROW_ROOM, cache_arrays, sliced, whole_copy
+from engine.cache.snapshot import GROW_ROOM, cache_arrays, sliced, whole_copy, with_kv
 
 def _bytes_of(whole: Sequence[Any]) -> int:
     return sum(a.nbytes for a in cache_arrays([w for w in whole if w is not None]))
@@ -227,11 +227,7 @@ class MemoryTier:
                     out.append(ready)
                     continue
                 parts = [tuple(sliced(x, s - p.start, e - p.start) for x in p.layers[i]) for p, s, e in runs]
-                d = copy.copy(t)
-                d.keys = joined([p[0] for p in parts], GROW_ROOM)
-                d.values = joined([p[1] for p in parts], GROW_ROOM)
-                d.offset = n
-                out.append(d)
+                out.append(with_kv(t, joined([p[0] for p in parts], GROW_ROOM), joined([p[1] for p in parts], GROW_ROOM), n))
             else:
                 out.append(whole_copy(w, n))
         mx.eval(cache_arrays(out))

@@ -127,15 +127,18 @@ def restore_copy(cache: Sequence[Any], n: int) -> list[Any]:
     for c in cache:
         rules = rules_of(c)
         if rules.blocks and getattr(c, "keys", None) is not None:
-            d = copy.copy(c)
-            d.keys = _with_room(c.keys, n, GROW_ROOM)
-            d.values = _with_room(c.values, n, GROW_ROOM)
-            d.offset = n
-            out.append(d)
+            out.append(with_kv(c, _with_room(c.keys, n, GROW_ROOM), _with_room(c.values, n, GROW_ROOM), n))
         else:
             out.append(whole_copy(c, n))
     mx.eval(cache_arrays(out))
     return out
+
+
+def with_kv(layer: Any, keys: Any, values: Any, n: int) -> Any:
+    """A shallow copy of KV layer `layer` holding `keys` and `values`, `n` of their positions used."""
+    d = copy.copy(layer)
+    d.keys, d.values, d.offset = keys, values, n
+    return d
 
 
 def whole_copy(c: Any, n: int) -> Any:
