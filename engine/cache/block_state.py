@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from engine.cache.planner import SnapshotMeta
-from engine.cache.snapshot import Snapshot, sliced
+from engine.cache.snapshot import Snapshot, cache_arrays, joined, sliced
 
 State = Any  # a layer's state: an array, or a tuple of them (quantized KV: (packed, scales, biases))
 
@@ -38,15 +38,6 @@ def owned_copy(x: State) -> State:
     if isinstance(x, (list, tuple)):
         return type(x)(owned_copy(v) for v in x)
     return x
-
-
-def joined(parts: list[State], room: int) -> State:
-    """The parts joined along positions in one new buffer, with `room` zero positions after."""
-    first = parts[0]
-    if isinstance(first, mx.array):
-        pad = [mx.zeros((*first.shape[:-2], room, first.shape[-1]), dtype=first.dtype)] if room else []
-        return mx.concatenate([*parts, *pad], axis=-2)
-    return type(first)(joined([p[i] for p in parts], room) for i in range(len(first)))
 
 
 def kv_pair(c: Any) -> tuple[State, State]:
@@ -145,7 +136,7 @@ class SharedSnapshot(Snapshot):
                 out.append(d)
             else:
                 out.append(c)
-        mx.eval([a for c in out for _, a in tree_flatten(c.state) if isinstance(a, mx.array)])
+        mx.eval(cache_arrays(out))
         return out
 
 

@@ -34,7 +34,6 @@ from engine.cache.block_state import (
     SharedSnapshot,
     State,
     block_arrays,
-    joined,
     kv_pair,
     owned_copy,
     position_bytes,
@@ -45,7 +44,7 @@ from engine.cache.blocks import block_bounds, block_keys
 from engine.cache.disk.format import compute_env
 from engine.cache.families import rules_of
 from engine.cache.planner import SnapshotMeta, dominates
-from engine.cache.snapshot import GROW_ROOM, cache_arrays, sliced, whole_copy, with_kv
+from engine.cache.snapshot import GROW_ROOM, cache_arrays, joined, sliced, whole_copy, with_kv
 
 def _bytes_of(whole: Sequence[Any]) -> int:
     return sum(a.nbytes for a in cache_arrays([w for w in whole if w is not None]))
@@ -116,8 +115,9 @@ class MemoryTier:
         names = [b.key for b in snap.blocks]
         mine = self._have(names)
         blocks = mine + snap.blocks[len(mine):]
-        templates = [c if b else None for c, b in zip(snap.cache, _block_layers(snap))]
-        whole = [None if b else c for c, b in zip(snap.cache, _block_layers(snap))]
+        blocked = _block_layers(snap)
+        templates = [c if b else None for c, b in zip(snap.cache, blocked)]
+        whole = [None if b else c for c, b in zip(snap.cache, blocked)]
         self._keep(MemEntry(snap.meta, names, templates, whole, _bytes_of(whole)), blocks)
 
     def _have(self, names: Sequence[str]) -> list[MemBlock]:
@@ -142,9 +142,7 @@ class MemoryTier:
                 if other.meta.model_key == meta.model_key and dominates(meta, other.meta):
                     self._drop(sid)
             self._insert(entry, blocks)
-            while self._bytes > self.budget_bytes and len(self._items) > 1:
-                self._drop(next(iter(self._items)))
-            if self._bytes > self.budget_bytes:
+            while self._bytes > self.budget_bytes and self._items:
                 self._drop(next(iter(self._items)))
 
     def _insert(self, entry: MemEntry, blocks: list[MemBlock]) -> None:
@@ -244,6 +242,6 @@ class MemoryTier:
         with self._lock:
             named = sum(position_bytes(b.pack) * (b.end - b.start)
                         for e in self._items.values() for b in (self._blocks[k] for k in e.blocks))
-            unique = sum({id(b.pack): b.pack.nbytes for b in self._blocks.values()}.values())
+            unique = self._bytes - sum(e.whole_bytes for e in self._items.values())  # each pack once
             return {"entries": len(self._items), "bytes": self._bytes, "blocks": len(self._blocks),
                     "shared_bytes": max(0, named - unique)}

@@ -9,14 +9,28 @@ here only."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from engine.cache.families import rules_of
-from engine.cache.block_state import SharedSnapshot
 from engine.cache.memory_tier import MemoryTier
 from engine.cache.planner import Plan, SnapshotMeta, plan_restore
-from engine.cache.snapshot import DiskTier, Snapshot, cache_arrays, restore_copy
+from engine.cache.block_state import SharedSnapshot
+from engine.cache.snapshot import Snapshot, cache_arrays, restore_copy
 from engine.errors import SnapshotError
+
+
+class DiskTier(Protocol):
+    """What the prompt cache needs from a persistent tier (engine/cache/disk/)."""
+
+    def entries(self, model_key: str) -> list[SnapshotMeta]: ...
+    def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> SharedSnapshot: ...  # SnapshotError if bad
+    def save_async(self, snapshot: Snapshot) -> None: ...
+    def remove(self, snapshot_id: str) -> None: ...
+    def clear(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+    def pop_warnings(self) -> list[str]: ...  # problems the user has not been told about yet
+    def hold_writes(self) -> None: ...  # a generation runs: background writes wait (bounded)
+    def release_writes(self) -> None: ...
 
 
 class PromptCache:
@@ -138,20 +152,13 @@ class PromptCache:
             return self.memory.restore(meta.id, upto, spare)
         if source == "disk" and self.disk is not None:
             snap = self.disk.load(meta, upto)
-            self._promote(snap)
+            self.memory.adopt(snap)  # to memory as it was read (no copy)
             if snap.meta.length < upto:
                 return None
             if self.memory.touch(snap.meta.id):
                 return self.memory.restore(snap.meta.id, upto)
             return restore_copy(snap.full_cache(), upto)  # over the memory budget: restored, not kept
         raise SnapshotError("evicted")
-
-    def _promote(self, snap: Snapshot) -> None:
-        """A snapshot read from disk goes to the memory tier as it was read (no copy)."""
-        if isinstance(snap, SharedSnapshot):
-            self.memory.adopt(snap)
-        else:
-            self.memory.add(snap.meta, snap.cache)
 
     # -- housekeeping ---------------------------------------------------------------------------
     def clear(self) -> None:

@@ -13,7 +13,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -67,20 +67,6 @@ def sliced(x: Any, a: int, b: int) -> Any:
     return x
 
 
-class DiskTier(Protocol):
-    """What the prompt cache needs from a persistent tier (engine/cache/disk/)."""
-
-    def entries(self, model_key: str) -> list[SnapshotMeta]: ...
-    def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> Snapshot: ...  # SnapshotError if bad
-    def save_async(self, snapshot: Snapshot) -> None: ...
-    def remove(self, snapshot_id: str) -> None: ...
-    def clear(self) -> None: ...
-    def stats(self) -> dict[str, Any]: ...
-    def pop_warnings(self) -> list[str]: ...  # problems the user has not been told about yet
-    def hold_writes(self) -> None: ...  # a generation runs: background writes wait (bounded)
-    def release_writes(self) -> None: ...
-
-
 def cache_arrays(cache: Sequence[Any]) -> list[mx.array]:
     """Every array of every layer's state (mlx-lm states are trees with None for empty slots)."""
     return [v for c in cache for _, v in tree_flatten(c.state) if isinstance(v, mx.array)]
@@ -108,13 +94,13 @@ def clone_cache(cache: Sequence[Any]) -> list[Any]:
 GROW_ROOM = 256  # positions of room a restored KV buffer gets (mlx-lm's KVCache.step)
 
 
-def _with_room(x: Any, n: int, room: int) -> Any:
-    if isinstance(x, mx.array):
-        pad = mx.zeros((*x.shape[:-2], room, x.shape[-1]), dtype=x.dtype)
-        return mx.concatenate([x[..., :n, :], pad], axis=-2)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_with_room(v, n, room) for v in x)
-    return x
+def joined(parts: list[Any], room: int) -> Any:
+    """Layer states' positions joined along axis -2 in one new buffer, with `room` zero positions after."""
+    first = parts[0]
+    if isinstance(first, mx.array):
+        pad = [mx.zeros((*first.shape[:-2], room, first.shape[-1]), dtype=first.dtype)] if room else []
+        return mx.concatenate([*parts, *pad], axis=-2)
+    return type(first)(joined([p[i] for p in parts], room) for i in range(len(first)))
 
 
 def restore_copy(cache: Sequence[Any], n: int) -> list[Any]:
@@ -127,7 +113,8 @@ def restore_copy(cache: Sequence[Any], n: int) -> list[Any]:
     for c in cache:
         rules = rules_of(c)
         if rules.blocks and getattr(c, "keys", None) is not None:
-            out.append(with_kv(c, _with_room(c.keys, n, GROW_ROOM), _with_room(c.values, n, GROW_ROOM), n))
+            keys, values = (joined([sliced(x, 0, n)], GROW_ROOM) for x in (c.keys, c.values))
+            out.append(with_kv(c, keys, values, n))
         else:
             out.append(whole_copy(c, n))
     mx.eval(cache_arrays(out))

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from engine.cache.families import layer_offset, rules_named, rules_of
 from engine.cache.disk.format import (
@@ -41,7 +40,7 @@ from engine.cache.disk.format import (
 from engine.cache.planner import SnapshotMeta
 from engine.cache.block_state import MemBlock, MemPack, SharedSnapshot, block_arrays, state_nbytes
 from engine.cache.blocks import block_bounds
-from engine.cache.snapshot import Snapshot, sliced
+from engine.cache.snapshot import Snapshot, cache_arrays, sliced
 from engine.errors import SnapshotError
 
 _BLOCK_KEY_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -290,7 +289,7 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
                 raise SnapshotError("a block lies across two packs")
             blocks.append(MemBlock(key, packs[j], s, e))
     arrays = [a for p in packs for kv in p.layers if kv is not None for a in block_arrays(kv)]
-    whole_arrays = [a for c in cache if not rules_of(c).blocks for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
+    whole_arrays = cache_arrays([c for c in cache if not rules_of(c).blocks])
     try:
         mx.eval(arrays + whole_arrays)
     except Exception as e:

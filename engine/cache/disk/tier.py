@@ -65,6 +65,7 @@ from typing import Any, Callable, Optional
 
 from dataclasses import replace
 
+from engine.cache.block_state import SharedSnapshot
 from engine.cache.blocks import block_keys, prefix_meta_fields
 from engine.cache.disk.files import unlink
 from engine.cache.disk.format import FORMAT_VERSION, checked_trimmable, compute_env
@@ -223,7 +224,7 @@ class DiskCache(WriterThread):
         self._index = Index(self.env)
         self._open_index()
 
-    def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> Snapshot:
+    def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> SharedSnapshot:
         """Read, verify and rebuild a snapshot (on the calling thread, which owns the arrays).
 
         A pack that fails its checks makes every snapshot using it unusable (removed, and the
