@@ -302,6 +302,14 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_server_guard.py::test_partly_sent_requests_and_idle_connections_are_closed",),
     ),
     Mutation(
+        "bytes waiting unread never peeked, taken for a whole request: the newcomer of a burst is dropped",
+        (("engine/serve/connections.py",
+          "    if n <= 0:\n        return NOTHING\n",
+          "    if n <= 0:\n        return NOTHING\n    return WHOLE\n"),),
+        ("tests/test_server_guard.py::"
+         "test_a_whole_request_in_one_accept_burst_with_more_half_open_ones_than_the_cap_is_answered",),
+    ),
+    Mutation(
         "the ranks do not agree on one restore point",
         (("engine/distributed/agree.py", "            if low == high:\n", "            if True:\n"),),
         ("tests/test_distributed.py::test_two_ranks_exact_cache_restart_and_lost_snapshots",),

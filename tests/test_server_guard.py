@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -256,6 +257,55 @@ def test_partly_sent_requests_and_idle_connections_are_closed(tiny_model: Path) 
             sock.sendall(data[10:])
             assert Reply(read_to_close(sock), True).status == 200
     finally:
+        s.close()
+
+
+def test_a_whole_request_in_one_accept_burst_with_more_half_open_ones_than_the_cap_is_answered(
+        tiny_model: Path) -> None:
+    """The server's loop held while 40 half-open connections and then one whole request queue in
+    the kernel (16 allowed): all 41 are accepted in one burst and look idle, none read yet. The
+    guard peeks at what each sent, drops half-open ones only, and answers the whole request (the
+    CI failure of stop 33: it dropped the newcomer, which was the normal client, reset)."""
+    s = Server(tiny_model, None, limits=Limits(max_connections=16))
+    held: list[socket.socket] = []
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold_loop() -> None:
+        entered.set()
+        gate.wait(TIMEOUT)
+
+    try:
+        port = port_of(s)
+        host = f"127.0.0.1:{port}"
+        s.loop.call_soon_threadsafe(hold_loop)
+        assert entered.wait(TIMEOUT)
+        try:
+            for i in range(40):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+                if i % 2:  # headers begun, never finished
+                    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Ty")
+                else:  # headers done, 14 of the 4,000 body bytes sent
+                    sock.sendall(request_bytes("POST", "/v1/chat/completions", host,
+                                               {"Content-Type": "application/json", "Content-Length": "4000"},
+                                               close=False) + b'{"messages": [')
+                held.append(sock)
+            whole = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+            held.append(whole)
+            whole.sendall(request_bytes("POST", "/v1/chat/completions", host,
+                                        {"Content-Type": "application/json"}, chat_body()))
+        finally:
+            gate.set()
+        reply = Reply(read_to_close(whole), True)
+        assert reply.status == 200, reply.body
+        assert len(reply.json()["verbatim"]["token_ids"]) == 4
+        status = http(s.url.removesuffix("/v1") + "/verbatim/status").json()["connections"]
+        assert status["evicted"] == 41 - 16 and status["unread"] == 0
+        for sock in held[:41 - 16]:  # the oldest half-open ones went, each closed by the server
+            sock.settimeout(TIMEOUT)
+            assert b"HTTP/1.1" not in read_to_close(sock)
+    finally:
+        for sock in held:
+            sock.close()
         s.close()
 
 

@@ -12,8 +12,10 @@ protocol in front of aiohttp's own), which a once-a-tick watchdog checks:
 - at most `max_connections` are open: one more drops the oldest half-open connection (a request
   started and not finished), else the oldest idle one; busy ones (a request being answered), ones
   whose request is all in (`RequestScan`: the headers and Content-Length bytes of body seen, even
-  before aiohttp got to it) and ones whose reply is being written are never dropped for it. So a
-  normal request is served within seconds, however many slow ones are held or reconnect;
+  before aiohttp got to it) and ones whose reply is being written are never dropped for it. A
+  connection accepted but not read yet (a burst of accepts comes before any read) is judged by
+  the bytes the kernel holds for it, peeked (`waiting_request`). So a normal request is served
+  within seconds, however many slow ones are held or reconnect, and in whatever order they come;
 - a connection counts until its socket is closed, not until its reply was handed to the kernel:
   a reply the client does not read (writing paused) for `write_timeout` is aborted, and so is one
   whose unsent bytes pass `max_buffered`, or the oldest paused ones while all connections'
@@ -241,21 +243,24 @@ class ConnectionGuard:
                 victim.drop()
 
     def _victim(self, newest: Connection) -> Connection:
-        for _ in range(8):  # an idle one whose request already waits in the kernel is passed over
-            idle = None
-            for c in self.open:  # oldest first
-                if c is newest or c.closing or c.paused_since is not None or c.arriving:
-                    continue  # going already, a reply being written (the write timeout sees to it), or bytes in
-                if c.phase == RECEIVING and not c.complete:
-                    return c
-                if c.phase == IDLE and not c.buffered() and (idle is None or c.since < idle.since):
+        """The oldest half-open connection, else the one idle longest, else `newest`. A connection
+        accepted in the same burst as many others looks idle until its bytes are read: the kernel's
+        bytes are peeked to tell a partial request (half-open) from a whole one (never dropped)."""
+        idle = None
+        for c in self.open:  # oldest first
+            if c is newest or c.closing or c.paused_since is not None or c.arriving:
+                continue  # going already, a reply being written (the write timeout sees to it), or a request in
+            if c.phase == RECEIVING and not c.complete:
+                return c
+            if c.phase == IDLE and not c.buffered():
+                waiting = waiting_request(c.transport)
+                if waiting is HALF:
+                    return c  # accepted, not read yet, and what it sent is a partial request
+                if waiting is WHOLE:
+                    c.arriving = True  # its request waits in the kernel: it is not idle, it is next
+                elif idle is None or c.since < idle.since:
                     idle = c  # the one idle longest: not a keep-alive connection that just answered
-            if idle is None:
-                break
-            if not unread_bytes(idle.transport):
-                return idle
-            idle.arriving = True  # accepted, its request not read yet: it is not idle, it is next
-        return newest  # all busy: the newcomer waits for none
+        return idle if idle is not None else newest  # all busy: the newcomer waits for none
 
     def _closed(self, conn: Connection) -> None:
         self.open.pop(conn, None)
@@ -352,6 +357,33 @@ def unread_bytes(transport: Any) -> int:
         return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
     except (OSError, AttributeError, ValueError):
         return 0
+
+
+NOTHING, HALF, WHOLE = "nothing", "half", "whole"
+
+
+def waiting_request(transport: Any) -> str:
+    """What waits unread in the kernel on a connection aiohttp has not read yet: NOTHING, HALF (a
+    partial request: its head, or its Content-Length of body, not all in) or WHOLE (a whole
+    request, or one only the app can judge: chunked, or a head too long to scan). Peeked, not read."""
+    n = unread_bytes(transport)
+    if n <= 0:
+        return NOTHING
+    try:  # asyncio's TransportSocket has no recv: a socket object over the same descriptor, let go after
+        peer = socket.socket(fileno=transport.get_extra_info("socket").fileno())
+        try:
+            peeked = peer.recv(min(n, HEAD_SCAN_LIMIT + 4), socket.MSG_PEEK)
+        finally:
+            peer.detach()
+    except (OSError, AttributeError, ValueError):
+        return WHOLE  # cannot tell: never drop what may be a whole request
+    scan = RequestScan()
+    scan.feed(peeked)
+    if scan.complete or scan.unknown:
+        return WHOLE
+    if scan.body_left is None:  # the head is not all in
+        return HALF
+    return WHOLE if scan.body_left <= n - len(peeked) else HALF  # the body beyond the peeked bytes
 
 
 def raise_fd_limit(wanted: int) -> int:
