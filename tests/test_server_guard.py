@@ -59,6 +59,20 @@ def request_bytes(method: str, path: str, host: str, headers: Optional[dict[str,
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+def half_open(port: int, i: int) -> socket.socket:
+    """A connection that sent part of a request and then nothing: odd `i`, headers begun and never
+    finished; even `i`, headers done and 14 of the 4,000 body bytes sent."""
+    host = f"127.0.0.1:{port}"
+    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    if i % 2:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Ty")
+    else:
+        sock.sendall(request_bytes("POST", "/v1/chat/completions", host,
+                                   {"Content-Type": "application/json", "Content-Length": "4000"},
+                                   close=False) + b'{"messages": [')
+    return sock
+
+
 def exchange(port: int, data: bytes) -> Reply:
     """Send `data`, read until the server closes the connection (every request here says
     'Connection: close', and refused ones are closed by the server anyway)."""
@@ -281,14 +295,7 @@ def test_a_whole_request_in_one_accept_burst_with_more_half_open_ones_than_the_c
         assert entered.wait(TIMEOUT)
         try:
             for i in range(40):
-                sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-                if i % 2:  # headers begun, never finished
-                    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Ty")
-                else:  # headers done, 14 of the 4,000 body bytes sent
-                    sock.sendall(request_bytes("POST", "/v1/chat/completions", host,
-                                               {"Content-Type": "application/json", "Content-Length": "4000"},
-                                               close=False) + b'{"messages": [')
-                held.append(sock)
+                held.append(half_open(port, i))
             whole = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
             held.append(whole)
             whole.sendall(request_bytes("POST", "/v1/chat/completions", host,
@@ -342,19 +349,11 @@ def test_a_normal_request_is_answered_while_1500_half_open_connections_are_held(
             break
     assert url is not None, f"server did not start (rc {p.wait(TIMEOUT)})"
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    host = f"127.0.0.1:{port}"
     held: list[socket.socket] = []
     try:
         t0 = time.monotonic()
         for i in range(HALF_OPEN):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-            if i % 2:  # headers begun, never finished
-                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Ty")
-            else:  # headers done, the body begun and never finished
-                sock.sendall(request_bytes("POST", "/v1/chat/completions", host,
-                                           {"Content-Type": "application/json", "Content-Length": "4000"},
-                                           close=False) + b'{"messages": [')
-            held.append(sock)
+            held.append(half_open(port, i))
         opened = time.monotonic() - t0
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT)
         t1 = time.monotonic()
