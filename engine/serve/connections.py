@@ -128,7 +128,7 @@ class Connection(asyncio.Protocol):
         self.scan = RequestScan()
         self.paused_since: Optional[float] = None  # writing paused: the client is not reading
         self.closing = False  # closed by the guard, its unsent bytes (none) still going out
-        self.arriving = False  # looked idle, but request bytes wait in the kernel: not evicted
+        self.arriving = False  # looked idle, but a whole request waits in the kernel (peeked): not evicted
 
     # -- asyncio.Protocol, delegated ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
