@@ -244,23 +244,24 @@ class ConnectionGuard:
 
     def _victim(self, newest: Connection) -> Connection:
         """The oldest half-open connection, else the one idle longest, else `newest`. A connection
-        accepted in the same burst as many others looks idle until its bytes are read: the kernel's
-        bytes are peeked to tell a partial request (half-open) from a whole one (never dropped)."""
-        idle = None
+        accepted in the same burst as many others looks idle until its bytes are read, so an idle
+        one is peeked (`waiting_request`) before it is chosen: a partial request is half-open and
+        goes, a whole one is passed over. Peeked only when no connection already read is half-open,
+        and one at a time from the longest idle: under a flood no syscall is made per connection."""
+        idle = []
         for c in self.open:  # oldest first
             if c is newest or c.closing or c.paused_since is not None or c.arriving:
                 continue  # going already, a reply being written (the write timeout sees to it), or a request in
             if c.phase == RECEIVING and not c.complete:
                 return c
             if c.phase == IDLE and not c.buffered():
-                waiting = waiting_request(c.transport)
-                if waiting is HALF:
-                    return c  # accepted, not read yet, and what it sent is a partial request
-                if waiting is WHOLE:
-                    c.arriving = True  # its request waits in the kernel: it is not idle, it is next
-                elif idle is None or c.since < idle.since:
-                    idle = c  # the one idle longest: not a keep-alive connection that just answered
-        return idle if idle is not None else newest  # all busy: the newcomer waits for none
+                idle.append(c)
+        for c in sorted(idle, key=lambda c: c.since):  # the one idle longest first, not a keep-alive that just answered
+            waiting = waiting_request(c.transport)
+            if waiting is not WHOLE:
+                return c  # nothing waits (idle), or a partial request (half-open, not read yet)
+            c.arriving = True  # accepted, its whole request waits in the kernel: it is not idle, it is next
+        return newest  # all busy: the newcomer waits for none
 
     def _closed(self, conn: Connection) -> None:
         self.open.pop(conn, None)
