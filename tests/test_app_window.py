@@ -303,6 +303,25 @@ def test_code_block_copy_link_and_safe_rendering(qtbot: Any, open_window: Callab
     assert QApplication.clipboard().text() == "print('<b>hi</b>')"
 
 
+def test_a_reply_new_to_the_view_and_its_badge_are_shown_when_set_messages_returns(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    # Qt shows a widget new to a layout by a queued call; CI once read the identity badge of a
+    # reply the view had just rebuilt as hidden. No event may be needed between the two.
+    from app.core.view_models import MessageVM
+
+    w = open_window(wait=False)
+    view = w.chat_view
+    assert view.isVisible()
+    vm = MessageVM(901, "assistant", "Hello.", "complete", 1, 1, None, None, identity="identical to previous")
+    view.set_messages([vm])
+    widget = view.widget_for(901)
+    assert widget is not None and widget.isVisible()
+    assert widget.identity.isVisible() and widget.identity.text().endswith("identical to previous")
+    view.set_messages([])
+    assert view.widget_for(901) is None and view.empty.isVisible()
+
+
 def test_debug_panel_verify_and_clear_cache(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window()
     send(qtbot, w, "Why is the sky blue?")

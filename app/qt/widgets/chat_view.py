@@ -120,6 +120,11 @@ class ChatView(QScrollArea):
                 self.col_layout.removeWidget(w)
                 self.col_layout.insertWidget(i + 1, w)  # index 0 is the empty-state label
         self.order = [vm.id for vm in vms]
+        for mid in self.order:
+            # A widget new to the layout is shown only by a queued call (QLayout::addChildWidget):
+            # until the event loop ran it, a new reply and its badge read as hidden (CI once
+            # caught the identity badge so). Shown now, the view is whole when this returns.
+            self.widgets[mid].show()
         self.empty.setVisible(not vms)
         if self.selected_id not in keep:
             self.selected_id = None
