@@ -139,7 +139,9 @@ def restore(model: str, n: int, work: Path, repeat: int = 3) -> dict:
 
     root = work / f"restore-{n}"
     req = None
-    out: dict = {"n": n, "disk": [], "memory": []}
+    # "memory_before_forward": a memory regenerate's time to first token less its one forward (the
+    # last prompt token: as wide as a decode step), i.e. what planning and the restore cost it.
+    out: dict = {"n": n, "disk": [], "memory": [], "memory_before_forward": []}
     for i in range(repeat):
         engine, _ = C.load_engine(model, cache_dir=root)
         C.warm_up(engine)
@@ -156,9 +158,11 @@ def restore(model: str, n: int, work: Path, repeat: int = 3) -> dict:
         m = engine.generate(req)
         assert m.report.source == "memory"
         out["memory"].append(m.report.ttft_s)
+        out["memory_before_forward"].append(m.report.ttft_s - 1 / m.report.prefill_tps)
         engine.close()
     C.log(f"  restore at {n} tokens: cold {C.fmt_s(out['cold'])}, step {C.fmt_s(out['step'])}, "
-          f"disk {', '.join(C.fmt_s(x) for x in out['disk'])}, memory {', '.join(C.fmt_s(x) for x in out['memory'])}")
+          f"disk {', '.join(C.fmt_s(x) for x in out['disk'])}, memory {', '.join(C.fmt_s(x) for x in out['memory'])} "
+          f"(before its forward: {', '.join(C.fmt_s(x) for x in out['memory_before_forward'])})")
     return out
 
 
