@@ -22,7 +22,13 @@ cancelled it before or while it ran) is still observed as a `Failed`, on the thr
 the job; nothing after a final is observed or posted.
 
 `engine_call(executor, fn)` runs any other job (`fn(engine)`: load, verify, cache stats) the same
-way and awaits its value.
+way and awaits its value; `engine_swap(executor, make_engine)` replaces the engine itself (the
+window attaching to a server and back) and awaits the new one.
+
+The one exception: the server's admitted jobs (engine/serve/engine_routes.py, `admitted`) submit
+to the executor themselves, because they must see whether a job ever ran (one the executor
+failed or that was abandoned before its turn frees its queue place), which an awaited value
+cannot tell.
 """
 
 from __future__ import annotations
@@ -279,3 +285,10 @@ async def engine_call(executor: EngineExecutor, fn: Callable[[Any], T],
                       loop: Optional[asyncio.AbstractEventLoop] = None) -> T:
     """Run `fn(engine)` on the engine thread, after every job submitted before it; await its value."""
     return await asyncio.wrap_future(executor.submit(fn), loop=loop or asyncio.get_running_loop())
+
+
+async def engine_swap(executor: EngineExecutor, make_engine: Callable[[], T],
+                      loop: Optional[asyncio.AbstractEventLoop] = None) -> T:
+    """Replace the engine (`EngineExecutor.swap`: `make_engine()` on the engine thread, after every
+    job before it; the old engine is closed only once the new one exists); await the new one."""
+    return await asyncio.wrap_future(executor.swap(make_engine), loop=loop or asyncio.get_running_loop())

@@ -6,7 +6,8 @@ models, with each reply's runs), the *selected reply* (what Regenerate, Compare 
 on: the one clicked, else the last), the pending reply and its streamed text, the loaded model
 and where it runs (in this process, or on a Verbatim server: `link`, app/core/server_link.py).
 It emits what changed (app/core/evented.py); widgets subscribe and send intents; nothing is
-read back from a widget. One reply:
+read back from a widget. Its fields are written by its own methods only (the flows in
+engine_flows.py and the window call them), so every writer of a field is in the class. One reply:
 
     send(chat, text)      session.begin_send (user message + placeholder committed first)
     -> _generate          engine_batches(executor, request, observe=ReplyRecorder)
@@ -37,6 +38,7 @@ from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEv
 PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text and tokens are written to the store
 DRAFT_DEBOUNCE_S = 0.3  # a draft is counted once typing pauses this long
 LINK_INTERVAL_S = 2.0  # how often a window attached to a server asks whether it still answers
+COLD_RUNS_KEPT = 4  # the last cold runs (Verify's, Compare's): the other one reuses them
 
 # Events (emit name, arguments):
 PATH = "path"  # (vms): the active path changed (conversation opened, reply started or saved, variant)
@@ -365,6 +367,64 @@ class ChatModel(Evented):
         except Exception:
             return  # no engine (it could not start, or it is closing): nothing to show
         self.show_stats(stats, memory)
+
+    # ------------------------------------------------- the model, its engine and its server
+    # Written here only: the flows in app/core/engine_flows.py and the window call these.
+    def use_engines(self, make_local: Callable[[], Any], fallback_spec: Optional[str]) -> None:
+        """How to build the in-process engine again after a server (the window's factory), and
+        what to load here when a server cannot be reached and no model is loaded."""
+        self.make_local_engine = make_local
+        self.fallback_spec = fallback_spec
+
+    def set_fallback(self, spec: str) -> None:
+        """The local model a window whose server is gone at start loads instead."""
+        self.fallback_spec = spec
+
+    def model_loading(self, spec: str, name: str) -> None:
+        """A load (or a connection) began: no model answers until it ends."""
+        self.model_spec, self.model_name, self.model_ready = spec, name, False
+
+    def model_lost(self) -> None:
+        """A load failed or was cancelled: nothing is loaded."""
+        self.model_ready, self.model_info = False, None
+
+    def model_loaded(self, spec: str, name: str, info: ModelInfo, chunk: Optional[int]) -> None:
+        """`info` answers from now on; `chunk` is its engine's prefill chunk (None: not told)."""
+        self.model_spec, self.model_name, self.model_info = spec, name, info
+        self.engine_chunk = chunk
+        self.model_ready = True
+
+    def model_kept(self, spec: str, name: str, info: ModelInfo) -> None:
+        """A connection failed and the model loaded before still answers (its chunk unchanged)."""
+        self.model_spec, self.model_name, self.model_info = spec, name, info
+        self.model_ready = True
+
+    def attached(self, link: ServerLink) -> None:
+        """The engine is now the server at `link` (told with the model: LINK after MODEL)."""
+        self.link = link
+
+    def detached(self) -> None:
+        """The in-process engine is back; the server's watch ends by itself."""
+        self.link = None
+        self.emit(LINK, None)
+
+    def link_up(self, link: ServerLink) -> None:
+        """The server at `link` answers again (with the model the window knows)."""
+        if self.link is link:
+            link.up, link.error = True, ""
+            self.emit(LINK, link)
+
+    def set_verifying(self, verifying: bool) -> None:
+        """A cold run of Verify is running (the debug panel's button waits)."""
+        self.verifying = verifying
+
+    def keep_cold_run(self, reply_id: int, request: Any, result: GenerationResult, pieces: list[str]) -> None:
+        """Keep a reply's cold run (the last COLD_RUNS_KEPT): Verify's is Compare's B side."""
+        info = self.model_info
+        self.cold_runs.pop(reply_id, None)
+        self.cold_runs[reply_id] = (info.key if info is not None else "", request, result, pieces)
+        while len(self.cold_runs) > COLD_RUNS_KEPT:
+            self.cold_runs.pop(next(iter(self.cold_runs)))
 
     def link_down(self, why: str) -> None:
         """The server stopped answering: Send waits (what is typed stays in the composer)."""

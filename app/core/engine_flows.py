@@ -25,6 +25,7 @@ from app.core.view_models import verify_text
 from engine.engine import ModelInfo
 from engine import remote
 from engine.errors import Cancelled
+from engine.bridge import engine_swap
 from engine.types import Comparison, GenerationRequest, GenerationResult
 
 # Events (emit name, arguments):
@@ -40,9 +41,7 @@ def load_model(chat: ChatModel, spec: str, name: Optional[str] = None, api_key: 
         connect_server(chat, spec, api_key)
         return
     stop(chat)  # a reply in progress ends first (saved as interrupted)
-    chat.model_spec = spec
-    chat.model_name = name or model_label(spec)
-    chat.model_ready = False
+    chat.model_loading(spec, name or model_label(spec))
     chat.emit(MODEL, "loading", spec, chat.model_name)
     chat.spawn(_load(chat, spec))
 
@@ -62,17 +61,14 @@ async def _load(chat: ChatModel, spec: str) -> None:
         info, stats, memory, chunk = await chat.call(job)
     except Exception as e:
         if not chat.closed:
-            chat.model_ready = False
-            chat.model_info = None
+            chat.model_lost()
             chat.emit(MODEL, "failed", "loading cancelled" if isinstance(e, Cancelled) else user_message(e))
         return
     finally:
         chat.release(cancel)
     if chat.closed:
         return
-    chat.model_ready = True
-    chat.model_info = info
-    chat.engine_chunk = chunk
+    chat.model_loaded(spec, chat.model_name, info, chunk)
     # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
     # reach, so the full collections the GC pacer runs between replies stay short. Collect first
     # (once, while nothing is streaming) so the loader's garbage is freed rather than frozen.
@@ -85,9 +81,8 @@ async def _load(chat: ChatModel, spec: str) -> None:
 
 async def _detach(chat: ChatModel) -> None:
     assert chat.make_local_engine is not None, "the window gives the chat model its engine factory"
-    await asyncio.wrap_future(chat.executor.swap(chat.make_local_engine), loop=chat.loop)
-    chat.link = None  # its watch ends by itself
-    chat.emit(LINK, None)
+    await engine_swap(chat.executor, chat.make_local_engine, chat.loop)
+    chat.detached()
 
 
 def connect_server(chat: ChatModel, url: str, api_key: Optional[str] = None) -> None:
@@ -96,7 +91,7 @@ def connect_server(chat: ChatModel, url: str, api_key: Optional[str] = None) -> 
     stays (and says so)."""
     stop(chat)
     previous = (chat.model_spec, chat.model_name, chat.model_info) if chat.model_ready else None
-    chat.model_ready = False
+    chat.model_loading(chat.model_spec, chat.model_name)
     chat.emit(MODEL, "loading", url, f"the server at {url}")
     chat.spawn(_connect(chat, url, api_key or None, previous))
 
@@ -104,7 +99,7 @@ def connect_server(chat: ChatModel, url: str, api_key: Optional[str] = None) -> 
 async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
                    previous: Optional[tuple[str, str, Optional[ModelInfo]]]) -> None:
     try:  # on the engine thread: connect; only then is the old engine closed and this one used
-        engine = await asyncio.wrap_future(chat.executor.swap(lambda: remote.connect(url, api_key)), loop=chat.loop)
+        engine = await engine_swap(chat.executor, lambda: remote.connect(url, api_key), chat.loop)
     except Exception as e:
         if chat.closed:
             return
@@ -112,9 +107,9 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
         if "(401)" in why:  # what to do here, not what an HTTP client sends
             why += ": enter the server's API key in Models → Connect to a Verbatim server…"
         if previous is not None and previous[2] is not None:  # still loaded: say so, keep it
-            chat.model_spec, chat.model_name, chat.model_info = previous
-            chat.model_ready = True
-            chat.emit(MODEL, "loaded", *previous)
+            spec, name, kept = previous
+            chat.model_kept(spec, name, kept)
+            chat.emit(MODEL, "loaded", spec, name, kept)
             chat.emit(ERROR, "Cannot connect to the server", why)
         elif chat.fallback_spec:  # e.g. at start, the remembered server is gone: work here meanwhile
             name = model_label(chat.fallback_spec)
@@ -127,10 +122,9 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
     if chat.closed:
         return
     info: ModelInfo = engine.info
-    chat.link = link = ServerLink(url, api_key, engine.placement, dict(engine.environment))
-    chat.engine_chunk = engine.chunk  # the server's prefill chunk (None: a server that does not say)
-    chat.model_spec, chat.model_name, chat.model_info = url, info.name, info
-    chat.model_ready = True
+    link = ServerLink(url, api_key, engine.placement, dict(engine.environment))
+    chat.attached(link)
+    chat.model_loaded(url, info.name, info, engine.chunk)  # the server's chunk (None: one that does not say)
     chat.emit(MODEL, "loaded", url, info.name, info)
     chat.emit(LINK, link)
     chat.recount()  # the server's tokenizer and context
@@ -167,32 +161,42 @@ def verify(chat: ChatModel, reply_id: int) -> None:
     except StoreError as e:
         chat.emit(VERIFY, reply_id, str(e))
         return
-    chat.verifying = True
+    chat.set_verifying(True)
     chat.emit(VERIFY, reply_id, None)
     chat.spawn(_verify(chat, reply_id, request, stored))
 
 
 async def _verify(chat: ChatModel, reply_id: int, request: GenerationRequest, stored: GenerationResult) -> None:
     """Engine.verify's comparison, made here from its cold run, which Compare then reuses."""
+    try:
+        cold, _, cancelled = await _run_cold(chat, reply_id, request)
+        text = "failed: verification cancelled" if cancelled else \
+            verify_text(Comparison.of(stored.tokens, stored.logprobs, cold.tokens, cold.logprobs))
+    except Exception as e:
+        text = f"failed: {user_message(e)}"
+    chat.set_verifying(False)
+    if not chat.closed:
+        chat.emit(VERIFY, reply_id, text)
+
+
+async def _run_cold(chat: ChatModel, reply_id: int, request: GenerationRequest
+                    ) -> tuple[GenerationResult, list[str], bool]:
+    """The one cold-run job (Verify's and Compare's): `request` with no cache at all, on the
+    engine thread, and its token texts; kept for the other one unless it was cancelled (the
+    window closed). Returns (result, token texts, cancelled)."""
     cancel = chat.cancel_token()
 
     def job(engine: Any) -> tuple[GenerationResult, list[str]]:
-        cold = engine.cold_run(request, cancel)
-        return cold, engine.token_texts(cold.tokens)
+        result = engine.cold_run(request, cancel)
+        return result, engine.token_texts(result.tokens)
 
     try:
-        cold, pieces = await chat.call(job)
-        cmp = Comparison.of(stored.tokens, stored.logprobs, cold.tokens, cold.logprobs)
-        if not cancel.cancelled:
-            _keep_cold(chat, reply_id, request, cold, pieces)
-        text = "failed: verification cancelled" if cancel.cancelled else verify_text(cmp)
-    except Exception as e:
-        text = f"failed: {user_message(e)}"
+        result, pieces = await chat.call(job)
     finally:
         chat.release(cancel)
-    chat.verifying = False
-    if not chat.closed:
-        chat.emit(VERIFY, reply_id, text)
+    if not cancel.cancelled:
+        chat.keep_cold_run(reply_id, request, result, pieces)
+    return result, pieces, cancel.cancelled
 
 
 def clear_cache(chat: ChatModel) -> None:
@@ -222,19 +226,6 @@ async def token_pieces(chat: ChatModel, tokens: list[int], model_key: Optional[s
         return await chat.call(lambda e: e.token_texts(tokens))
     except Exception:
         return None
-
-
-COLD_RUNS_KEPT = 4  # the last cold runs (Verify's, Compare's): the other one reuses them
-
-
-def _keep_cold(chat: ChatModel, reply_id: int, request: GenerationRequest, result: GenerationResult,
-               pieces: list[str]) -> None:  # fmt: skip
-    info = chat.model_info
-    runs = chat.cold_runs
-    runs.pop(reply_id, None)
-    runs[reply_id] = (info.key if info is not None else "", request, result, pieces)
-    while len(runs) > COLD_RUNS_KEPT:
-        runs.pop(next(iter(runs)))
 
 
 def _cold_request(chat: ChatModel, reply_id: int) -> GenerationRequest:
@@ -267,16 +258,5 @@ async def cold_run(chat: ChatModel, reply_id: int) -> tuple[GenerationRequest, G
     if has_cold_run(chat, reply_id):
         _, _, result, pieces = chat.cold_runs[reply_id]
         return request, result, pieces
-    cancel = chat.cancel_token()
-
-    def job(engine: Any) -> tuple[GenerationResult, list[str]]:
-        result = engine.cold_run(request, cancel)
-        return result, engine.token_texts(result.tokens)
-
-    try:
-        result, pieces = await chat.call(job)
-    finally:
-        chat.release(cancel)
-    if not cancel.cancelled:
-        _keep_cold(chat, reply_id, request, result, pieces)
+    result, pieces, _ = await _run_cold(chat, reply_id, request)
     return request, result, pieces

@@ -11,7 +11,7 @@ answers again. A reply that fails because the server went away says so at once
 
 from __future__ import annotations
 
-from app.core.chat import LINK, ChatModel, ServerLink, user_message
+from app.core.chat import ChatModel, ServerLink, user_message
 from engine.remote import probe
 
 
@@ -36,6 +36,5 @@ async def watch(chat: ChatModel, link: ServerLink) -> None:
                            "connect again (Models → Connect to a Verbatim server…)")
             continue
         if not link.up:
-            link.up, link.error = True, ""
-            chat.emit(LINK, link)
+            chat.link_up(link)
             chat.recount()

@@ -64,7 +64,7 @@ def _loaded(w: MainWindow, spec: str, name: str, info: ModelInfo) -> None:
     w.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
     w.model_label.setText(name)
     w.qsettings.setValue("model/last_local", spec)
-    w.chat.fallback_spec = spec  # what a window whose server is gone at start loads instead
+    w.chat.set_fallback(spec)  # what a window whose server is gone at start loads instead
     w.model_picker.select(spec, name)
     w.status(f"Loaded {name}", 4000)
     log.info("model loaded: %s (%d layers, %.1f s)", name, info.layers, info.load_s)

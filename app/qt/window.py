@@ -97,9 +97,8 @@ class MainWindow(QMainWindow):
 
         self.chat = ChatModel(self.session, EngineExecutor(make_engine), jobs.gui_loop(), jobs.spawn,
                               self.default_settings, chunk, batch_interval, self.read_only)
-        self.chat.make_local_engine = make_engine
         last_local = self.qsettings.value("model/last_local")
-        self.chat.fallback_spec = last_local if isinstance(last_local, str) and last_local else "demo"
+        self.chat.use_engines(make_engine, last_local if isinstance(last_local, str) and last_local else "demo")
         self.engine_closed = False  # the engine thread ended in time when the window closed
         self._streaming_id: Optional[int] = None  # the reply the chat view streams into
         self._closed = False
