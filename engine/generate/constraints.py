@@ -160,6 +160,7 @@ class Grammars:
         self._ll: Any = None
         self._compiled: "OrderedDict[str, str]" = OrderedDict()  # digest(namespace, constraint) -> grammar
         self._bytes = 0
+        self.compiles = 0  # grammars built (a cache miss each): what the namespace tests count
 
     def _lltokenizer(self) -> Any:
         if self._ll is None:
@@ -189,6 +190,7 @@ class Grammars:
             self._compiled.move_to_end(key)
             return self._compiled[key]
         grammar = self._build(constraint)
+        self.compiles += 1
         self._compiled[key] = grammar
         self._bytes += len(grammar)
         while len(self._compiled) > 1 and (len(self._compiled) > _COMPILED_KEPT or self._bytes > _COMPILED_BYTES):

@@ -298,7 +298,10 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
-    out: list[Any] = [schema.chunk(parsed, name, "", None, role=True)] if parsed.kind == "chat" else []
+    # With tools the reply may be only calls: the role chunk then carries no content, so a client
+    # that assembles the stream reads content null, as in the non-streamed reply.
+    out: list[Any] = ([schema.chunk(parsed, name, None if reader is not None else "", None, role=True)]
+                      if parsed.kind == "chat" else [])
     text = ""  # everything the engine has decoded so far
     sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
     seen = 0  # tokens whose logprobs were sent
