@@ -60,10 +60,21 @@ class ConstraintFailed(RequestError):
     way): the reply ends with this short error (a 400 the clients do not retry), the engine goes on."""
 
 
+# llguidance's limit errors in plain words (what a schema's author can change)
+_PLAIN = (("row has", "too many alternatives at one point (such as hundreds of optional properties)"),
+          ("too many items", "too many alternatives at one point (such as hundreds of optional properties)"),
+          ("too many expressions", "a pattern or repeat too large to match (such as x{1000}{1000})"),
+          ("lexer", "a pattern or repeat too large to match"),
+          ("noextension", "the schema admits no value"))
+
+
 def _reason(error: str) -> str:
-    """llguidance's error, first line only (no parser state, no grammar), cut short."""
-    line = error.replace("<non-verbose/>", "").strip().splitlines()
-    return clip_text(line[0] if line else "unknown error", 90)
+    """llguidance's error in a few plain words where it is a known limit, else its first line
+    (never the parser state or the grammar), cut short."""
+    lines = error.replace("<non-verbose/>", "").strip().splitlines()
+    first = lines[0] if lines else "unknown error"
+    plain = next((words for key, words in _PLAIN if key in first.lower()), None)
+    return plain or clip_text(first, 90)
 
 
 def clip_text(text: str, limit: int) -> str:
@@ -235,8 +246,9 @@ class Grammars:
     def _tool_format_checked(self, c: Constraint) -> Any:
         fmt = tool_format(self._tok)
         if fmt != "json_tools":
-            raise RequestError(f"'tool_choice' {c.tool_choice!r} is enforced only for models whose tool calls are "
-                               f"JSON (mlx-lm's json_tools format); this model's format is {fmt or 'unknown'}"
+            what = (f"'tool_choice' {c.tool_choice!r} is" if c.forced_tool else "tools with a 'response_format' are")
+            raise RequestError(f"{what} enforced only for models whose tool calls are JSON (mlx-lm's json_tools "
+                               f"format); this model's format is {fmt or 'unknown'}"
                                + (": use 'auto'" if c.response_format is None else ""), "tool_choice")
         return self._tok
 
@@ -270,8 +282,7 @@ class Grammars:
             for step in range(_PROBE_STEPS):
                 fill_next_token_bitmask(m, bits, 0)
                 if m.is_error():
-                    return "the schema admits no value" if step == 0 and pick == 0 and \
-                        "NoExtension" in m.get_error() else _reason(m.get_error())
+                    return _reason(m.get_error())
                 allowed = [int(t) for t in np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
                            if int(t) not in eos and t < self.width]
                 if m.is_stopped() or not allowed:
