@@ -230,6 +230,11 @@ HOSTILE = {
 def test_a_hostile_schema_is_refused_before_prefill_with_a_short_400(server: Server, name: str) -> None:
     body = refused(server, response_format=fmt(HOSTILE[name]))
     assert body["param"] == "response_format", body
+    # Streamed too: a 400 status before the stream starts, not an error inside a 200 stream.
+    with pytest.raises(openai.BadRequestError) as e:
+        client(server).chat.completions.create(model=server.model, messages=ASK, response_format=fmt(HOSTILE[name]),
+                                               stream=True)
+    assert e.value.body["param"] == "response_format"
     tool = {"type": "function", "function": {"name": "bad", "parameters": {"type": "object", **{
         k: v for k, v in HOSTILE[name].items() if k != "type"}}}}
     if name != "self":  # {"$ref": "#"} of an object: the same refusal, naming the tool
