@@ -22,6 +22,7 @@ from engine.cli.main import main as cli
 from engine.constraint import Constraint
 from engine.engine import Engine
 from engine.errors import EngineError, RequestError
+from engine.generate.constraints import ConstraintFailed
 from engine.receipts import ReceiptModel
 from engine.types import GenerationRequest, SamplerSettings
 from tests.engine_helpers import require_openblas
@@ -66,7 +67,7 @@ def generate(engine: Engine, constraint: Constraint, **sampler: Any) -> Any:
     sampler.setdefault("max_tokens", 160)
     try:
         return engine.generate(GenerationRequest(ASK, SamplerSettings(**sampler), constraint=constraint))
-    except EngineError as e:  # the sampler picked a token the grammar forbids
+    except (EngineError, ConstraintFailed) as e:  # the sampler picked a token the grammar forbids
         pytest.fail(f"a sampled token broke the grammar: {e}")
 
 
@@ -298,3 +299,37 @@ def test_the_previous_reply_keys_hold_a_digest_of_the_constraint(engine: Engine)
     engine.generate(GenerationRequest(ASK, SamplerSettings(max_tokens=2), constraint=c))
     key = next(reversed(engine._previous))
     assert c.digest() in key and all(len(str(part)) < 50_000 for part in key)
+
+
+TREE = {"type": "object", "properties": {"label": {"type": "string", "maxLength": 4},
+                                         "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+        "required": ["label"], "additionalProperties": False}
+
+
+def test_only_schemas_that_must_contain_themselves_are_unsatisfiable() -> None:
+    from engine.generate.constraints import no_finite_value
+
+    assert no_finite_value({"$ref": "#"})
+    assert no_finite_value({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})
+    assert no_finite_value({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]})
+    assert no_finite_value({"type": "array", "items": {"$ref": "#"}, "minItems": 1})
+    assert no_finite_value({"anyOf": [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}]})
+    # Recursion with a way out: an optional property, an empty array, a null branch.
+    assert not no_finite_value(TREE)
+    assert not no_finite_value({"type": "object", "properties": {"x": {"$ref": "#"}}})
+    assert not no_finite_value({"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#"}, "minItems": 1}]})
+    assert not no_finite_value({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"})
+
+
+def test_a_recursive_schema_with_a_way_out_is_accepted_and_decoded(engine: Engine) -> None:
+    c = Constraint.of(response_format={"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}})
+    r = generate(engine, c, temperature=1.0, seed=2, max_tokens=200)
+
+    def valid(node: Any) -> bool:
+        return (isinstance(node, dict) and set(node) <= {"label", "children"} and isinstance(node.get("label"), str)
+                and len(node["label"]) <= 4 and all(valid(n) for n in node.get("children", [])))
+
+    if r.finish_reason == "stop":
+        assert valid(json.loads(r.text)), r.text
+    else:
+        assert r.text.startswith('{"label": "')
