@@ -15,6 +15,15 @@ for every sampler setting: greedy, temperature, top-k/p, min-p, repetition penal
 logit_bias all pick among allowed tokens only. It depends only on the tokens so far, so a
 constrained reply is as deterministic as any other.
 
+The grammar (issue 36, OpenAI's semantics): a Lark grammar whose `start` is tool calls in the
+model's own markup (a named function: exactly one; "required"/"auto": up to MAX_PARALLEL_CALLS,
+one when parallel_tool_calls is false), content in the response format, or, under "auto" with a
+format, either. Each tool's parameters and the format's schema are a `%json` rule of their own,
+so their `$ref`s resolve against the schema the user wrote, not against anything around it.
+Before any prefill, schemas that must contain themselves, grammars llguidance refuses and ones
+that reach its limits on a short probe get a 400 naming the field (`tools[i]`, `response_format`);
+what still fails while decoding raises `ConstraintFailed` (a 400 the clients do not retry).
+
 Whitespace is bounded: JSON comes out with fixed separators (", " and ": ", the style chat
 templates render tool calls in) and no other whitespace, so a weak model cannot spend its
 tokens on newlines.
