@@ -448,7 +448,8 @@ MUTATIONS: list[Mutation] = [
         "a call cut by max_tokens returned as content",
         (("engine/serve/tools.py", '        if at >= 0 and result.finish_reason in ("length", "context"):\n',
           "        if False:\n"),),
-        ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",),
+        ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
+         "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
     ),
 ]
 
