@@ -12,7 +12,7 @@ import ctypes
 import gc
 import json
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import openai
 import pytest
@@ -121,8 +121,7 @@ def test_a_forced_choice_with_a_response_format_is_the_call_and_the_format_shape
     messages: list[dict[str, Any]] = list(ASK)
     r = ask(server, messages, tools=[WEATHER], tool_choice="required", response_format=FORMAT, seed=3)
     choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    (call,) = [c for c in choice.message.tool_calls][:1]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None and choice.message.tool_calls
     messages += [{"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in choice.message.tool_calls]}]
     messages += [{"role": "tool", "tool_call_id": c.id, "content": '{"temp": 18}'} for c in choice.message.tool_calls]
     r = ask(server, messages, tools=[WEATHER], tool_choice="none", response_format=FORMAT, seed=3)
