@@ -285,18 +285,18 @@ class Grammars:
 
         m = LLMatcher(self._lltokenizer(), grammar, log_level=0, limits=_limits())
         bits = allocate_token_bitmask(1, self.width)
-        eos = set(self._eos)
+        eos = np.array(self._eos, dtype=np.int64)
         for pick in (0, -1):
             m.reset()
             for step in range(_PROBE_STEPS):
                 fill_next_token_bitmask(m, bits, 0)
                 if m.is_error():
                     return _reason(m.get_error())
-                allowed = [int(t) for t in np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))
-                           if int(t) not in eos and t < self.width]
-                if m.is_stopped() or not allowed:
+                allowed = np.flatnonzero(np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.width])
+                allowed = allowed[~np.isin(allowed, eos)]  # numpy: a free string allows most of the vocabulary
+                if m.is_stopped() or not len(allowed):
                     break
-                if not m.consume_token(allowed[pick]):
+                if not m.consume_token(int(allowed[pick])):
                     return _reason(m.get_error())
         return None
 
