@@ -316,7 +316,7 @@ def test_rss_stays_bounded_after_40_distinct_large_schemas(server: Server) -> No
         ask(server, response_format=schema(-i - 1, 900_000), max_tokens=2)
     before = rss()
     for i in range(40):
-        refused(server, response_format=schema(i, 6_000_000))
+        assert refused(server, response_format=schema(i, 6_000_000))["param"] == "response_format"
         server.recording.jobs.clear()  # the test's recording holds each job's request: not the server's memory
     mid = rss()
     for i in range(40):
