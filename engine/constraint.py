@@ -15,6 +15,7 @@ Also the checks of tool calls and tool results inside the messages (`tool_messag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from engine.errors import RequestError
 
 TOOL_CHOICES = ("none", "auto", "required", "function")
 MAX_TOOLS = 128
+MAX_FIELD_BYTES = 1 << 20  # `tools` or `response_format`, as JSON
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's function names (and dots, which some use)
 
 
@@ -47,6 +49,15 @@ class Constraint:
     def decoding(self) -> bool:
         """Decoding runs under a grammar (else the constraint only shapes the prompt and the answer)."""
         return self.forced_tool or self.response_format is not None
+
+    @property
+    def failure_param(self) -> str:
+        """The field a grammar failure while decoding names."""
+        return "response_format" if self.response_format is not None and not self.forced_tool else "tools"
+
+    def digest(self) -> str:
+        """A short digest of `identity()`: what keys that only compare constraints hold."""
+        return hashlib.sha256(self.identity().encode()).hexdigest()
 
     @property
     def calls_parsed(self) -> bool:
@@ -103,6 +114,8 @@ class Constraint:
     def of(cls, tools: Any = None, tool_choice: Any = None, parallel_tool_calls: Any = None,
            response_format: Any = None) -> Optional["Constraint"]:
         """The constraint of OpenAI's request fields (None: none of them asks for anything)."""
+        _check_size(tools, "tools")
+        _check_size(response_format, "response_format")
         tool_list = _tools(tools)
         choice, function = _tool_choice(tool_choice, tool_list)
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
@@ -110,13 +123,25 @@ class Constraint:
         if parallel_tool_calls is not None and not tool_list:
             raise RequestError("'parallel_tool_calls' needs 'tools'", "parallel_tool_calls")
         fmt = _response_format(response_format)
-        if fmt is not None and tool_list and choice in ("required", "function"):
-            raise RequestError("a JSON 'response_format' cannot be combined with a tool_choice that forces a tool "
-                               "call (the reply is the call)", "response_format")
+        # A forced tool_choice with a response_format (as OpenAI takes it): this reply is the call,
+        # the format shapes the content of later turns (engine/generate/constraints.py).
         if not tool_list and fmt is None:
             return None
         return cls(tool_list, choice if tool_list else "none", function,
                    True if parallel_tool_calls is None else parallel_tool_calls, fmt)
+
+
+def _check_size(value: Any, param: str) -> None:
+    """A tool list or response format past MAX_FIELD_BYTES (JSON) is refused: its grammar, cache
+    entries and receipts would all carry it."""
+    if value is None:
+        return
+    try:
+        n = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    except (TypeError, ValueError, RecursionError):
+        return  # not JSON data: the field's own check says what is wrong
+    if n > MAX_FIELD_BYTES:
+        raise RequestError(f"'{param}' is {n} bytes of JSON; at most {MAX_FIELD_BYTES} (1 MiB) is accepted", param)
 
 
 def _tools(tools: Any) -> tuple[dict[str, Any], ...]:

@@ -247,13 +247,14 @@ class Engine:
         if c.tools and request.prompt is not None:
             raise RequestError("'tools' need a chat (messages), not a raw prompt", "tools")
         assert self._grammars is not None
-        return self._grammars.grammar(c)
+        # Compiled grammars are cached per namespace: another API key's schema costs a compile.
+        return self._grammars.grammar(c, request.cache_namespace)
 
-    def _guide(self, grammar: Optional[str]) -> Optional[Guide]:
-        if grammar is None:
+    def _guide(self, p: Prepared) -> Optional[Guide]:
+        if p.grammar is None:
             return None
-        assert self._grammars is not None
-        return self._grammars.guide(grammar)
+        assert self._grammars is not None and p.request.constraint is not None
+        return self._grammars.guide(p.grammar, p.request.constraint.failure_param)
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
@@ -263,7 +264,7 @@ class Engine:
         disk = self.cache.disk
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
-                                       p.context.limit, self._guide(p.grammar), p.reply_header_cuts)
+                                       p.context.limit, self._guide(p), p.reply_header_cuts)
         _describe_cuts(result, p)
         if disk is not None:
             result.report.warnings = disk.pop_warnings()
@@ -289,7 +290,7 @@ class Engine:
         # The namespace too: whether a reply repeats another's must not tell one API client
         # what another asked (engine/cache/namespace.py).
         # And the constraint: the same prompt under another grammar is another request.
-        constraint = request.constraint.identity() if request.constraint is not None else None
+        constraint = request.constraint.digest() if request.constraint is not None else None  # not the schema itself
         k = (key, request.cache_namespace, tuple(prompt), json.dumps(settings, sort_keys=True), request.stop,
              constraint)
         prev = self._previous.get(k)
@@ -311,7 +312,7 @@ class Engine:
         """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
         p = self.prepare(request)
         result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                              p.message_starts, p.context.limit, self._guide(p.grammar), p.reply_header_cuts))
+                              p.message_starts, p.context.limit, self._guide(p), p.reply_header_cuts))
         _describe_cuts(result, p)
         return result
 

@@ -421,6 +421,36 @@ MUTATIONS: list[Mutation] = [
           "                self._bytes += blk.pack.nbytes\n"),),
         (MT + "test_four_variants_hold_their_shared_prefix_once",),
     ),
+    # issue 36: tools and formats together as OpenAI defines them (tests/test_server_agents.py)
+    Mutation(
+        "$ref resolved against the wrapper (a tool's parameters inside the {name, arguments} schema)",
+        (("engine/generate/constraints.py",
+          '                bodies.append(f\'{json.dumps(head)} args{i} "}}"\')\n',
+          '                rules[-1] = f"args{i}: " + _json_rule({"type": "object", "properties": {"name": {"const": name}, '
+          '"arguments": params}, "required": ["name", "arguments"], "additionalProperties": False}, False)\n'
+          '                bodies.append(f"args{i}")\n'),),
+        ("tests/test_server_agents.py::test_a_ref_in_a_forced_tools_parameters_resolves_against_that_schema",),
+    ),
+    Mutation(
+        "the grammar cache shared across namespaces",
+        (("engine/generate/constraints.py", "json.dumps([namespace, constraint.identity()])",
+          "json.dumps([None, constraint.identity()])"),),
+        ("tests/test_server_agents.py::test_compiled_grammars_are_cached_per_api_key",
+         "tests/test_constraints.py::test_grammars_are_cached_per_namespace_and_within_a_byte_budget"),
+    ),
+    Mutation(
+        "a named tool_choice allowing a second call",
+        (("engine/generate/constraints.py", '            many = c.tool_choice != "function" and c.parallel_tool_calls\n',
+          "            many = c.parallel_tool_calls\n"),),
+        ("tests/test_server_agents.py::test_a_named_choice_is_exactly_one_call_even_with_parallel_calls_allowed",),
+    ),
+    Mutation(
+        "a call cut by max_tokens returned as content",
+        (("engine/serve/tools.py", '        if at >= 0 and result.finish_reason in ("length", "context"):\n',
+          "        if False:\n"),),
+        ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
+         "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
+    ),
 ]
 
 

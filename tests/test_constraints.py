@@ -22,6 +22,7 @@ from engine.cli.main import main as cli
 from engine.constraint import Constraint
 from engine.engine import Engine
 from engine.errors import EngineError, RequestError
+from engine.generate.constraints import ConstraintFailed
 from engine.receipts import ReceiptModel
 from engine.types import GenerationRequest, SamplerSettings
 from tests.engine_helpers import require_openblas
@@ -66,7 +67,7 @@ def generate(engine: Engine, constraint: Constraint, **sampler: Any) -> Any:
     sampler.setdefault("max_tokens", 160)
     try:
         return engine.generate(GenerationRequest(ASK, SamplerSettings(**sampler), constraint=constraint))
-    except EngineError as e:  # the sampler picked a token the grammar forbids
+    except (EngineError, ConstraintFailed) as e:  # the sampler picked a token the grammar forbids
         pytest.fail(f"a sampled token broke the grammar: {e}")
 
 
@@ -246,3 +247,89 @@ def test_cli_generate_takes_an_openai_request_file_and_its_receipt_verifies(tool
     assert out["text"].startswith("<tool_call>") and out["finish_reason"] == "stop"
     assert json.loads(receipt.read_text())["constraint"]["tool_choice"] == "required"
     assert cli(["verify", str(receipt), "--no-cache"]) == 0
+
+
+def test_a_call_under_auto_and_a_response_format_is_receipted_and_replays(engine: Engine, tool_model: Path,
+                                                                        tmp_path: Path, capsys: Any) -> None:
+    """Issue 36: the composed constraint (tools, "auto", a response format) is what the receipt
+    records, and `engine verify` rebuilds the same grammar from it: the call replays."""
+    require_openblas()
+    c = Constraint.of([WEATHER, CLOCK], "auto", False, JSON_SCHEMA)
+    start = engine.lm.tokenizer.convert_tokens_to_ids("<tool_call>")
+    req = GenerationRequest(ASK, SamplerSettings(temperature=1.0, seed=4, max_tokens=160, logit_bias=((start, 20.0),)),
+                            constraint=c)
+    result = engine.generate(req)
+    assert result.text.startswith("<tool_call>") and result.finish_reason == "stop", result.text
+    receipt = receipts.build(req, result, ReceiptModel(str(tool_model), engine.info.key, "qwen-tools"), engine.chunk)
+    doc = receipt.to_dict()
+    assert doc["constraint"]["tool_choice"] == "auto" and doc["constraint"]["response_format"]["schema"] == SCHEMA
+    assert [t["function"]["name"] for t in doc["constraint"]["tools"]] == ["get_weather", "get_time"]
+    path = tmp_path / "auto.json"
+    path.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert cli(["verify", str(path), "--no-cache"]) == 0
+    assert capsys.readouterr().out.startswith("OK")
+    # Without the bias, the same composed grammar answers in the format: a cold run equals it.
+    plain = dataclasses.replace(req, sampler=SamplerSettings(temperature=1.0, seed=4, max_tokens=160))
+    answer = engine.generate(plain)
+    assert valid_weather(json.loads(answer.text)), answer.text
+    assert engine.verify(plain, answer).identical
+
+
+def test_grammars_are_cached_per_namespace_and_within_a_byte_budget(engine: Engine) -> None:
+    from engine.generate import constraints
+
+    g = constraints.Grammars(engine.lm.tokenizer, engine._grammars.width, engine.lm.eos_ids)
+    c = Constraint.of(response_format=JSON_SCHEMA)
+    g.grammar(c, "alice")
+    g.grammar(c, "alice")
+    assert g.compiles == 1
+    g.grammar(c, "bob")
+    assert g.compiles == 2  # another namespace compiles its own
+    big = {"type": "object", "properties": {"a": {"type": "integer", "description": "x" * 900_000}}}
+    for i in range(30):
+        g.grammar(Constraint.of(response_format={"type": "json_schema", "json_schema": {
+            "name": "big", "schema": {**big, "title": str(i)}}}), "alice")
+    assert g._bytes <= constraints._COMPILED_BYTES and g._bytes == sum(len(v) for v in g._compiled.values())
+
+
+def test_the_previous_reply_keys_hold_a_digest_of_the_constraint(engine: Engine) -> None:
+    big = {"type": "object", "properties": {"a": {"type": "integer", "description": "y" * 100_000}}}
+    c = Constraint.of(response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": big}})
+    engine.generate(GenerationRequest(ASK, SamplerSettings(max_tokens=2), constraint=c))
+    key = next(reversed(engine._previous))
+    assert c.digest() in key and all(len(str(part)) < 50_000 for part in key)
+
+
+TREE = {"type": "object", "properties": {"label": {"type": "string", "maxLength": 4},
+                                         "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+        "required": ["label"], "additionalProperties": False}
+
+
+def test_only_schemas_that_must_contain_themselves_are_unsatisfiable() -> None:
+    from engine.generate.constraints import no_finite_value
+
+    assert no_finite_value({"$ref": "#"})
+    assert no_finite_value({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})
+    assert no_finite_value({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]})
+    assert no_finite_value({"type": "array", "items": {"$ref": "#"}, "minItems": 1})
+    assert no_finite_value({"anyOf": [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}]})
+    # Recursion with a way out: an optional property, an empty array, a null branch.
+    assert not no_finite_value(TREE)
+    assert not no_finite_value({"type": "object", "properties": {"x": {"$ref": "#"}}})
+    assert not no_finite_value({"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#"}, "minItems": 1}]})
+    assert not no_finite_value({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"})
+
+
+def test_a_recursive_schema_with_a_way_out_is_accepted_and_decoded(engine: Engine) -> None:
+    c = Constraint.of(response_format={"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}})
+    r = generate(engine, c, temperature=1.0, seed=2, max_tokens=200)
+
+    def valid(node: Any) -> bool:
+        return (isinstance(node, dict) and set(node) <= {"label", "children"} and isinstance(node.get("label"), str)
+                and len(node["label"]) <= 4 and all(valid(n) for n in node.get("children", [])))
+
+    if r.finish_reason == "stop":
+        assert valid(json.loads(r.text)), r.text
+    else:
+        assert r.text.startswith('{"label": "')

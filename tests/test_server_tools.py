@@ -211,3 +211,22 @@ def test_top_logprobs_under_a_grammar_list_only_allowed_tokens(tool_server: Serv
     entries = r.choices[0].logprobs.content
     assert entries and all(t.logprob > float("-inf") for e in entries for t in e.top_logprobs)
     assert any(len(e.top_logprobs) == 1 for e in entries)  # forced stretches (the markup, the name)
+
+
+def test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content() -> None:
+    """Issue 36: a reply cut by max_tokens inside a call (free decoding under "auto" too)."""
+    reader = ToolReader("json_tools", Constraint.of([WEATHER], "auto"))
+
+    def result(text: str, finish: str = "length") -> GenerationResult:
+        return GenerationResult(text, [1, 2], [0.0, 0.0], finish, 0, [3], CacheReport())
+
+    r = reader.read(result('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci'))
+    assert r.content == "Let me check."
+    assert [c["function"] for c in r.calls] == [{"name": "get_weather", "arguments": '{"ci'}]
+    r = reader.read(result('<tool_call>\n{"name": "get_wea'))  # cut inside the name: no call, no markup
+    assert r.content is None and r.calls == []
+    whole = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
+    r = reader.read(result(whole))  # only the end marker cut: the whole call
+    assert r.content is None and json.loads(r.calls[0]["function"]["arguments"]) == {"city": "Oslo", "days": 2}
+    # Ended by itself (EOS) inside a call: left as text, as any call that does not parse.
+    assert reader.read(result('<tool_call>\n{"name": "get_wea', "stop")).content == '<tool_call>\n{"name": "get_wea'

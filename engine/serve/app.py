@@ -33,6 +33,7 @@ from aiohttp import web
 
 from engine.bridge import Done, StreamEvent, engine_batches
 from engine.errors import ContextLengthError, EngineError, RequestError
+from engine.generate.constraints import ConstraintFailed
 from engine.serve import DEFAULT_QUEUE_LIMIT, schema, tools
 from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
 from engine.serve.connections import ConnectionGuard
@@ -84,6 +85,8 @@ def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
     if isinstance(e, ContextLengthError):
         return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
                         code="context_length_exceeded")
+    if isinstance(e, ConstraintFailed):  # while decoding: a 400 (clients do not retry it), short
+        return APIError(400, clip(str(e)), param=e.param, code="constraint_failed")
     if isinstance(e, RequestError):
         param = getattr(e, "param", None) or ("logit_bias" if str(e).startswith("logit_bias") else None)
         return APIError(400, clip(str(e)), param=param)
@@ -295,7 +298,10 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
-    out: list[Any] = [schema.chunk(parsed, name, "", None, role=True)] if parsed.kind == "chat" else []
+    # With tools the reply may be only calls: the role chunk then carries no content, so a client
+    # that assembles the stream reads content null, as in the non-streamed reply.
+    out: list[Any] = ([schema.chunk(parsed, name, None if reader is not None else "", None, role=True)]
+                      if parsed.kind == "chat" else [])
     text = ""  # everything the engine has decoded so far
     sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
     seen = 0  # tokens whose logprobs were sent
@@ -338,7 +344,9 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
         return resp
     reply = reader.read(result) if reader is not None else None
     content = reply.content or "" if reply is not None else result.text
-    rest = content[sent:] if content.startswith(text[:sent]) else ""
+    rest: Optional[str] = content[sent:] if content.startswith(text[:sent]) else ""
+    if reply is not None and reply.calls and not rest:
+        rest = None  # a tool-call reply ends without a content delta (content stays null, as non-streamed)
     entries = ticket.entries[seen:] if ticket.entries is not None else None
     finish = (tools.finish_reason(reply, result.finish_reason) if reply is not None else None) \
         or schema.finish_reason(result)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -96,13 +97,34 @@ class ToolReader:
                 pieces.append(text[pos:at])
                 calls += parsed
             pos = stop + len(self.end)
-        pieces.append(text[pos:])
+        tail = text[pos:]
+        at = tail.find(self.start)
+        if at >= 0 and result.finish_reason in ("length", "context"):
+            # A call cut by max_tokens (or the context): returned as a call with its partial
+            # arguments, as OpenAI does (finish_reason "length"); its markup never is content.
+            pieces.append(tail[:at])
+            calls += self._cut_call(tail[at + len(self.start):])
+            tail, cut = "", True
+        else:
+            cut = False
+        pieces.append(tail)
         content = "".join(pieces)
-        if calls:
+        if calls or cut:
             content = content.strip()
         for i, c in enumerate(calls):
             c["id"] = call_id(result, i)
-        return Reply(content if content or not calls else None, calls)
+        return Reply(content if content or not (calls or cut) else None, calls)
+
+    def _cut_call(self, body: str) -> list[dict[str, Any]]:
+        """The call whose text `body` was cut short: its name (when whole and offered) and the
+        arguments as far as they came, a JSON prefix; nothing when the name itself was cut."""
+        whole = self._calls(body)
+        if whole is not None:  # only the end marker was cut
+            return whole
+        m = _CUT_CALL.match(body)
+        if m is None or m.group(1) not in self._names:
+            return []
+        return [{"id": "", "type": "function", "function": {"name": m.group(1), "arguments": body[m.end():]}}]
 
     def _calls(self, body: str) -> Optional[list[dict[str, Any]]]:
         try:
@@ -118,6 +140,10 @@ class ToolReader:
                         "function": {"name": tc["name"],
                                      "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
         return out
+
+
+# The start of a json_tools call, up to its arguments: {"name": "<name>", "arguments": <cut JSON>
+_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.\-]{1,64})"\s*,\s*"arguments"\s*:\s*')
 
 
 def call_id(result: GenerationResult, index: int) -> str:
