@@ -43,7 +43,7 @@ briefcase-check: ## run the app's self-check through `briefcase dev` (isolated e
 
 clean: ## remove build outputs, caches and briefcase's dev environment (keeps .venv)
 	rm -rf build dist .briefcase .pytest_cache logs packaging/briefcase/verbatim.dist-info *.egg-info
-	find . -path ./.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . \( -path ./.venv -o -path "./.venv-*" \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean ## also remove .venv
-	rm -rf .venv
+	rm -rf .venv .venv-*

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # `make test`: create/update .venv, then run the whole pytest suite (extra args go to pytest).
+# VENV=folder runs it in another venv than .venv (scripts/venv.sh), e.g. one for another Python.
 # On Linux, OpenBLAS is preloaded when installed; with VERBATIM_REQUIRE_OPENBLAS=1 (CI) a
 # missing OpenBLAS is an error. Exit status is pytest's, except "no tests collected" (5),
 # which is reported and treated as success while the suite is being written.
@@ -9,6 +10,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/openblas.sh"
 
 "$ROOT/scripts/venv.sh" test
+VENV="${VENV:-.venv}"
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 
 if [ "$(uname -s)" = "Linux" ] && ! verbatim_preload_openblas; then
     if [ "${VERBATIM_REQUIRE_OPENBLAS:-0}" = "1" ]; then
@@ -23,7 +26,7 @@ fi
 
 cd "$ROOT"
 set +e
-"$ROOT/.venv/bin/python" -m pytest "$@"
+"$VENV/bin/python" -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

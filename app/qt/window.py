@@ -512,8 +512,11 @@ class MainWindow(QMainWindow):
         from app.qt.widgets.settings_dialog import SettingsDialog
 
         dlg = SettingsDialog(self.current_settings(), self)
-        if dlg.exec():
-            self.apply_settings(dlg.value(), dlg.as_default.isChecked())
+        try:
+            if dlg.exec():
+                self.apply_settings(dlg.value(), dlg.as_default.isChecked())
+        finally:
+            dlg.deleteLater()  # a child of the window: it would stay until the window goes (soak test)
 
     def focus_search(self) -> None:
         """Ctrl+F: the sidebar's search field, its text selected to type over."""
