@@ -211,7 +211,7 @@ class Engine:
         lm = self._lm()
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
-        _check_logit_bias(request, _vocab_size(lm))
+        _check_logit_bias(request, _named_tokens(lm))
         grammar = self._check_constraint(request)
         limit = self.limit_for(request)
         if request.max_tokens_fit and limit:
@@ -353,6 +353,18 @@ def _vocab_size(lm: LoadedModel) -> int:
     """Width of the model's logits (the output layer may be padded past the tokenizer's size)."""
     n = getattr(getattr(lm.model, "args", None), "vocab_size", None)
     return int(n) if isinstance(n, int) and n > 0 else len(lm.tokenizer.get_vocab())
+
+
+def _named_tokens(lm: LoadedModel) -> int:
+    """Token ids a request may name (logit_bias): the tokenizer's, its base vocabulary and added
+    tokens, as /verbatim/tokenize counts them, never past the logits' width. The ids in an output
+    layer padded past the tokenizer decode to no text."""
+    inner = getattr(lm.tokenizer, "_tokenizer", lm.tokenizer)
+    try:
+        named = len(inner)
+    except TypeError:
+        named = len(lm.tokenizer.get_vocab())
+    return min(named, _vocab_size(lm))
 
 
 def _tools(request: GenerationRequest) -> Optional[list[dict[str, Any]]]:

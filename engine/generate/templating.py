@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import weakref
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from engine.constraint import template_messages
@@ -18,17 +21,9 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_pr
     reply). `tools` go to the chat template as transformers passes them (`tools=`), and tool-call
     arguments as objects (engine/constraint.py: template_messages)."""
     if getattr(tokenizer, "chat_template", None):
-        extra = {"tools": list(tools)} if tools else {}
-        try:
-            ids = tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=add_generation_prompt,
-                                                tokenize=True, **extra)
-        except Exception as e:  # jinja errors: e.g. a template that rejects a system message
-            raise RequestError(f"the model's chat template rejected the conversation: {e}") from e
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        ids = list(ids)
-        if ids and isinstance(ids[0], list):
-            ids = ids[0]
+        ids = _apply_template(tokenizer, messages, add_generation_prompt, tools, tokenize=True)
+        if typed_markers(tokenizer, messages):  # a control token's text typed in a message
+            ids = encode_contents_as_text(tokenizer, messages, add_generation_prompt, tools) or ids
     else:  # base models without a template: plain text, one turn per line
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         if add_generation_prompt:
@@ -37,6 +32,178 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_pr
     if not ids:
         raise RequestError("the conversation rendered to an empty prompt")
     return [int(t) for t in ids]
+
+
+def _apply_template(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: Tools,
+                    tokenize: bool) -> Any:
+    """The chat template applied as transformers does it: token ids (tokenize=True) or text."""
+    extra = {"tools": list(tools)} if tools else {}
+    try:
+        out = tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=add_generation_prompt,
+                                            tokenize=tokenize, **extra)
+    except Exception as e:  # jinja errors: e.g. a template that rejects a system message
+        raise RequestError(f"the model's chat template rejected the conversation: {e}") from e
+    if not tokenize:
+        return out
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    out = list(out)
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return out
+
+
+# -- special tokens typed in content are text (issue 36)
+#
+# The tokenizer finds its control tokens (<|im_start|>, <end_of_turn>, <tool_call>, ...) anywhere in
+# the rendered text, so a marker a user, a tool result or a web page wrote would become a real
+# control token and could forge a turn. A conversation whose contents hold no control token's text
+# is encoded exactly as before (the template's own ids: nothing cached changes). One that does is
+# rendered a second time with a placeholder for each content, which tells the template's own text
+# (its markers stay control tokens) from the contents (encoded as plain text, no added tokens).
+
+
+@dataclass
+class _Markers:
+    """A tokenizer's control tokens as the text that names them, for leftmost-longest search (as
+    the tokenizers library's added vocabulary matches them), and a copy of its backend that
+    knows none of them (it encodes a marker's text as ordinary text)."""
+
+    ids: dict[str, int]  # control token text -> id
+    lengths: dict[str, list[int]]  # first character -> the lengths of the tokens it starts, longest first
+    first: re.Pattern[str]  # any first character
+    plain: Any  # tokenizers.Tokenizer without the control tokens (other added tokens kept)
+
+    def find(self, text: str, start: int = 0) -> Optional[tuple[int, str]]:
+        """The leftmost, then longest, added token in text[start:]: (position, token text)."""
+        while (m := self.first.search(text, start)) is not None:
+            i = m.start()
+            for n in self.lengths[text[i]]:
+                if text[i:i + n] in self.ids:
+                    return i, text[i:i + n]
+            start = i + 1
+        return None
+
+
+_MARKERS: "weakref.WeakKeyDictionary[Any, Optional[_Markers]]" = weakref.WeakKeyDictionary()
+
+
+def _markers(tokenizer: Any) -> Optional[_Markers]:
+    """The added-token search for `tokenizer` (None: not a tokenizers-library tokenizer, or one
+    without added tokens; its content is encoded as the template renders it)."""
+    try:
+        return _MARKERS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    found = _build_markers(tokenizer)
+    try:
+        _MARKERS[tokenizer] = found
+    except TypeError:  # not weak-referenceable: built again next time
+        pass
+    return found
+
+
+def _build_markers(tokenizer: Any) -> Optional[_Markers]:
+    """The control tokens: the special added tokens, and the added tokens the chat template
+    writes itself (e.g. a Qwen template's <tool_call>, added but not special). Other added tokens
+    (Gemma's whitespace runs and HTML tags) are ordinary text pieces and stay as they are."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(inner, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
+        return None
+    template = getattr(inner, "chat_template", None) or getattr(tokenizer, "chat_template", None)
+    source = template if isinstance(template, str) else json.dumps(template)
+    ids = {t.content: int(i) for i, t in backend.get_added_tokens_decoder().items()
+           if t.content and (t.special or (t.content in source and not any(c.isspace() for c in t.content)))}
+    if not ids:
+        return None
+    from tokenizers import Tokenizer
+
+    spec = json.loads(backend.to_str())
+    spec["added_tokens"] = [t for t in spec.get("added_tokens", []) if t.get("content") not in ids]
+    plain = Tokenizer.from_str(json.dumps(spec))
+    lengths: dict[str, set[int]] = {}
+    for text in ids:
+        lengths.setdefault(text[0], set()).add(len(text))
+    first = re.compile("[" + "".join(re.escape(c) for c in lengths) + "]")
+    return _Markers(ids, {c: sorted(n, reverse=True) for c, n in lengths.items()}, first, plain)
+
+
+def typed_markers(tokenizer: Any, messages: Sequence[Message]) -> bool:
+    """Whether any message's content holds the text of one of the tokenizer's control tokens."""
+    markers = _markers(tokenizer)
+    return markers is not None and any(
+        isinstance(m.get("content"), str) and markers.find(m["content"]) is not None for m in messages)
+
+
+def _placeholder(i: int) -> str:
+    return f"\ue000{i}\ue001"  # private-use characters: no template or tokenizer treats them
+
+
+_PLACEHOLDER = re.compile("\ue000([0-9]+)\ue001")
+
+
+def encode_contents_as_text(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
+                            tools: Tools = None) -> Optional[list[int]]:
+    """Token ids of the conversation with the template's markers as control tokens and every
+    message content as plain text (a control token's text in it is encoded as text).
+
+    The template renders the conversation twice: as it is, and with a placeholder for each
+    content. The placeholders split the second into the template's own text; each content is
+    found in the first between them (as is, or trimmed, as templates such as Gemma's trim it).
+    The template's text is searched for control tokens; the text between two of them (template
+    text and contents together) is encoded with the tokenizer's backend without them, as the
+    tokenizer encodes the text between its control tokens. None when the template does
+    more to a content than trim it (the caller keeps the template's own encoding)."""
+    markers = _markers(tokenizer)
+    if markers is None:
+        return None
+    text = _apply_template(tokenizer, messages, add_generation_prompt, tools, tokenize=False)
+    held = [{**m, "content": _placeholder(i)} if isinstance(m.get("content"), str) else m
+            for i, m in enumerate(messages)]
+    skeleton = _apply_template(tokenizer, held, add_generation_prompt, tools, tokenize=False)
+    if not isinstance(text, str) or not isinstance(skeleton, str):
+        return None
+    parts = _PLACEHOLDER.split(skeleton)  # template text, message index, template text, ...
+    pieces: list[tuple[bool, str]] = []  # (is content, text), in order
+    pos = 0
+    for k, part in enumerate(parts):
+        if k % 2 == 0:  # the template's own text: it must come next in the rendered text
+            if not text.startswith(part, pos):
+                return None
+            pieces.append((False, part))
+            pos += len(part)
+            continue
+        content, after = messages[int(part)]["content"], parts[k + 1]
+        for form in dict.fromkeys((content, content.strip(), content.lstrip(), content.rstrip())):
+            if text.startswith(form, pos) and text.startswith(after, pos + len(form)):
+                pieces.append((True, form))
+                pos += len(form)
+                break
+        else:
+            return None
+    if pos != len(text):
+        return None
+    ids: list[int] = []
+    run = ""  # text since the last control token
+
+    def flush() -> None:
+        nonlocal run
+        if run:
+            ids.extend(markers.plain.encode(run, add_special_tokens=False).ids)
+            run = ""
+
+    for is_content, piece in pieces:
+        start = 0
+        while not is_content and (hit := markers.find(piece, start)) is not None:
+            at, marker = hit
+            run += piece[start:at]
+            flush()
+            ids.append(markers.ids[marker])
+            start = at + len(marker)
+        run += piece[start:]
+    flush()
+    return ids
 
 
 class MessageStarts:
