@@ -432,6 +432,11 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_server_agents.py::test_a_ref_in_a_forced_tools_parameters_resolves_against_that_schema",),
     ),
     Mutation(
+        "the chat view builds every message's widget (virtualization off)",
+        (("app/qt/widgets/chat_view.py", "VIRTUALIZE = True  #", "VIRTUALIZE = False  #"),),
+        ("tests/test_long_conversation_view.py::test_a_long_conversation_builds_only_the_messages_near_the_viewport",),
+    ),
+    Mutation(
         "the grammar cache shared across namespaces",
         (("engine/generate/constraints.py", "json.dumps([namespace, constraint.identity()])",
           "json.dumps([None, constraint.identity()])"),),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import shiboken6
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
@@ -109,6 +110,7 @@ class ChatView(QScrollArea):
         self._stick = True  # follow the bottom while streaming unless the user scrolled up
         self._revealing: Optional[int] = None  # a search hit kept in view while the layout settles
         self._moving = False  # the window is being moved: scroll changes are its own
+        self._pin: Optional[tuple[int, int]] = None  # the message kept in place as heights settle
         self._move_queued = False
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
@@ -199,10 +201,11 @@ class ChatView(QScrollArea):
                 self.widgets[mid].show()
             self._paint_selection()
             if anchor is not None and anchor[0] in inside:
-                self.widget().layout().activate()
+                self._settle()
                 self.verticalScrollBar().setValue(self._top(self.widgets[anchor[0]]) - anchor[1])
         finally:
             self._moving = False
+        self._pin = anchor if anchor is not None and anchor[0] in inside else self._anchor()
 
     def _built(self, vm: MessageVM) -> MessageWidget:
         w = self.widgets.get(vm.id)
@@ -243,18 +246,25 @@ class ChatView(QScrollArea):
             if w is not None and w.isVisible() and w.height() > 0:
                 self.heights[(mid, w.vm.content, width)] = w.height()
 
+    def _settle(self) -> None:
+        """Lay out now (the canvas, then the column inside it), so positions are final."""
+        self.widget().layout().activate()
+        self.col_layout.activate()
+        self.widget().layout().activate()
+
     def _top(self, w: QWidget) -> int:
         """`w`'s top in the scrolled canvas."""
         return w.mapTo(self.widget(), w.rect().topLeft()).y()
 
     def _anchor(self) -> Optional[tuple[int, int]]:
-        """The first message of the window whose bottom is below the viewport's top: its id and
-        its top relative to the scroll value."""
+        """The first message of the window in the viewport: its id and its top relative to the
+        scroll value (None: the viewport shows only spacer, after a jump)."""
         value = self.verticalScrollBar().value()
+        end = value + self.viewport().height()
         for mid in self.order[self.lo:self.hi]:
             w = self.widgets.get(mid)
             if w is not None and w.isVisible() and self._top(w) + w.height() > value:
-                return mid, self._top(w) - value
+                return (mid, self._top(w) - value) if self._top(w) < end else None
         return None
 
     def _move(self) -> None:
@@ -365,8 +375,9 @@ class ChatView(QScrollArea):
         QTimer.singleShot(self.FLASH_MS, lambda: self._end_reveal(message_id))
 
     def _end_reveal(self, message_id: int) -> None:
-        if message_id in self.widgets:
-            self.widgets[message_id].set_flash(False)
+        w = self.widgets.get(message_id)
+        if w is not None and shiboken6.isValid(w):  # the window may have closed since
+            w.set_flash(False)
         if self._revealing == message_id:
             self._revealing = None
 
@@ -378,13 +389,20 @@ class ChatView(QScrollArea):
         QTimer.singleShot(0, lambda: self._stick and self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
 
     def _on_range(self, _min: int, maximum: int) -> None:
+        """The canvas changed height (messages laid out, a spacer resized): keep in view what
+        was: a search hit, the bottom, or the message at the top of the viewport."""
+        pin = self._pin
         if self._revealing is not None and self._revealing in self.widgets:
             self.ensureWidgetVisible(self.widgets[self._revealing], 0, 40)
         elif self._stick:
             self.verticalScrollBar().setValue(maximum)
+        elif pin is not None and pin[0] in self.widgets and self.widgets[pin[0]].isVisible():
+            self.verticalScrollBar().setValue(self._top(self.widgets[pin[0]]) - pin[1])
 
     def _on_scroll(self, value: int) -> None:
         self._stick = value >= self.verticalScrollBar().maximum() - 24
+        if not self._moving:
+            self._pin = self._anchor()
         if not self._moving and not self._move_queued and VIRTUALIZE and len(self.vms) > WINDOW_MIN:
             self._move_queued = True
             QTimer.singleShot(0, self._move)
