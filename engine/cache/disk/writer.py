@@ -14,6 +14,7 @@ it shares with the rest of the class (the lock and its condition, the index, the
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 import time
@@ -32,6 +33,8 @@ from engine.cache.disk.pack import Entry, PackRow, encode_pack, in_blocks
 from engine.cache.planner import SnapshotMeta, dominates
 from engine.cache.snapshot import Snapshot, new_snapshot_id
 from engine.threads import lower_thread_priority
+
+log = logging.getLogger(__name__)
 
 WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI (0)
 TMP_PREFIX = ".tmp-"
@@ -474,6 +477,7 @@ class WriterThread:
             self._warned.add(kind)
             self.warnings.append(message)
             self._unseen += 1
+        log.warning("%s", message)  # once per kind, like the report's warning
         if self.on_warning is not None:
             try:
                 self.on_warning(message)
