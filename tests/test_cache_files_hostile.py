@@ -59,6 +59,13 @@ def device_link(cache: Path) -> str:
     return "damaged"
 
 
+def index_link(cache: Path) -> str:
+    """A symlink to a valid index: read through it, a link could point the cache anywhere."""
+    (cache / "index.json").rename(cache / "elsewhere.json")
+    os.symlink("elsewhere.json", cache / "index.json")
+    return "damaged"
+
+
 def oversize(cache: Path) -> str:
     with open(cache / "index.json", "r+b") as f:
         f.truncate(MAX_INDEX_BYTES + 1)  # sparse: costs no disk
@@ -78,8 +85,8 @@ def deleted_pack(cache: Path) -> str:
     return p.stem
 
 
-HOSTILE: list[Callable[[Path], str]] = [nested, fifo, device_link, oversize, truncated_pack, deleted_pack]
-INDEX_DAMAGE = {nested, fifo, device_link, oversize}
+HOSTILE: list[Callable[[Path], str]] = [nested, fifo, device_link, index_link, oversize, truncated_pack, deleted_pack]
+INDEX_DAMAGE = {nested, fifo, device_link, index_link, oversize}
 
 
 @pytest.fixture(scope="module")
