@@ -261,7 +261,8 @@ class DiskCache(WriterThread):
         if not self.writable:
             return
         if not all(persisted(c) for c in snapshot.meta.classes):
-            self.skipped += 1
+            with self._lock:  # the writer counts its own skips too
+                self.skipped += 1
             return
         with self._lock:
             if self._stop:
