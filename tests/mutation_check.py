@@ -55,6 +55,7 @@ BS = "tests/test_block_store.py::"
 MT = "tests/test_memory_tier.py::"
 RS = "tests/test_restore_spare.py::"
 RH = "tests/test_reply_header_cuts.py::"
+HF = "tests/test_cache_files_hostile.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -455,6 +456,18 @@ MUTATIONS: list[Mutation] = [
           "        if False:\n"),),
         ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
          "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
+    ),
+    # issue 37: cache files that cannot hurt
+    Mutation(
+        "the index read through a symlink",
+        (("engine/cache/disk/files.py", 'flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | ', "flags = os.O_RDONLY | "),),
+        (HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[index_link]",),
+    ),
+    Mutation(
+        "a lost pack not reported",
+        (("engine/cache/disk/tier.py", "        if read.lost:\n", "        if False:\n"),),
+        (HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[deleted_pack]",
+         HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[truncated_pack]"),
     ),
 ]
 

@@ -100,9 +100,17 @@ class SharedSnapshot(Snapshot):
     holding the positions (the writer's packs never cross `run_ends`, so no join is needed), the
     whole layers are the entry's clones. Read-only: nothing writes into these arrays."""
 
-    def __init__(self, meta: SnapshotMeta, cache: list[Any], blocks: list[MemBlock]) -> None:
+    def __init__(self, meta: SnapshotMeta, cache: list[Any], blocks: list[MemBlock],
+                 blocked: Optional[list[bool]] = None) -> None:
         super().__init__(meta, cache)
         self._blocks = blocks
+        # Which layers are in blocks was decided once (engine/cache/layers.py) by whoever built it:
+        # a template and a KV layer kept whole both have keys=None, so it cannot be derived again.
+        self._blocked = blocked if blocked is not None else [
+            bool(blocks) and blocks[0].pack.layers[i] is not None for i in range(len(cache))]
+
+    def layers_in_blocks(self) -> list[bool]:
+        return list(self._blocked)
 
     def span_state(self, i: int, a: int, b: int) -> Any:
         parts = [(p, s, e) for p, s, e in runs_of(self._blocks, b) if e > a]
@@ -129,7 +137,7 @@ class SharedSnapshot(Snapshot):
         """Its layers with the block layers' positions joined (new buffers, evaluated)."""
         out = []
         for i, c in enumerate(self.cache):
-            if self._blocks and self._blocks[0].pack.layers[i] is not None:
+            if self._blocked[i]:
                 d = copy.copy(c)
                 k, v, *_ = self.span_state(i, 0, self.meta.length)
                 d.keys, d.values = joined([k], 0), joined([v], 0)

@@ -43,17 +43,12 @@ from engine.cache.block_state import (
 from engine.cache.blocks import block_bounds, block_keys
 from engine.cache.disk.format import compute_env
 from engine.cache.families import rules_of
+from engine.cache.layers import layers_in_blocks
 from engine.cache.planner import SnapshotMeta, dominates
 from engine.cache.snapshot import GROW_ROOM, cache_arrays, joined, sliced, whole_copy, with_kv
 
 def _bytes_of(whole: Sequence[Any]) -> int:
     return sum(a.nbytes for a in cache_arrays([w for w in whole if w is not None]))
-
-
-def _block_layers(snap: SharedSnapshot) -> list[bool]:
-    """Per layer of a snapshot of blocks: are its positions in the packs?"""
-    first = snap.blocks[0].pack if snap.blocks else None
-    return [first is not None and first.layers[i] is not None for i in range(len(snap.cache))]
 
 
 class MemoryTier:
@@ -77,7 +72,7 @@ class MemoryTier:
         """Store the snapshot `meta` of `cache` (a live cache's layers: only the positions whose
         blocks are missing are copied) and return it as the disk writer takes it. A snapshot
         larger than the budget is not kept, but returned all the same (the disk has its own)."""
-        blocked = [rules_of(c).blocks and getattr(c, "keys", None) is not None for c in cache]
+        blocked = layers_in_blocks(cache)
         names = block_keys(meta, self.env) if any(blocked) else []
         bounds = block_bounds(meta) if names else []
         blocks = self._have(names)
@@ -105,7 +100,7 @@ class MemoryTier:
                 whole.append(rules_of(c).clone(c))
         arrays = [a for blk in blocks[have:] for kv in blk.pack.layers if kv is not None for a in block_arrays(kv)]
         mx.eval(arrays + cache_arrays([w for w in whole if w is not None]))
-        shared = SharedSnapshot(meta, [t if t is not None else w for t, w in zip(templates, whole)], blocks)
+        shared = SharedSnapshot(meta, [t if t is not None else w for t, w in zip(templates, whole)], blocks, blocked)
         self._keep(MemEntry(meta, names, templates, whole, _bytes_of(whole)), blocks)
         return shared
 
@@ -115,7 +110,7 @@ class MemoryTier:
         names = [b.key for b in snap.blocks]
         mine = self._have(names)
         blocks = mine + snap.blocks[len(mine):]
-        blocked = _block_layers(snap)
+        blocked = snap.layers_in_blocks()
         templates = [c if b else None for c, b in zip(snap.cache, blocked)]
         whole = [None if b else c for c, b in zip(snap.cache, blocked)]
         self._keep(MemEntry(snap.meta, names, templates, whole, _bytes_of(whole)), blocks)

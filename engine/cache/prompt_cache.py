@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from engine.cache.families import rules_of
+from engine.cache.layers import in_blocks
 from engine.cache.memory_tier import MemoryTier
 from engine.cache.planner import Plan, SnapshotMeta, plan_restore
 from engine.cache.block_state import SharedSnapshot
@@ -78,7 +79,7 @@ class PromptCache:
         self._spare = None
         if not self.spares:
             return
-        spare = [c if rules_of(c).blocks and getattr(c, "keys", None) is not None else None for c in live]
+        spare = [c if in_blocks(c) else None for c in live]
         arrays = cache_arrays([c for c in spare if c is not None])
         if not arrays or sum(a.nbytes for a in arrays) > self.memory.room():
             return
@@ -138,8 +139,11 @@ class PromptCache:
             except SnapshotError as e:
                 declines.append(f"{plan.source} snapshot {plan.meta.id} unusable: {e}")
                 excluded.add(plan.meta.id)
-                if self.disk is not None:
-                    self.disk.remove(plan.meta.id)
+                # Forget the copy that failed, only that one: a memory copy that cannot be restored
+                # says nothing about the file on disk (and a disk load that fails removes its own
+                # entry, in DiskCache.load).
+                if self.memory.touch(plan.meta.id):
+                    self.memory.drop(plan.meta.id)
                 continue
             self.hits += 1
             return plan, cache

@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from engine.cache.families import clone_layers, rules_of
+from engine.cache.layers import in_blocks, layers_in_blocks
 from engine.cache.planner import SnapshotMeta
 from engine.types import LayerInfo
 
@@ -40,6 +41,10 @@ class Snapshot:
         """Layer `i`'s state for positions [a, b) (a layer kept in blocks); lazy views."""
         return sliced(self.cache[i].state, a, b)
 
+    def layers_in_blocks(self) -> list[bool]:
+        """Per layer: kept in blocks (else whole); the one definition is engine/cache/layers.py."""
+        return layers_in_blocks(self.cache)
+
     def run_ends(self) -> list[int]:
         """Positions where the block layers' storage changes buffer (a disk pack never crosses one)."""
         return []
@@ -52,7 +57,7 @@ class Snapshot:
         """Bytes one position takes in the layers kept in blocks."""
         total = 0
         for c in self.cache:
-            if rules_of(c).blocks:
+            if in_blocks(c):
                 for v in cache_arrays([c]):
                     total += v.nbytes // max(1, v.shape[-2])
         return total
@@ -77,7 +82,7 @@ def cache_nbytes(cache: Sequence[Any]) -> int:
     is the whole buffer, room to grow included), every array of the other layers."""
     total = 0
     for c in cache:
-        if rules_of(c).blocks and getattr(c, "keys", None) is not None:
+        if in_blocks(c):
             total += sum(a.nbytes * c.offset // max(1, a.shape[-2]) for a in cache_arrays([c]) if a.ndim >= 2)
         else:
             total += sum(a.nbytes for a in cache_arrays([c]))
@@ -112,7 +117,7 @@ def restore_copy(cache: Sequence[Any], n: int) -> list[Any]:
     out = []
     for c in cache:
         rules = rules_of(c)
-        if rules.blocks and getattr(c, "keys", None) is not None:
+        if in_blocks(c):
             keys, values = (joined([sliced(x, 0, n)], GROW_ROOM) for x in (c.keys, c.values))
             out.append(with_kv(c, keys, values, n))
         else:

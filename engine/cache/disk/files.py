@@ -1,9 +1,13 @@
-"""File primitives of the disk tier: durable writes (fsync), quiet deletes, hashing."""
+"""File primitives of the disk tier: durable writes (fsync), quiet deletes, hashing, and safe reads
+(regular files only, size and JSON depth bounded: a hostile cache file is damage, never a hang)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -96,3 +100,68 @@ class HashingWriter:
     def closed(self) -> bool:
         return self._f.closed
 
+
+
+class DamagedFile(ValueError):
+    """A cache file that is not safe to read: a link, a FIFO, a device, too large, too deep."""
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of `path` if it is a regular file of at most `max_bytes`, opened without
+    following a symlink and without blocking (a FIFO opens at once and is refused); else
+    `DamagedFile`. FileNotFoundError passes through: a missing file is no damage."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if os.path.islink(path):
+            raise DamagedFile(f"{path.name} is a symbolic link") from None
+        raise DamagedFile(f"{path.name} cannot be opened ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DamagedFile(f"{path.name} is not a regular file (a FIFO, device or folder)")
+        if st.st_size > max_bytes:
+            raise DamagedFile(f"{path.name} is {st.st_size} bytes, over the bound of {max_bytes}")
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # one byte more shows a file that grew past the bound meanwhile
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise DamagedFile(f"{path.name} is over the bound of {max_bytes} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_depth(data: bytes) -> int:
+    """How deeply `data`'s arrays and objects nest (strings skipped): checked before parsing, so a
+    file of a hundred thousand brackets is refused instead of exhausting the parser's recursion."""
+    depth = top = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub(b'""', data)):
+        depth += 1 if m.group() in (b"[", b"{") else -1
+        top = max(top, depth)
+    return top
+
+
+def load_json(data: bytes, max_depth: int) -> Any:
+    """`json.loads` of data nested at most `max_depth` deep; `DamagedFile` otherwise."""
+    if json_depth(data) > max_depth:
+        raise DamagedFile(f"it nests deeper than {max_depth} levels")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise DamagedFile("it nests too deeply to parse") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DamagedFile(f"not valid JSON ({e})") from None

@@ -35,6 +35,7 @@ MAX_TOKEN_ID = 1 << 31
 MAX_LAYERS = 4096
 MAX_FILE_BYTES = 1 << 40
 MAX_INDEX_BYTES = 512 << 20
+MAX_INDEX_DEPTH = 64  # the index nests 6 deep; a deeper file is damage, not something to parse
 MAX_HEADER_BYTES = 256 << 20
 KINDS = ("pre-last", "end", "boundary", "partial")
 MAX_ENV_LEN = 1024

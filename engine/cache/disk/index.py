@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from engine.cache.disk.format import FORMAT, FORMAT_VERSION, MAX_INDEX_BYTES
+from engine.cache.disk.files import DamagedFile, load_json, read_regular
+from engine.cache.disk.format import FORMAT, FORMAT_VERSION, MAX_INDEX_BYTES, MAX_INDEX_DEPTH
 from engine.cache.disk.pack import Entry, PackRow, entry_from_dict, pack_from_dict
 from engine.cache.planner import SnapshotMeta, dominates
 
@@ -175,69 +177,93 @@ class Index:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def index_version(index_path: Path) -> Optional[int]:
-    """The format version an index file says it has (None: no file, or not ours at all)."""
+def read_index_doc(index_path: Path) -> Optional[dict[str, Any]]:
+    """The index file's JSON object; None if there is no file. Read only if it is a regular file
+    (no symlink, FIFO or device) within `MAX_INDEX_BYTES`, nested at most `MAX_INDEX_DEPTH`
+    deep: anything else raises `DamagedFile` (the caller treats the folder as damaged)."""
     try:
-        if index_path.stat().st_size > MAX_INDEX_BYTES:
-            return None
-        doc = json.loads(index_path.read_bytes())
+        data = read_regular(index_path, MAX_INDEX_BYTES)
+    except FileNotFoundError:
+        return None
+    doc = load_json(data, MAX_INDEX_DEPTH)
+    if not isinstance(doc, dict):
+        raise DamagedFile("it is not a JSON object")
+    return doc
+
+
+def index_version(index_path: Path) -> Optional[int]:
+    """The format version an index file says it has (None: no file, damaged, or not ours at all)."""
+    try:
+        doc = read_index_doc(index_path)
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if doc is None or doc.get("format") != FORMAT:
         return None
     v = doc.get("version")
     return v if type(v) is int else None
 
 
-def read_index(index_path: Path, pack_dir: Path, env: str) -> tuple[Index, int, Optional[str]]:
-    """(the index of the valid manifests and their packs, rejected row count, why the whole index
-    was unreadable or None). A pack row is valid if its file is there with its size; a manifest if
-    it is valid and every pack it uses is. Never raises for bad content: a cache starts empty."""
+@dataclass
+class IndexRead:
+    """What `read_index` found: the valid manifests and packs, and every loss on the way."""
+
+    index: Index
+    rejected: int = 0  # pack rows and manifests dropped
+    damage: Optional[str] = None  # why the whole index could not be read (None: it could, or none)
+    lost: list[str] = field(default_factory=list)  # one line per dropped pack row or manifest
+
+
+def read_index(index_path: Path, pack_dir: Path, env: str) -> IndexRead:
+    """The index of the valid manifests and their packs, and what was dropped and why. A pack row
+    is valid if its file is a regular file with its size; a manifest if it is valid and every pack
+    it uses is. Never raises for bad content: a cache starts empty."""
     raw_packs: list[Any] = []
     raw: list[Any] = []
-    error = None
+    out = IndexRead(Index(env))
     try:
-        if index_path.stat().st_size > MAX_INDEX_BYTES:
-            raise ValueError("index too large")
-        doc = json.loads(index_path.read_bytes())
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
-            raise ValueError("unknown index format")
-        raw, raw_packs = doc.get("entries"), doc.get("packs")
-        if not isinstance(raw, list) or not isinstance(raw_packs, list):
-            raise ValueError("entries or packs is not a list")
-    except FileNotFoundError:
-        pass
+        doc = read_index_doc(index_path)
+        if doc is not None:
+            if doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
+                raise DamagedFile("unknown index format")
+            raw, raw_packs = doc.get("entries"), doc.get("packs")
+            if not isinstance(raw, list) or not isinstance(raw_packs, list):
+                raise DamagedFile("entries or packs is not a list")
     except (OSError, ValueError) as e:
-        error = f"prompt cache index unreadable, starting empty: {e}"
+        out.damage = str(e)
         raw, raw_packs = [], []
-    index = Index(env)
-    rejected = 0
+    index = out.index
     for d in raw_packs:
         try:
             row = pack_from_dict(d)
             if row.id in index.packs:
                 raise ValueError("duplicate pack")
             p = pack_dir / f"{row.id}{PACK_SUFFIX}"
-            st = p.lstat()
+            try:
+                st = p.lstat()
+            except FileNotFoundError:
+                raise ValueError(f"pack {row.id} is missing") from None
             if not p.is_file() or p.is_symlink():
-                raise ValueError("not a regular file")
+                raise ValueError(f"pack {row.id} is not a regular file")
             if st.st_size != row.file_bytes:
-                raise ValueError("file size does not match the index")
-        except (ValueError, OSError):
-            rejected += 1
+                raise ValueError(f"pack {row.id} has {st.st_size} bytes, its row says {row.file_bytes} "
+                                 "(truncated or replaced)")
+        except (ValueError, OSError) as e:
+            out.rejected += 1
+            out.lost.append(str(e))
             continue
         index.add_pack(row)
     for d in raw:
         try:
             e = entry_from_dict(d)
             if e.meta.id in index:
-                raise ValueError("duplicate id")
+                raise ValueError(f"snapshot {e.meta.id}: duplicate id")
             if not index.add(e):
-                raise ValueError("a block it names is not on disk")
-        except ValueError:
-            rejected += 1
+                raise ValueError(f"snapshot {e.meta.id}: a block it names is not on disk")
+        except ValueError as err:
+            out.rejected += 1
+            out.lost.append(str(err))
             continue
-    return index, rejected, error
+    return out
 
 
 def stray_files(root: Path, pack_dir: Path, index: Index, tmp_prefix: str) -> Iterator[tuple[Path, bool]]:

@@ -155,16 +155,11 @@ def entry_from_dict(d: Any) -> Entry:
 # Pack files
 
 
-def in_blocks(cache: Sequence[Any]) -> list[bool]:
-    """Per layer: is it stored in blocks (else whole)?"""
-    return [rules_of(c).blocks for c in cache]
-
-
 def encode_pack(snap: Snapshot, row: PackRow) -> tuple[dict[str, mx.array], dict[str, str]]:
     """(tensors, safetensors metadata) of the pack `row` describes, cut from `snap`'s cache."""
     tensors: dict[str, mx.array] = {}
     layers: dict[str, Any] = {}
-    for i, (c, blocked) in enumerate(zip(snap.cache, in_blocks(snap.cache))):
+    for i, (c, blocked) in enumerate(zip(snap.cache, snap.layers_in_blocks())):
         if blocked and row.end > row.start:
             layers[str(i)] = encode_state(snap.span_state(i, row.start, row.end), f"b{i}", tensors)
         elif not blocked and row.whole is not None:
@@ -244,10 +239,15 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
         pos = b
     cache: list[Any] = []
     spans: list[list[Any]] = [[] for _ in pieces]  # per piece, per layer: (keys, values) or None
+    blocked: list[bool] = []
     for i, name in enumerate(meta.classes):
         rules = rules_named(name)
         assert rules is not None  # meta_from_dict accepted only persisted classes
-        if rules.blocks:
+        # A block class's layer the writer kept whole (no keys: engine/cache/layers.py) is not
+        # read back as such: it fails below ("lacks layer") and the snapshot is declined, never
+        # restored wrong. (It holds no position, so its snapshot could not be restored anyway.)
+        blocked.append(rules.blocks)
+        if blocked[-1]:
             if pos != n:
                 raise SnapshotError(f"blocks cover {pos} of {n} positions")
             parts = []
@@ -277,7 +277,7 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
     packs = [MemPack(a, b, span, sum(state_nbytes(kv) for kv in span if kv is not None))
              for (_, a, b), span in zip(pieces, spans)]
     blocks: list[MemBlock] = []
-    if any(rules_of(c).blocks for c in cache):
+    if any(blocked):
         bounds = block_bounds(meta)
         if len(names) < len(bounds):
             raise SnapshotError("fewer block names than blocks")
@@ -289,10 +289,10 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
                 raise SnapshotError("a block lies across two packs")
             blocks.append(MemBlock(key, packs[j], s, e))
     arrays = [a for p in packs for kv in p.layers if kv is not None for a in block_arrays(kv)]
-    whole_arrays = cache_arrays([c for c in cache if not rules_of(c).blocks])
+    whole_arrays = cache_arrays([c for c, b in zip(cache, blocked) if not b])
     try:
         mx.eval(arrays + whole_arrays)
     except Exception as e:
         raise SnapshotError(f"cannot rebuild cache: {e}") from None
     nbytes = sum(p.nbytes for p in packs) + sum(a.nbytes for a in whole_arrays)
-    return SharedSnapshot(meta, cache, blocks), nbytes
+    return SharedSnapshot(meta, cache, blocks, blocked), nbytes

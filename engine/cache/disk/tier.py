@@ -67,7 +67,7 @@ from dataclasses import replace
 
 from engine.cache.block_state import SharedSnapshot
 from engine.cache.blocks import block_keys, prefix_meta_fields
-from engine.cache.disk.files import unlink
+from engine.cache.disk.files import DamagedFile, read_regular, unlink
 from engine.cache.disk.format import FORMAT_VERSION, checked_trimmable, compute_env
 from engine.cache.disk.hooks import NO_HOOKS, WriterHooks
 from engine.cache.disk.index import PACK_SUFFIX, Index, index_version, read_index, stray_files
@@ -82,6 +82,7 @@ from engine.paths import prompt_cache_dir
 log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.json"
+DAMAGED_NAME = "index.json.damaged"  # the last damaged index, kept for a look (one at most)
 PACK_DIR = "snapshots"  # format 2 kept one file a snapshot here; format 3 keeps packs
 LOCK_NAME = ".lock"
 LOCKED = "another Verbatim instance is using this prompt cache"
@@ -243,7 +244,8 @@ class DiskCache(WriterThread):
             snap = self._read(entry, index, upto)
         except SnapshotError as e:
             self.load_errors += 1
-            self.remove(meta.id)
+            self.remove(meta.id)  # gone from the index: the loss is logged (and declined) once
+            log.warning("prompt cache %s: snapshot %s unusable: %s", self.root, meta.id, e)
             raise e
         with self._lock:
             entry = self._index.get(meta.id)
@@ -259,7 +261,8 @@ class DiskCache(WriterThread):
         if not self.writable:
             return
         if not all(persisted(c) for c in snapshot.meta.classes):
-            self.skipped += 1
+            with self._lock:  # the writer counts its own skips too
+                self.skipped += 1
             return
         with self._lock:
             if self._stop:
@@ -408,11 +411,20 @@ class DiskCache(WriterThread):
                     "it is rebuilt as you chat", self.root, version, FORMAT_VERSION)
 
     def _open_index(self) -> None:
-        """Load and validate the index, then reconcile it with the files (writer not started)."""
-        index, self.rejected, error = read_index(self.index_path, self.pack_dir, self.env)
-        if error is not None:
-            self.last_error = error
-        self._dirty = bool(self.rejected or error)
+        """Load and validate the index, then reconcile it with the files (writer not started).
+        A damaged index (unreadable, a link, a FIFO, a device, over-size, nested too deep) is
+        moved aside as `DAMAGED_NAME` by the writer and the folder starts afresh; every loss is
+        one warning (logged once) and so reaches the next reply's report."""
+        read = read_index(self.index_path, self.pack_dir, self.env)
+        index, self.rejected = read.index, read.rejected
+        if read.damage is not None:
+            self.last_error = f"prompt cache index unreadable, starting empty: {read.damage}"
+            self._warn("damaged", self._damaged_message(read.damage))
+        if read.lost:
+            self._warn("lost", f"The prompt cache in {self.root} lost {len(read.lost)} cached item(s) "
+                               f"on open: {'; '.join(read.lost[:5])}{' ...' if len(read.lost) > 5 else ''}. "
+                               "Replies are computed afresh for those prompts.")
+        self._dirty = bool(self.rejected or read.damage)
         self._index = index
         if self.writable:
             if index.collect():  # packs no snapshot uses (a crash between a delete and its files)
@@ -428,14 +440,33 @@ class DiskCache(WriterThread):
         else:
             self._dirty = False
 
+    def _damaged_message(self, why: str) -> str:
+        """Move a damaged index aside (the writer only) and say so; a reader leaves it to the writer."""
+        aside = self.root / DAMAGED_NAME
+        if not self.writable:
+            return (f"The prompt cache index in {self.root} is damaged ({why}); this instance serves "
+                    "without the snapshots on disk until the writing instance replaces it.")
+        try:
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside, ignore_errors=True)
+            os.replace(self.index_path, aside)  # a link, a FIFO or a device node moves as itself
+            kept = f"kept aside as {aside}"
+        except OSError as e:
+            kept = f"it could not be moved aside ({e.strerror or e})"
+        return (f"The prompt cache index {self.index_path} is damaged ({why}); {kept}, and the cache "
+                "starts afresh (replies are computed cold until it fills again).")
+
     # -- reading -------------------------------------------------------------------------------
     def _read_pack(self, row: PackRow) -> LoadedPack:
         path = self.pack_dir / f"{row.id}{PACK_SUFFIX}"
         try:
-            with open(path, "rb") as f:
-                data = f.read(row.file_bytes + 1)
+            # A regular file only, at most one byte past its row's size (more is a mismatch anyway).
+            data = read_regular(path, row.file_bytes + 1)
         except FileNotFoundError:
             raise SnapshotError(f"pack {row.id} missing") from None
+        except DamagedFile as e:
+            self._remove_pack_users(row.id)
+            raise SnapshotError(f"pack {row.id}: {e}") from None
         except OSError as e:
             raise SnapshotError(f"pack {row.id}: cannot read: {e.strerror or e}") from None
         try:

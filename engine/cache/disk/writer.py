@@ -14,6 +14,7 @@ it shares with the rest of the class (the lock and its condition, the index, the
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 import time
@@ -28,10 +29,12 @@ from engine.cache.blocks import block_bounds, block_keys, prefix_meta_fields
 from engine.cache.disk.files import HashingWriter, file_sha256, fsync, fsync_dir, unlink
 from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.index import PACK_SUFFIX, Index
-from engine.cache.disk.pack import Entry, PackRow, encode_pack, in_blocks
+from engine.cache.disk.pack import Entry, PackRow, encode_pack
 from engine.cache.planner import SnapshotMeta, dominates
-from engine.cache.snapshot import Snapshot, new_snapshot_id
+from engine.cache.snapshot import Snapshot, cache_nbytes, new_snapshot_id
 from engine.threads import lower_thread_priority
+
+log = logging.getLogger(__name__)
 
 WRITER_NICE = 19  # the lowest priority: below the engine worker (5) and the GUI (0)
 TMP_PREFIX = ".tmp-"
@@ -53,6 +56,14 @@ class WriteTask:
     nbytes: int = 0
     queued: float = field(default_factory=time.monotonic)
 
+
+def incoming_bytes(snap: Snapshot, rows: list[PackRow]) -> int:
+    """What the packs `rows` will add to the folder: their blocks, and the whole layers if one of
+    them holds the snapshot's whole pieces (eviction makes room for both before the write)."""
+    blocks = sum(nb for r in rows for _, _, nb in r.blocks)
+    if not any(r.whole for r in rows):
+        return blocks
+    return blocks + cache_nbytes([c for c, b in zip(snap.cache, snap.layers_in_blocks()) if not b])
 
 
 def _split(group: list, at: set[int]) -> list[list]:
@@ -235,7 +246,7 @@ class WriterThread:
         prefill, which later turns share) and those after it (decoded tokens), which a later
         snapshot of the same conversation makes redundant (`_trim_tails` frees them)."""
         meta = snap.meta
-        blocked = in_blocks(snap.cache)
+        blocked = snap.layers_in_blocks()
         names = block_keys(meta, self.env) if any(blocked) else []
         bounds = block_bounds(meta) if names else []
         with self._lock:
@@ -264,10 +275,11 @@ class WriterThread:
     def _save(self, snap: Snapshot) -> None:
         meta = snap.meta
         if self._superseded(meta) or meta.nbytes > self.budget_bytes:
-            self.skipped += 1
+            with self._lock:  # save_async (the engine thread) counts skips too
+                self.skipped += 1
             return
         names, rows = self._plan_packs(snap)
-        self._evict(sum(nb for r in rows for _, _, nb in r.blocks))
+        self._evict(incoming_bytes(snap, rows))
         names, rows = self._plan_packs(snap)  # again: the eviction may have freed blocks it shared
         t0 = time.perf_counter()
         self._write_started = time.monotonic()
@@ -474,6 +486,7 @@ class WriterThread:
             self._warned.add(kind)
             self.warnings.append(message)
             self._unseen += 1
+        log.warning("%s", message)  # once per kind, like the report's warning
         if self.on_warning is not None:
             try:
                 self.on_warning(message)
