@@ -56,6 +56,7 @@ MT = "tests/test_memory_tier.py::"
 RS = "tests/test_restore_spare.py::"
 RH = "tests/test_reply_header_cuts.py::"
 HF = "tests/test_cache_files_hostile.py::"
+DF = "tests/test_disk_cache_faults.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -462,6 +463,24 @@ MUTATIONS: list[Mutation] = [
         "the index read through a symlink",
         (("engine/cache/disk/files.py", 'flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | ', "flags = os.O_RDONLY | "),),
         (HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[index_link]",),
+    ),
+    Mutation(
+        "eviction before a save reserves the blocks' bytes, not the whole layers'",
+        (("engine/cache/disk/writer.py", "        self._evict(incoming_bytes(snap, rows))\n",
+          "        self._evict(sum(nb for r in rows for _, _, nb in r.blocks))\n"),),
+        (DF + "test_eviction_before_a_save_makes_room_for_its_whole_layers_too",),
+    ),
+    Mutation(
+        "a failure on the memory side of a restore deletes the disk entry",
+        (("engine/cache/prompt_cache.py", "                if self.memory.touch(plan.meta.id):\n                    self.memory.drop(plan.meta.id)\n",
+          "                if self.disk is not None:\n                    self.disk.remove(plan.meta.id)\n"),),
+        (DF + "test_a_memory_side_failure_forgets_the_memory_copy_and_keeps_the_disk_entry",),
+    ),
+    Mutation(
+        "a KV layer without keys kept in blocks by the writer",
+        (("engine/cache/disk/writer.py", "        blocked = snap.layers_in_blocks()\n",
+          "        from engine.cache.families import rules_of\n        blocked = [rules_of(c).blocks for c in snap.cache]\n"),),
+        (DF + "test_a_kv_layer_without_keys_is_whole_in_both_tiers",),
     ),
     Mutation(
         "a lost pack not reported",
