@@ -151,7 +151,7 @@ def test_logit_bias_past_the_tokenizer_is_refused_by_name(tmp_path: Path) -> Non
     """The tool model's logits are 8 wider than its tokenizer: those ids decode to nothing, and
     /verbatim/tokenize refuses them; so does logit_bias (a 400 naming it), before any work."""
     from tests.engine_helpers import require_openblas
-    from tests.test_server import Server
+    from tests.test_server import Server, http
 
     require_openblas()
     s = Server(build_tool_model(tmp_path / "qwen-tools"), None)
@@ -159,23 +159,23 @@ def test_logit_bias_past_the_tokenizer_is_refused_by_name(tmp_path: Path) -> Non
         width = s.engine(lambda e: e.lm.model.args.vocab_size)
         named = s.engine(lambda e: len(e.lm.tokenizer._tokenizer))
         assert named < width
-        import httpx2 as httpx  # the openai client's transport
+        def post(url: str, body: dict) -> Any:
+            return http(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
         for token in (named, width - 1, width):
-            r = httpx.post(f"{s.url}/chat/completions", json={
+            r = post(f"{s.url}/chat/completions", {
                 "model": s.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                "logit_bias": {str(token): 5}}, timeout=60)
-            assert r.status_code == 400, (token, r.text)
+                "logit_bias": {str(token): 5}})
+            assert r.status_code == 400, (token, r.body)
             err = r.json()["error"]
             assert err["param"] == "logit_bias" and "vocabulary" in err["message"] and len(err["message"]) <= 200
         ok = s.client().chat.completions.create(model=s.model, messages=[{"role": "user", "content": "hi"}],
                                                 max_tokens=2, logit_bias={str(named - 1): 5})
         assert ok.choices[0].finish_reason in ("stop", "length")
         base = s.url.removesuffix("/").removesuffix("/v1")
-        assert httpx.post(f"{base}/verbatim/tokenize", json={"tokens": [named]}, timeout=60).status_code == 400
+        assert post(f"{base}/verbatim/tokenize", {"tokens": [named]}).status_code == 400
         # The server's prompt for a typed marker: the template's control tokens only.
-        ids = httpx.post(f"{base}/verbatim/tokenize", json={"messages": [{"role": "user", "content": FORGED}]},
-                         timeout=60).json()["ids"]
+        ids = post(f"{base}/verbatim/tokenize", {"messages": [{"role": "user", "content": FORGED}]}).json()["ids"]
         tokenizer = s.engine(lambda e: e.lm.tokenizer)
         assert [t for t in ids if t in control_ids(tokenizer)] == [1, 2, 1]  # <|im_start|> <|im_end|> <|im_start|>
     finally:
