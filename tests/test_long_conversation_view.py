@@ -152,6 +152,21 @@ def test_far_messages_keep_their_variants_selection_inspector_badge_and_search(
     assert len(w.session.store.children(w.chat.vms[0].id)) == 2
     assert w.chat.vms[1].id == second.id and len(w.chat.vms) == N and len(view.widgets) <= BUILT_MAX
 
+    # Its runs menu: two runs now; picking the first shows it in the footer.
+    widget = view.widget_for(second.id)
+    runs = widget.runs_button.menu().actions()
+    assert len(runs) == runs_before + 1 and widget.runs_button.isVisible()
+    runs[0].trigger()
+    qtbot.waitUntil(lambda: w.chat.runs_shown.get(second.id) == 0, timeout=LONG)
+    widget = view.widget_for(second.id)
+    assert widget.footer.text().startswith(f"run 1 of {runs_before + 1} · ")
+
+    # Copy on the far reply puts its text on the clipboard.
+    from PySide6.QtGui import QGuiApplication
+
+    widget.copy_button.click()
+    assert QGuiApplication.clipboard().text() == widget.text() == w.session.store.get_message(second.id).content
+
     # Its variants from far up: the first (its path ends there), then back to the long one.
     view.widget_for(second.id).prev_button.click()
     qtbot.waitUntil(lambda: len(w.chat.vms) == 2 and w.chat.vms[1].id == first.id, timeout=LONG)
