@@ -30,7 +30,7 @@ from app.qt.widgets.message_widget import MessageBody, MessageWidget
 __all__ = ["ChatView", "MessageBody", "MessageWidget"]
 
 VIRTUALIZE = True  # False builds every message's widget (the mutation check's switch; not a setting)
-WINDOW_MIN = 24  # messages always built around the viewport: a short chat has all of them
+WINDOW_MIN = 60  # messages always built around the viewport: a chat this short has all of them
 MARGIN_PX = 1200  # built beyond the viewport's top and bottom edges
 SPACING = 10  # between messages
 
@@ -139,16 +139,17 @@ class ChatView(QScrollArea):
         self.empty.setVisible(not vms)
         self.updateGeometry()  # the minimum width below may have changed
 
-    def _window_at(self, index: int) -> tuple[int, int]:
-        """The window around message `index`: MARGIN_PX and the viewport's height above and
-        below it, at least WINDOW_MIN messages (everything, when not virtualizing)."""
+    def _window_at(self, index: int, above: Optional[int] = None) -> tuple[int, int]:
+        """The window around message `index`: `above` pixels above it (default: MARGIN_PX and
+        the viewport's height, as below it), at least WINDOW_MIN messages (everything, when not
+        virtualizing). A scroll passes MARGIN_PX: `index` is then the viewport's top message."""
         n = len(self.vms)
         if not VIRTUALIZE or n <= WINDOW_MIN:
             return 0, n
         index = min(max(index, 0), n - 1)
         reach = MARGIN_PX + self.viewport().height()
         lo, hi, up, down = index, index + 1, 0, 0
-        while lo > 0 and (up < reach or hi - lo < WINDOW_MIN // 2):
+        while lo > 0 and (up < (reach if above is None else above) or hi - lo < WINDOW_MIN // 2):
             lo -= 1
             up += self._height(lo) + SPACING
         while hi < n and (down < reach or hi - lo < WINDOW_MIN):
@@ -277,8 +278,10 @@ class ChatView(QScrollArea):
         value, height = self.verticalScrollBar().value(), self.viewport().height()
         top = self._top(self.top_pad) + self.top_pad.height() if self.lo > 0 else 0
         bottom = self._top(self.bottom_pad) if self.hi < n else self.widget().height()
-        near_top = self.lo > 0 and value - top < MARGIN_PX // 2
-        near_bottom = self.hi < n and bottom - (value + height) < MARGIN_PX // 2
+        # Moved while a quarter of the margin is used up: each move builds a few messages (a
+        # few milliseconds), rather than a screenful at once (a visible hitch).
+        near_top = self.lo > 0 and value - top < MARGIN_PX * 3 // 4
+        near_bottom = self.hi < n and bottom - (value + height) < MARGIN_PX * 3 // 4
         if anchor is None:  # jumped past the window (the scroll bar dragged): by the spacers' sizes
             index, y = 0, 0
             while index < n - 1 and y + self._height(index) + SPACING < value:
@@ -286,7 +289,7 @@ class ChatView(QScrollArea):
                 index += 1
             self._place(self._window_at(index))
         elif near_top or near_bottom:
-            self._place(self._window_at(self.order.index(anchor[0])), anchor)
+            self._place(self._window_at(self.order.index(anchor[0]), MARGIN_PX), anchor)
 
     def minimumSizeHint(self) -> QSize:  # type: ignore[override]
         """Never narrower than its messages can be (their button rows): in a narrow window the
