@@ -130,7 +130,9 @@ class WindowSoak:
         self.click("stopButton")
         self.idle()
         stopped = self.stored(self.replies()[-1].id)
-        assert stopped.status == "interrupted" and stopped.tokens, stopped.status
+        # Interrupted, unless the reply ended on its own (end of text) before the stop reached the
+        # engine: a race the stop tests cover; here the session only has to go on.
+        assert stopped.status in ("interrupted", "complete") and stopped.tokens, stopped.status
         tokens, made = tokens + len(stopped.tokens), made + 1
         conv_id = w.conv_id
         assert conv_id is not None and len(w.chat.vms) == 4
