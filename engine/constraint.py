@@ -273,10 +273,8 @@ def tool_message_keys(m: dict[str, Any], i: int) -> dict[str, Any]:
         args = fn.get("arguments", "{}")
         if not isinstance(args, str):
             raise RequestError(f"{where}.function.arguments must be a JSON string", f"{where}.function.arguments")
-        try:
-            json.loads(args)
-        except ValueError:
-            raise RequestError(f"{where}.function.arguments is not valid JSON", f"{where}.function.arguments") from None
+        # Not checked as JSON: a call cut by max_tokens comes back with its partial arguments
+        # (finish_reason "length", as OpenAI does), and agent loops send it back as it came.
         out.append({"id": c["id"], "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return {"tool_calls": out}
 
@@ -302,12 +300,20 @@ def check_tool_results(messages: Sequence[dict[str, Any]]) -> None:
 
 def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages as chat templates read them: tool-call arguments as objects, not JSON
-    strings (as transformers and mlx_lm.server hand them over)."""
+    strings (as transformers and mlx_lm.server hand them over); arguments that are not JSON
+    (a call cut by max_tokens) stay the string they are."""
     out = []
     for m in messages:
         if m.get("tool_calls"):
             m = {**m, "tool_calls": [{**c, "function": {**c["function"],
-                                                        "arguments": json.loads(c["function"]["arguments"])}}
+                                                        "arguments": _arguments(c["function"]["arguments"])}}
                                      for c in m["tool_calls"]]}
         out.append(dict(m))
     return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -10,6 +10,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/openblas.sh"
 
 "$ROOT/scripts/venv.sh" test
+# instructor's own small environment for the conformance suite (tests/test_agent_clients.py).
+"$ROOT/scripts/client_envs.sh"
 VENV="${VENV:-.venv}"
 case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 

@@ -35,11 +35,19 @@ def _declared(specs: list[str]) -> set[str]:
     return {_norm(re.match(r"[A-Za-z0-9._-]+", s.strip()).group(0)) for s in specs}  # type: ignore[union-attr]
 
 
-def _imports(*folders: str) -> dict[str, set[str]]:
+# Client quickstarts that run in environments of their own (tests/test_agent_clients.py), each
+# with its exact pins beside it: checked against those pins, not the test extra.
+OWN_ENVS = {"tests/clients/instructor_quickstart.py": "tests/clients/instructor.txt"}
+
+
+def _imports(*folders: str, only: str | None = None) -> dict[str, set[str]]:
     """Top-level third-party module -> files importing it (also imports inside functions)."""
     found: dict[str, set[str]] = {}
     for folder in folders:
         for path in (ROOT / folder).rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            if (rel in OWN_ENVS) != (only is not None) or (only is not None and rel != only):
+                continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
@@ -87,6 +95,16 @@ def test_tests_imports_are_in_the_test_extra_or_dependencies() -> None:
     test_extra = _declared(project["optional-dependencies"]["test"])
     imported = {_norm(d) for m in _imports("tests") for d in md.packages_distributions().get(m, [])}
     assert test_extra - imported - {"pytest-qt", "import-linter"} - set(TEST_INDIRECT) == set()
+
+
+def test_client_environments_pin_what_their_quickstarts_import() -> None:
+    for script, pins_file in OWN_ENVS.items():
+        pins = {_norm(line.partition("==")[0]) for line in (ROOT / pins_file).read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+        assert all("==" in line for line in (ROOT / pins_file).read_text().splitlines()
+                   if line.strip() and not line.startswith("#")), f"{pins_file}: exact pins only"
+        imported = {_norm(m) for m in _imports("tests", only=script)}
+        assert imported and imported <= pins, (script, imported - pins)
 
 
 def test_constraints_pin_every_declared_dependency() -> None:

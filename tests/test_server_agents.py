@@ -188,6 +188,23 @@ def test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length(serv
     assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [("get_weather", call.function.arguments)]
 
 
+def test_a_cut_call_sent_back_as_it_came_is_accepted_in_the_history(server: Server) -> None:
+    """The Agents SDK sends a cut call back with its partial arguments (and a tool message saying
+    the tool failed): the server must take back what it gave, as OpenAI does, not 400 on it."""
+    cut = ask(server, tools=[WEATHER], tool_choice="required", seed=1, max_tokens=22).choices[0].message
+    (call,) = cut.tool_calls
+    with pytest.raises(ValueError):
+        json.loads(call.function.arguments)  # a JSON prefix, not JSON
+    history = [*ASK, cut.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "An error occurred while running the tool."}]
+    r = ask(server, history, tools=[WEATHER], seed=1, max_tokens=8)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # Its prompt holds the partial arguments as written (the template writes a string as JSON), once.
+    prompt = server.recording.results[-1].prompt_ids
+    text = server.engine(lambda e: e.lm.tokenizer.decode(prompt))
+    assert text.count(json.dumps(call.function.arguments)) == 1, text
+
+
 def test_a_tool_call_stream_ends_without_an_empty_content_delta(server: Server) -> None:
     kw = dict(tools=[WEATHER], tool_choice="required", seed=2, temperature=1.0, max_tokens=120)
     with client(server).chat.completions.stream(model=server.model, messages=ASK, **kw) as stream:
