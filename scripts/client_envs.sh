@@ -8,8 +8,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ENV="$ROOT/.venv-instructor"
 PINS="$ROOT/tests/clients/instructor.txt"
-# The base interpreter of the main venv: the client env needs nothing of the project.
-BASE="$("$ROOT/.venv/bin/python" -c 'import sys; print(sys._base_executable)')"
+# The base interpreter of the suite's venv (VENV, as scripts/test.sh; .venv by default): the
+# client env needs nothing of the project.
+VENV="${VENV:-.venv}"
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
+BASE="$("$VENV/bin/python" -c 'import sys; print(sys._base_executable)')"
 STAMP="$ENV/.verbatim-install-stamp"
 KEY="$(cat "$PINS" "${BASH_SOURCE[0]}" | "$BASE" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] && [ -x "$ENV/bin/python" ]; then
