@@ -333,3 +333,33 @@ def test_a_recursive_schema_with_a_way_out_is_accepted_and_decoded(engine: Engin
         assert valid(json.loads(r.text)), r.text
     else:
         assert r.text.startswith('{"label": "')
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_composed_constraint_tools_and_a_format_is_in_the_receipt_and_replays(engine: Engine, tool_model: Path,
+                                                                               tmp_path: Path, capsys: Any,
+                                                                               choice: str) -> None:
+    """Tools and a response format together (issue 36): the receipt records the composed
+    constraint, `engine verify` replays it cold, and a receipt with the tools taken out does not."""
+    constraint = Constraint.of([WEATHER, CLOCK], choice, None, JSON_SCHEMA)
+    req = GenerationRequest(ASK, SamplerSettings(temperature=1.0, seed=5, max_tokens=120), constraint=constraint)
+    result = engine.generate(req)
+    doc = receipts.build(req, result, ReceiptModel(str(tool_model), engine.info.key, "qwen-tools"),
+                         engine.chunk).to_dict()
+    assert Constraint.from_dict(doc["constraint"]) == constraint
+    assert doc["constraint"]["response_format"]["schema"] == SCHEMA and len(doc["constraint"]["tools"]) == 2
+
+    def verify(d: dict, name: str) -> tuple[int, str]:
+        path = tmp_path / name
+        path.write_text(json.dumps(d))
+        capsys.readouterr()
+        code = cli(["verify", str(path), "--no-cache"])
+        return code, capsys.readouterr().out
+
+    code, out = verify(doc, "composed.json")
+    assert code == 0 and out.startswith("OK"), out
+    if choice == "required":  # the reply is a call: without the tools the replay cannot make it
+        alone = {**doc, "constraint": {k: v for k, v in doc["constraint"].items()
+                                       if k not in ("tools", "tool_choice", "parallel_tool_calls")}}
+        code, out = verify(alone, "format-only.json")
+        assert code == 1 and out.startswith("MISMATCH"), out
