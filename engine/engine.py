@@ -19,6 +19,7 @@ from engine.cache.disk.tier import DiskCache
 from engine.cache.families import class_names
 from engine.cache.prompt_cache import PromptCache
 from engine.constraint import check_tool_results
+from engine.documents.placement import DocumentSpan, block, document_spans, place
 from engine.errors import EngineError, GGUFError, ModelError, RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
@@ -26,6 +27,7 @@ from engine.generate.loop import LoadedModel, drain, stream
 from engine.generate.templating import (
     MessageStarts,
     render_prompt,
+    render_prompt_text,
     render_text,
     token_pieces,
 )
@@ -64,6 +66,8 @@ class Prepared:
     grammar: Optional[str] = None  # the constraint's checked grammar (None: decoding is free)
     # Where each earlier reply's generation header ends but its last token (templating.MessageStarts)
     reply_header_cuts: list[int] = field(default_factory=list)
+    # Where each attached document lies in the prompt; its end is a cut (engine/documents/placement.py)
+    documents: list[DocumentSpan] = field(default_factory=list)
 
 
 @dataclass
@@ -222,14 +226,23 @@ class Engine:
             return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)), grammar)
         messages = validate_messages(request.messages)
         tools = _tools(request)
+        if request.documents:
+            messages = place(messages, request.documents)
+            _check_documents_fit(lm, request, limit, tools)
         fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m, tools=tools), messages,
                                 request.sampler.max_tokens, limit, request.context_policy,
                                 lambda m: len(lm.tokenizer.encode(m["content"])) + 4)
         assert self._starts is not None
         starts = self._starts(fitted.messages, fitted.prompt, tools)
         headers = self._starts.reply_header_cuts(fitted.messages, fitted.prompt, tools)
+        spans: list[DocumentSpan] = []
+        if request.documents:
+            spans = document_spans(lm.tokenizer, fitted.messages, request.documents, fitted.prompt,
+                                   render_prompt_text(lm.tokenizer, fitted.messages, tools))
+            starts = sorted(set(starts) | {s.end for s in spans if s.cut})
+        # The request as it ran: its documents placed in its messages (a receipt keeps both).
         return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,
-                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers)
+                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers, spans)
 
     def _check_constraint(self, request: GenerationRequest) -> Optional[str]:
         """A request's tools and output format, checked against the model before any prefill:
@@ -347,7 +360,28 @@ def _describe_cuts(result: GenerationResult, p: Prepared) -> None:
     schedule (each is inside (0, n - 1), so all are cuts: MessageStarts.reply_header_cuts)."""
     result.report.context = p.context
     result.report.reply_header_cuts = list(p.reply_header_cuts)
+    restored, source = result.report.restored, result.report.source
+    result.report.documents = [
+        {"name": s.name, "digest": s.digest, "start": s.start, "end": s.end, "tokens": s.tokens, "cut": s.cut,
+         "source": source if source and restored >= s.end else "prefilled"} for s in p.documents]
 
+
+def _check_documents_fit(lm: LoadedModel, request: GenerationRequest, limit: Optional[int], tools: Any) -> None:
+    """Documents that cannot fit beside the reply are refused before any prefill, with the
+    numbers: never truncated, never left out by the context policy."""
+    if not limit:
+        return
+    base = [m for m in validate_messages(request.messages) if m.get("role") == "system"][:1]
+    placed = place(base, request.documents)
+    n = len(render_prompt(lm.tokenizer, placed, add_generation_prompt=False, tools=tools))
+    room = limit - request.sampler.max_tokens
+    if n <= room:
+        return
+    sizes = ", ".join(f"{d.name} {len(lm.tokenizer.encode(block(d))):,}" for d in request.documents)
+    raise RequestError(f"the documents take {n:,} tokens with the system prompt ({sizes}); the context holds "
+                       f"{limit:,} with {request.sampler.max_tokens:,} kept for the reply, so at most "
+                       f"{max(room, 0):,} fit: attach fewer pages or documents, or use a model with a longer "
+                       "context", "documents")
 
 def _vocab_size(lm: LoadedModel) -> int:
     """Width of the model's logits (the output layer may be padded past the tokenizer's size)."""

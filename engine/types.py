@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Literal, Optional, Union
 
 from engine.constraint import Constraint, tool_message_keys
+from engine.documents.extract import Document
 from engine.errors import Cancelled, RequestError
 
 Mode = Literal["exact", "fast"]
@@ -111,6 +112,9 @@ class GenerationRequest:
     max_tokens_fit: bool = False
     # Tools offered and the output's shape (tool_choice, response_format): engine/constraint.py.
     constraint: Optional[Constraint] = None
+    # Files read as text (engine/documents/), placed at the end of the system message in this
+    # order, a cut at each one's end, so every conversation about them shares their state.
+    documents: tuple[Document, ...] = ()
 
 
 def validate_messages(messages: Any) -> list[Message]:
@@ -245,6 +249,9 @@ class CacheReport:
     # ({rank, host, restored, source, stored, layer_offsets, declines}); the figures above are rank 0's.
     world_size: int = 1
     ranks: list[dict[str, Any]] = field(default_factory=list)
+    # Each attached document: {name, digest, start, end, tokens, cut, source}: where it lies in the
+    # prompt and where its state came from ("memory" | "disk": restored; "prefilled": computed now).
+    documents: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

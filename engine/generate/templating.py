@@ -34,6 +34,15 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_pr
     return [int(t) for t in ids]
 
 
+def render_prompt_text(tokenizer: Any, messages: Sequence[Message], tools: Tools = None) -> Optional[str]:
+    """The conversation as the chat template writes it, with the generation prompt (None for a
+    tokenizer without a template): where a document lies in the prompt (engine/documents)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    out = _apply_template(tokenizer, messages, True, tools, tokenize=False)
+    return out if isinstance(out, str) else None
+
+
 def _apply_template(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: Tools,
                     tokenize: bool) -> Any:
     """The chat template applied as transformers does it: token ids (tokenize=True) or text."""
