@@ -12,9 +12,10 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from engine.cache.families import rules_of
-from engine.cache.layers import in_blocks
+from engine.cache.blocks import in_blocks
 from engine.cache.memory_tier import MemoryTier
-from engine.cache.planner import Plan, SnapshotMeta, plan_restore
+from engine.cache.meta import SnapshotMeta
+from engine.cache.planner import Plan, plan_restore
 from engine.cache.block_state import SharedSnapshot
 from engine.cache.snapshot import Snapshot, cache_arrays, restore_copy
 from engine.errors import SnapshotError

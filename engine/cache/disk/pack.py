@@ -37,7 +37,7 @@ from engine.cache.disk.format import (
     meta_to_dict,
     read_header,
 )
-from engine.cache.planner import SnapshotMeta
+from engine.cache.meta import SnapshotMeta
 from engine.cache.block_state import MemBlock, MemPack, SharedSnapshot, block_arrays, state_nbytes
 from engine.cache.blocks import block_bounds
 from engine.cache.snapshot import Snapshot, cache_arrays, sliced
@@ -243,7 +243,7 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
     for i, name in enumerate(meta.classes):
         rules = rules_named(name)
         assert rules is not None  # meta_from_dict accepted only persisted classes
-        # A block class's layer the writer kept whole (no keys: engine/cache/layers.py) is not
+        # A block class's layer the writer kept whole (no keys: engine/cache/blocks.py, in_blocks) is not
         # read back as such: it fails below ("lacks layer") and the snapshot is declined, never
         # restored wrong. (It holds no position, so its snapshot could not be restored anyway.)
         blocked.append(rules.blocks)
