@@ -419,7 +419,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the memory budget counts a shared pack once per block, not once",
-        (("engine/cache/memory_tier.py", "                if blk.pack.blocks == 0:\n                    self._bytes += blk.pack.nbytes\n",
+        (("engine/cache/memory_tier.py", "                if blk.pack.n_blocks == 0:\n                    self._bytes += blk.pack.nbytes\n",
           "                self._bytes += blk.pack.nbytes\n"),),
         (MT + "test_four_variants_hold_their_shared_prefix_once",),
     ),
@@ -467,7 +467,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "eviction before a save reserves the blocks' bytes, not the whole layers'",
         (("engine/cache/disk/store.py", "        self.evict(incoming_bytes(snap, rows))\n",
-          "        self.evict(sum(nb for r in rows for _, _, nb in r.blocks))\n"),),
+          "        self.evict(sum(nb for r in rows for _, _, nb in r.block_rows))\n"),),
         (DF + "test_eviction_before_a_save_makes_room_for_its_whole_layers_too",),
     ),
     Mutation(

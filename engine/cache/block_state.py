@@ -54,7 +54,7 @@ class MemPack:
     end: int
     layers: list[Optional[tuple[State, State]]]
     nbytes: int
-    blocks: int = 0  # blocks of it still named by a snapshot
+    n_blocks: int = 0  # blocks of it still named by a snapshot
 
 
 @dataclass
@@ -70,7 +70,7 @@ class MemEntry:
     """A snapshot in memory: its meta, its blocks' names in order, its layers kept whole."""
 
     meta: SnapshotMeta
-    blocks: list[str]
+    block_names: list[str]
     templates: list[Any]  # per layer: an empty copy of the layer object (block layers) or None
     whole: list[Any]  # per layer: the whole layer's private clone (layers not in blocks) or None
     whole_bytes: int

@@ -149,10 +149,10 @@ class MemoryTier:
         for blk in blocks:
             if blk.key not in self._blocks:
                 self._blocks[blk.key] = blk
-                if blk.pack.blocks == 0:
+                if blk.pack.n_blocks == 0:
                     self._bytes += blk.pack.nbytes
-                blk.pack.blocks += 1
-        for k in entry.blocks:
+                blk.pack.n_blocks += 1
+        for k in entry.block_names:
             self._users[k] = self._users.get(k, 0) + 1
         self._bytes += entry.whole_bytes
         self._items[entry.meta.id] = entry
@@ -160,15 +160,15 @@ class MemoryTier:
     def _release(self, entry: MemEntry) -> None:
         """Forget `entry`'s claim on its blocks; free the blocks (and packs) nobody names now."""
         self._bytes -= entry.whole_bytes
-        for k in entry.blocks:
+        for k in entry.block_names:
             left = self._users[k] - 1
             if left > 0:
                 self._users[k] = left
                 continue
             del self._users[k]
             blk = self._blocks.pop(k)
-            blk.pack.blocks -= 1
-            if blk.pack.blocks == 0:
+            blk.pack.n_blocks -= 1
+            if blk.pack.n_blocks == 0:
                 self._bytes -= blk.pack.nbytes
 
     def _drop(self, sid: str) -> None:
@@ -211,7 +211,7 @@ class MemoryTier:
         and cut back (families.cut_back raises SnapshotError where it cannot be)."""
         with self._lock:
             entry = self._items[sid]
-            blocks = [self._blocks[k] for k in entry.blocks]
+            blocks = [self._blocks[k] for k in entry.block_names]
         runs = runs_of(blocks, n)
         out: list[Any] = []
         for i, (t, w) in enumerate(zip(entry.templates, entry.whole)):
@@ -238,7 +238,7 @@ class MemoryTier:
     def stats(self) -> dict[str, int]:
         with self._lock:
             named = sum(position_bytes(b.pack) * (b.end - b.start)
-                        for e in self._items.values() for b in (self._blocks[k] for k in e.blocks))
+                        for e in self._items.values() for b in (self._blocks[k] for k in e.block_names))
             unique = self._bytes - sum(e.whole_bytes for e in self._items.values())  # each pack once
             return {"entries": len(self._items), "bytes": self._bytes, "blocks": len(self._blocks),
                     "shared_bytes": max(0, named - unique)}

@@ -4,7 +4,9 @@ planner what to restore and hands out a private copy (or the live cache of the r
 the snapshot, handed over as it is: `keep_spare`); `store` keeps a snapshot of a live cache in
 memory and queues it for the disk; `generation()` brackets a generation (the disk writer waits,
 for a bounded time, while the model runs). The memory tier and the disk tier are steered from
-here only."""
+here only: the engine reaches the disk tier through this front (`generation`, `pop_warnings`,
+`close`), and a subclass changes only `fetch` (engine/distributed/agree.py's `AgreedPromptCache`,
+which engine/distributed/serve.py builds around the engine's own disk tier)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class DiskTier(Protocol):
     def pop_warnings(self) -> list[str]: ...  # problems the user has not been told about yet
     def hold_writes(self) -> None: ...  # a generation runs: background writes wait (bounded)
     def release_writes(self) -> None: ...
+    def close(self, timeout: Optional[float] = None) -> bool: ...  # flush, stop writing, unlock
 
 
 class PromptCache:
@@ -166,6 +169,15 @@ class PromptCache:
         raise SnapshotError("evicted")
 
     # -- housekeeping ---------------------------------------------------------------------------
+    def pop_warnings(self) -> list[str]:
+        """The disk tier's problems the user has not been told about yet (each once)."""
+        return self.disk.pop_warnings() if self.disk is not None else []
+
+    def close(self) -> None:
+        """Flush the disk tier's pending writes and release its folder (the memory tier needs nothing)."""
+        if self.disk is not None:
+            self.disk.close()
+
     def clear(self) -> None:
         self.memory.clear()
         self._spare = None

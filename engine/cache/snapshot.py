@@ -36,7 +36,7 @@ class Snapshot:
     cache: list[Any]  # mlx-lm cache objects; never handed out, only copies of them
     source: str = "memory"
 
-    # What the disk writer reads (memory_tier.SharedSnapshot keeps the positions in blocks):
+    # What the disk writer reads (block_state.SharedSnapshot keeps the positions in blocks):
     def span_state(self, i: int, a: int, b: int) -> Any:
         """Layer `i`'s state for positions [a, b) (a layer kept in blocks); lazy views."""
         return sliced(self.cache[i].state, a, b)

@@ -36,7 +36,7 @@ class Index:
         self._entries: dict[str, Entry] = {}
         self._by_key: dict[str, dict[str, SnapshotMeta]] = {}
         self.packs: dict[str, PackRow] = {}
-        self.blocks: dict[str, BlockLoc] = {}  # block name -> where it is
+        self.block_locs: dict[str, BlockLoc] = {}  # block name -> where it is
         self._users: dict[str, set[str]] = {}  # pack id -> ids of the manifests using it
 
     def __len__(self) -> int:
@@ -56,21 +56,21 @@ class Index:
         self.packs[row.id] = row
         self._users.setdefault(row.id, set())
         for a, b, k, nb in row.spans():
-            self.blocks.setdefault(k, (row.id, a, b, nb))  # the first pack to hold a block keeps it
+            self.block_locs.setdefault(k, (row.id, a, b, nb))  # the first pack to hold a block keeps it
 
     def _drop_pack(self, pid: str) -> None:
         row = self.packs.pop(pid, None)
         self._users.pop(pid, None)
         if row is not None:
             for _, _, k, _ in row.spans():
-                if self.blocks.get(k, ("",))[0] == pid:
-                    del self.blocks[k]
+                if self.block_locs.get(k, ("",))[0] == pid:
+                    del self.block_locs[k]
 
     def packs_of(self, e: Entry) -> Optional[set[str]]:
         """The packs `e` uses; None if one of its blocks (or its whole pieces) is not listed."""
         out = set()
-        for k in e.blocks:
-            loc = self.blocks.get(k)
+        for k in e.block_names:
+            loc = self.block_locs.get(k)
             if loc is None:
                 return None
             out.add(loc[0])
@@ -122,7 +122,7 @@ class Index:
         self._entries.clear()
         self._by_key.clear()
         self.packs.clear()
-        self.blocks.clear()
+        self.block_locs.clear()
         self._users.clear()
 
     def metas(self, model_key: str) -> list[SnapshotMeta]:
@@ -139,7 +139,7 @@ class Index:
 
     def referenced_block_bytes(self) -> int:
         """The bytes every manifest's blocks would take if none were shared."""
-        return sum(self.blocks[k][3] for e in self._entries.values() for k in e.blocks if k in self.blocks)
+        return sum(self.block_locs[k][3] for e in self._entries.values() for k in e.block_names if k in self.block_locs)
 
     def other_env(self) -> int:
         return sum(1 for e in self._entries.values() if e.env != self.env)
@@ -179,7 +179,7 @@ class Index:
         PackRow objects are shared: the owner never changes one that is listed, but for its
         `last_used`, which readers do not read."""
         return IndexView(self.env, dict(self._entries), {k: list(v.values()) for k, v in self._by_key.items()},
-                         dict(self.blocks), dict(self.packs), clears)
+                         dict(self.block_locs), dict(self.packs), clears)
 
     def to_json(self) -> bytes:
         doc = {"format": FORMAT, "version": FORMAT_VERSION,
@@ -196,7 +196,7 @@ class IndexView:
     env: str
     entries: dict[str, Entry]
     by_key: dict[str, list[SnapshotMeta]]
-    blocks: dict[str, BlockLoc]
+    block_locs: dict[str, BlockLoc]
     packs: dict[str, PackRow]
     clears: int
 
@@ -206,13 +206,13 @@ class IndexView:
     def users_of_pack(self, pid: str) -> list[str]:
         """The manifests that use pack `pid` (a block in it, or their whole pieces)."""
         return sorted(sid for sid, e in self.entries.items()
-                      if e.whole == pid or any(self.blocks.get(k, ("",))[0] == pid for k in e.blocks))
+                      if e.whole == pid or any(self.block_locs.get(k, ("",))[0] == pid for k in e.block_names))
 
     def total_bytes(self) -> int:
         return sum(r.file_bytes for r in self.packs.values())
 
     def referenced_block_bytes(self) -> int:
-        return sum(self.blocks[k][3] for e in self.entries.values() for k in e.blocks if k in self.blocks)
+        return sum(self.block_locs[k][3] for e in self.entries.values() for k in e.block_names if k in self.block_locs)
 
     def other_env(self) -> int:
         return sum(1 for e in self.entries.values() if e.env != self.env)

@@ -53,7 +53,7 @@ def plan_packs(snap: Snapshot, env: str, have: Container[str]) -> tuple[list[str
 def incoming_bytes(snap: Snapshot, rows: list[PackRow]) -> int:
     """What the packs `rows` will add to the folder: their blocks, and the whole layers if one of
     them holds the snapshot's whole pieces (eviction makes room for both before the write)."""
-    blocks = sum(nb for r in rows for _, _, nb in r.blocks)
+    blocks = sum(nb for r in rows for _, _, nb in r.block_rows)
     if not any(r.whole for r in rows):
         return blocks
     return blocks + cache_nbytes([c for c, b in zip(snap.cache, snap.layers_in_blocks()) if not b])

@@ -30,7 +30,7 @@ def read_snapshot(entry: Entry, view: IndexView, files: PackFiles, writable: boo
     env = view.env
     if entry.env != env:
         raise SnapshotError("computed in another environment")
-    if entry.blocks and block_keys(meta, env) != entry.blocks:
+    if entry.block_names and block_keys(meta, env) != entry.block_names:
         # Block names hash the tokens, the history and the key: an edited manifest shows.
         raise SnapshotError("the blocks do not match its index entry (tokens, history or key changed)")
 
@@ -45,8 +45,8 @@ def read_snapshot(entry: Entry, view: IndexView, files: PackFiles, writable: boo
     pieces: list[tuple[LoadedPack, int, int]] = []
     gone: Optional[SnapshotError] = None
     short = upto is not None and entry.whole is None and meta.trimmable and upto < meta.length
-    for k in entry.blocks:
-        loc = view.blocks.get(k)
+    for k in entry.block_names:
+        loc = view.block_locs.get(k)
         if loc is None:
             raise SnapshotError(f"block {k} is not on disk")
         pid, a, b, _ = loc
@@ -83,7 +83,7 @@ def read_snapshot(entry: Entry, view: IndexView, files: PackFiles, writable: boo
         meta = replace(meta, id=new_snapshot_id(), tokens=meta.tokens[:n], kind="partial",
                        nbytes=meta.nbytes * n // meta.length, **prefix_meta_fields(meta, n))
     try:
-        snap, nbytes = assemble(meta, pieces, whole, entry.blocks)
+        snap, nbytes = assemble(meta, pieces, whole, entry.block_names)
     except SnapshotError as e:
         raise SnapshotError(f"cannot rebuild from its blocks: {e}") from None
     if gone is not None:

@@ -103,9 +103,9 @@ class DiskStore:
         if self._superseded(meta) or meta.nbytes > self.budget_bytes:
             self.report.count("skipped")  # save_async (the engine thread) counts skips too
             return
-        names, rows = plan_packs(snap, self.index.env, self.index.blocks)
+        names, rows = plan_packs(snap, self.index.env, self.index.block_locs)
         self.evict(incoming_bytes(snap, rows))
-        names, rows = plan_packs(snap, self.index.env, self.index.blocks)  # again: the eviction may have freed blocks it shared
+        names, rows = plan_packs(snap, self.index.env, self.index.block_locs)  # again: the eviction may have freed blocks it shared
         t0 = time.perf_counter()
         self.writer.begin_write()
         self.files.hooks.point("begin")
@@ -167,7 +167,7 @@ class DiskStore:
             m = e.meta
             n = m.canonical
             if (m.id == meta.id or m.model_key != meta.model_key or m.kind != "end" or not m.trimmable
-                    or e.whole is not None or not e.blocks or not 0 < n < m.length
+                    or e.whole is not None or not e.block_names or not 0 < n < m.length
                     or meta.tokens[: m.length] != m.tokens):
                 continue
             ends = [b for _, b in block_bounds(m)]
@@ -176,7 +176,7 @@ class DiskStore:
             cut = replace(m, id=new_snapshot_id(), tokens=m.tokens[:n], kind="pre-last",
                           nbytes=m.nbytes * n // m.length, **prefix_meta_fields(m, n))
             self.index.drop(m.id)
-            if self.index.add(Entry(cut, e.env, e.blocks[: ends.index(n) + 1], None, e.created, e.last_used)):
+            if self.index.add(Entry(cut, e.env, e.block_names[: ends.index(n) + 1], None, e.created, e.last_used)):
                 n_cut += 1
         return n_cut
 

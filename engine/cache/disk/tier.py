@@ -296,7 +296,7 @@ class DiskCache:
             "entries_other_env": view.other_env(),
             "bytes": total,  # unique bytes: each pack once
             "packs": len(view.packs),
-            "blocks": len(view.blocks),
+            "blocks": len(view.block_locs),
             "shared_bytes": max(0, view.referenced_block_bytes() - total),
             "format_version": FORMAT_VERSION,
             "old_format_removed": self.old_format_removed,
