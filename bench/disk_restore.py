@@ -76,7 +76,8 @@ def child_write(root: Path, n: int, turns: int = 1) -> dict:
     state in `turns` packs, the tree before in `turns` files)."""
     import dataclasses
 
-    from engine.cache.planner import SnapshotMeta, chunks, schedule_cuts
+    from engine.cache.meta import SnapshotMeta
+    from engine.cache.planner import chunks, schedule_cuts
     from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
 
     prompt = _prompt(n)

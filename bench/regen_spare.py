@@ -35,7 +35,7 @@ def restore_only(n: int, trials: int = 3) -> None:
     from mlx_lm.models.cache import KVCache
 
     from engine.cache.memory_tier import MemoryTier
-    from engine.cache.planner import SnapshotMeta
+    from engine.cache.meta import SnapshotMeta
     from engine.cache.snapshot import cache_arrays, cache_nbytes, new_snapshot_id
 
     live = [KVCache() for _ in range(24)]

@@ -274,13 +274,12 @@ class Engine:
         """Generate a reply: yields PrefillProgress and TokenEvents, returns the GenerationResult."""
         lm = self._lm()
         p = self.prepare(request)
-        disk = self.cache.disk
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
                                        p.context.limit, self._guide(p), p.reply_header_cuts)
         _describe_cuts(result, p)
-        if disk is not None:
-            result.report.warnings = disk.pop_warnings()
+        if self.cache.disk is not None:
+            result.report.warnings = self.cache.pop_warnings()
         if result.finish_reason != "cancelled":
             self._compare_with_previous(lm.key, p.prompt, p.request, result)
         return result
@@ -342,9 +341,7 @@ class Engine:
         self._previous.clear()
 
     def close(self) -> None:
-        disk = self.cache.disk
-        if disk is not None and hasattr(disk, "close"):
-            disk.close()
+        self.cache.close()
 
     def _lm(self) -> LoadedModel:
         if self.lm is None:
@@ -426,7 +423,7 @@ def _fit_max_tokens(request: GenerationRequest, lm: LoadedModel, limit: int) -> 
     return request
 
 
-# -- helpers: model resolution, identity and the disk tier (their own modules own the details)
+# -- helpers: model resolution and the weights' dtype (dequantize a small quantized model or not)
 
 
 def _resolve(spec: str, progress: Any, cancel: Any) -> Path:

@@ -122,7 +122,7 @@ def kv_snapshot(tokens: list[int], key: str = "k" * 32, seed: int = 0):
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from engine.cache.planner import SnapshotMeta
+    from engine.cache.meta import SnapshotMeta
     from engine.cache.snapshot import (
         Snapshot,
         cache_nbytes,

@@ -368,9 +368,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a manifest committed before its blocks are on disk",
-        (("engine/cache/disk/writer.py", "            for row in rows:\n                size += self._write_pack(snap, row, written)\n"
+        (("engine/cache/disk/store.py", "            for row in rows:\n                size += self.files.write(snap, row, written)\n"
           "            commit()\n",
-          "            commit()\n            for row in rows:\n                size += self._write_pack(snap, row, written)\n"),),
+          "            commit()\n            for row in rows:\n                size += self.files.write(snap, row, written)\n"),),
         (DC + "test_sigkill_while_writing_leaves_consistent_cache",),
     ),
     # issue 27 (reply header cuts): each earlier reply's header is forwarded as its own turn did
@@ -419,7 +419,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the memory budget counts a shared pack once per block, not once",
-        (("engine/cache/memory_tier.py", "                if blk.pack.blocks == 0:\n                    self._bytes += blk.pack.nbytes\n",
+        (("engine/cache/memory_tier.py", "                if blk.pack.n_blocks == 0:\n                    self._bytes += blk.pack.nbytes\n",
           "                self._bytes += blk.pack.nbytes\n"),),
         (MT + "test_four_variants_hold_their_shared_prefix_once",),
     ),
@@ -466,8 +466,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "eviction before a save reserves the blocks' bytes, not the whole layers'",
-        (("engine/cache/disk/writer.py", "        self._evict(incoming_bytes(snap, rows))\n",
-          "        self._evict(sum(nb for r in rows for _, _, nb in r.blocks))\n"),),
+        (("engine/cache/disk/store.py", "        self.evict(incoming_bytes(snap, rows))\n",
+          "        self.evict(sum(nb for r in rows for _, _, nb in r.block_rows))\n"),),
         (DF + "test_eviction_before_a_save_makes_room_for_its_whole_layers_too",),
     ),
     Mutation(
@@ -478,8 +478,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a KV layer without keys kept in blocks by the writer",
-        (("engine/cache/disk/writer.py", "        blocked = snap.layers_in_blocks()\n",
-          "        from engine.cache.families import rules_of\n        blocked = [rules_of(c).blocks for c in snap.cache]\n"),),
+        (("engine/cache/disk/plan.py", "    blocked = snap.layers_in_blocks()\n",
+          "    from engine.cache.families import rules_of\n    blocked = [rules_of(c).blocks for c in snap.cache]\n"),),
         (DF + "test_a_kv_layer_without_keys_is_whole_in_both_tiers",),
     ),
     Mutation(

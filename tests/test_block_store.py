@@ -20,7 +20,7 @@ from engine.cache.blocks import block_bounds, block_keys
 from engine.cache.disk import writer as dw
 from engine.cache.disk.tier import DiskCache
 from engine.cache.prompt_cache import PromptCache
-from engine.cache.planner import SnapshotMeta
+from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
 from engine.engine import Engine
 from engine.types import GenerationRequest, SamplerSettings

@@ -21,7 +21,7 @@ from mlx_lm.models.cache import (
 
 from engine.cache import families as fam
 from engine.cache.disk.tier import DiskCache
-from engine.cache.planner import SnapshotMeta
+from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, describe_layers, new_snapshot_id
 from engine.errors import SnapshotError
 from tests.tiny_models import FAMILIES, build_model

@@ -24,10 +24,12 @@ import mlx.core as mx
 import pytest
 
 from engine.blas import blas_library
+from engine.cache import env as cache_env
 from engine.cache.disk import files as disk_files
 from engine.cache.disk import format as disk_format
 from engine.cache.disk import writer as dw
 from engine.cache.disk.hooks import WriterHooks
+from engine.cache.disk.packfiles import TMP_PREFIX
 from engine.cache.disk.tier import DiskCache
 from engine.cache.prompt_cache import PromptCache
 from engine.cache.snapshot import Snapshot
@@ -189,7 +191,7 @@ def write_one_entry(root: Path) -> dict:
 
 def test_entries_from_another_compute_environment_are_kept_but_never_returned(tmp_path, monkeypatch):
     write_one_entry(tmp_path / "c")
-    monkeypatch.setattr(disk_format, "_ENV", "mlx 9.9; other kernels")
+    monkeypatch.setattr(cache_env, "_ENV", "mlx 9.9; other kernels")
     d = DiskCache(tmp_path / "c", budget_bytes=1 << 30)
     assert d.entries(KEY) == []
     assert d.stats()["entries"] == d.stats()["entries_other_env"] == 1  # still counts toward the budget
@@ -817,7 +819,7 @@ def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
     eng = engine(models["llama"], tmp_path / "cache")
     eng.generate(req())
     assert eng.cache.disk.flush(10)
-    tid = eng.cache.disk._thread.native_id
+    tid = eng.cache.disk.writer.thread.native_id
     stat = Path(f"/proc/self/task/{tid}/stat").read_text()
     nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat, counted after "(comm)"
     assert nice == dw.WRITER_NICE
@@ -897,10 +899,10 @@ def test_a_write_in_progress_pauses_for_a_generation(models, tmp_path, monkeypat
     assert started.wait(10)
     assert parked.wait(10)  # the writer stopped between arrays: the file cannot complete now
     snaps = tmp_path / "cache" / "snapshots"
-    assert not list(snaps.glob("*.safetensors")) or all(p.name.startswith(dw.TMP_PREFIX) for p in snaps.iterdir())
+    assert not list(snaps.glob("*.safetensors")) or all(p.name.startswith(TMP_PREFIX) for p in snaps.iterdir())
     assert disk.stats()["pending"] >= 1
     disk.release_writes()
     assert disk.flush(10)
-    assert [p for p in snaps.iterdir() if not p.name.startswith(dw.TMP_PREFIX)]
+    assert [p for p in snaps.iterdir() if not p.name.startswith(TMP_PREFIX)]
     eng.close()
     assert_consistent(tmp_path / "cache")

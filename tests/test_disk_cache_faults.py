@@ -10,9 +10,10 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from engine.cache.disk.hooks import WriterHooks
+from engine.cache.disk.plan import plan_packs
 from engine.cache.disk.tier import DiskCache
 from engine.cache.memory_tier import MemoryTier
-from engine.cache.planner import SnapshotMeta
+from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
 from engine.errors import SnapshotError
 from tests.engine_helpers import QUESTIONS, make_engine, model_dir, request
@@ -76,7 +77,7 @@ class _Budget(WriterHooks):
 
     def point(self, name: str) -> None:
         if name == "index_written" and self.cache is not None:
-            used = self.cache._index.used_bytes()
+            used = self.cache.store.index.used_bytes()
             if used > self.cache.budget_bytes:
                 self.over.append(used)
 
@@ -118,7 +119,7 @@ def test_a_kv_layer_without_keys_is_whole_in_both_tiers(tmp_path: Path) -> None:
     assert shared.layers_in_blocks() == [True, False]
     disk = DiskCache(tmp_path / "cache")
     try:
-        names, rows = disk._plan_packs(shared)
+        names, rows = plan_packs(shared, disk.env, set())
         assert names and rows and rows[-1].whole == meta.id  # the writer keeps it whole too
     finally:
         disk.close()

@@ -95,10 +95,10 @@ def test_a_block_shared_by_two_snapshots_outlives_the_one_dropped(models):
     metas = {m.tokens[: len(eng.prompt_ids(a)) - 1] == tuple(eng.prompt_ids(a)[:-1]): m for m in eng.cache.metas()}
     snap_a, snap_b = metas[True], metas[False]
     mem = eng.cache.memory
-    shared_keys = set(mem._items[snap_a.id].blocks) & set(mem._items[snap_b.id].blocks)
+    shared_keys = set(mem._items[snap_a.id].block_names) & set(mem._items[snap_b.id].block_names)
     assert shared_keys and all(mem._blocks[k].end <= shared for k in shared_keys)
     mem.drop(snap_a.id)
-    assert set(mem._blocks) == set(mem._items[snap_b.id].blocks)  # a's own blocks went, the shared ones stayed
+    assert set(mem._blocks) == set(mem._items[snap_b.id].block_names)  # a's own blocks went, the shared ones stayed
     assert mem.stats()["bytes"] == sum(p.nbytes for p in _packs(eng).values())
     again = eng.generate(request(b, max_tokens=6))
     assert again.report.restored == len(eng.prompt_ids(b)) - 1 and again.report.source == "memory"

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from engine.cache.planner import SnapshotMeta
+from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot, cache_arrays, joined, sliced
 
 State = Any  # a layer's state: an array, or a tuple of them (quantized KV: (packed, scales, biases))
@@ -54,7 +54,7 @@ class MemPack:
     end: int
     layers: list[Optional[tuple[State, State]]]
     nbytes: int
-    blocks: int = 0  # blocks of it still named by a snapshot
+    n_blocks: int = 0  # blocks of it still named by a snapshot
 
 
 @dataclass
@@ -70,7 +70,7 @@ class MemEntry:
     """A snapshot in memory: its meta, its blocks' names in order, its layers kept whole."""
 
     meta: SnapshotMeta
-    blocks: list[str]
+    block_names: list[str]
     templates: list[Any]  # per layer: an empty copy of the layer object (block layers) or None
     whole: list[Any]  # per layer: the whole layer's private clone (layers not in blocks) or None
     whole_bytes: int
@@ -104,7 +104,7 @@ class SharedSnapshot(Snapshot):
                  blocked: Optional[list[bool]] = None) -> None:
         super().__init__(meta, cache)
         self._blocks = blocks
-        # Which layers are in blocks was decided once (engine/cache/layers.py) by whoever built it:
+        # Which layers are in blocks was decided once (engine/cache/blocks.py: in_blocks) by whoever built it:
         # a template and a KV layer kept whole both have keys=None, so it cannot be derived again.
         self._blocked = blocked if blocked is not None else [
             bool(blocks) and blocks[0].pack.layers[i] is not None for i in range(len(cache))]

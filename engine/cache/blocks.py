@@ -21,20 +21,60 @@ manifests: they are stored once. A block boundary that falls inside a forward (f
 restores anywhere) is still correct, the forward is part of both blocks' names, only shared
 less. A snapshot with no recorded history (`forwards` empty) gets names no other can have.
 
+Which layers are kept in blocks (`in_blocks`, the one definition: memory tier, disk writer,
+restore, spare and sizes all ask here): a layer whose cache class stores positions that can be cut
+anywhere (`families.Rules.blocks`: KV and quantized KV) *and* that holds positions (`keys` set).
 Layers that have no positions, or whose positions cannot be cut (a wrapped sliding window,
 SSM and convolution state: families.py), are not in blocks: each snapshot keeps them whole.
+
+How a save's new blocks are packed (`pack_groups`, the one definition: the memory tier's
+`MemPack`s and the disk writer's pack files alike): those up to the snapshot's last exact cut
+(the prefill, which later turns share) in one pack, those after it (the decoded tail, which a
+later turn of the same conversation makes redundant) in another, and never across a change of
+the buffer the positions are read from.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Sequence
+from typing import Any, Sequence, TypeVar
 
-from engine.cache.planner import SnapshotMeta
+from engine.cache.families import rules_of
+from engine.cache.meta import SnapshotMeta
 
 KEY_CHARS = 40  # hex characters of a block name (160 bits)
 _VERSION = b"verbatim-block-v1"
+
+Span = tuple[int, int]
+T = TypeVar("T")
+
+
+def in_blocks(layer: Any) -> bool:
+    """Is this layer's state kept as blocks of positions (else as one whole piece)?"""
+    return rules_of(layer).blocks and getattr(layer, "keys", None) is not None
+
+
+def layers_in_blocks(cache: Sequence[Any]) -> list[bool]:
+    """`in_blocks` of every layer, in order."""
+    return [in_blocks(c) for c in cache]
+
+
+def pack_groups(new: Sequence[tuple[Span, T]], canonical: int, run_ends: Sequence[int] = ()
+                ) -> list[list[tuple[Span, T]]]:
+    """The packs a save's new blocks go in (`new`: ((start, end), x) in order, x a block's name
+    or its names and sizes): first those ending at or before `canonical` (the last exact cut:
+    the prefill), then those after it (the decoded tail); each cut again before a block that
+    starts at one of `run_ends` (a pack never crosses a change of the source's buffers). No
+    empty group."""
+    cuts = set(run_ends)
+    out: list[list[tuple[Span, T]]] = []
+    for part in ([x for x in new if x[0][1] <= canonical], [x for x in new if x[0][1] > canonical]):
+        for i, x in enumerate(part):
+            if i == 0 or x[0][0] in cuts:
+                out.append([])
+            out[-1].append(x)
+    return out
 
 
 def block_bounds(meta: SnapshotMeta) -> list[tuple[int, int]]:

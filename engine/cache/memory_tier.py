@@ -8,7 +8,8 @@ blocks up to the snapshot's last exact cut, which later turns share, one for the
 so four variants of one prompt, or the turns of one chat, hold their shared prefix once.
 
 The budget counts each pack once, while any block of it is in use, and each snapshot's whole
-pieces. Eviction drops least recently used snapshots; a block goes when no snapshot names it
+pieces. Eviction drops snapshots in the order of the tier's `EvictionPolicy` (engine/cache/
+eviction.py; by default least recently used first); a block goes when no snapshot names it
 (a hash chain: a snapshot naming block k names every block before it, so nothing is stranded),
 a pack when none of its blocks is left.
 
@@ -40,11 +41,12 @@ from engine.cache.block_state import (
     state_nbytes,
     runs_of,
 )
-from engine.cache.blocks import block_bounds, block_keys
-from engine.cache.disk.format import compute_env
+from engine.cache.env import compute_env
+from engine.cache.eviction import LRU, EvictionPolicy
 from engine.cache.families import rules_of
-from engine.cache.layers import layers_in_blocks
-from engine.cache.planner import SnapshotMeta, dominates
+from engine.cache.blocks import block_bounds, block_keys, layers_in_blocks, pack_groups
+from engine.cache.meta import SnapshotMeta
+from engine.cache.planner import dominates
 from engine.cache.snapshot import GROW_ROOM, cache_arrays, joined, sliced, whole_copy, with_kv
 
 def _bytes_of(whole: Sequence[Any]) -> int:
@@ -58,8 +60,9 @@ class MemoryTier:
     can be read from elsewhere.
     """
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, policy: EvictionPolicy = LRU) -> None:
         self.budget_bytes = budget_bytes
+        self.policy = policy  # which snapshot goes first over the budget (engine/cache/eviction.py)
         self.env = compute_env()
         self._items: "OrderedDict[str, MemEntry]" = OrderedDict()
         self._blocks: dict[str, MemBlock] = {}
@@ -79,9 +82,7 @@ class MemoryTier:
         have = len(blocks)
         new = list(zip(bounds[have:], names[have:]))
         # The decoded tail gets a pack of its own: it goes when a later turn makes it redundant.
-        for group in ([x for x in new if x[0][1] <= meta.canonical], [x for x in new if x[0][1] > meta.canonical]):
-            if not group:
-                continue
+        for group in pack_groups(new, meta.canonical):
             a, b = group[0][0][0], group[-1][0][1]
             layers: list[Optional[tuple[State, State]]] = [
                 tuple(owned_copy(sliced(x, a, b)) for x in kv_pair(c)) if bl else None  # type: ignore[misc]
@@ -138,7 +139,8 @@ class MemoryTier:
                     self._drop(sid)
             self._insert(entry, blocks)
             while self._bytes > self.budget_bytes and self._items:
-                self._drop(next(iter(self._items)))
+                # `_items` is in use order (touch moves to the end): its position is the clock
+                self._drop(self.policy.first((sid, e.meta, i) for i, (sid, e) in enumerate(self._items.items())))
 
     def _insert(self, entry: MemEntry, blocks: list[MemBlock]) -> None:
         old = self._items.pop(entry.meta.id, None)
@@ -147,10 +149,10 @@ class MemoryTier:
         for blk in blocks:
             if blk.key not in self._blocks:
                 self._blocks[blk.key] = blk
-                if blk.pack.blocks == 0:
+                if blk.pack.n_blocks == 0:
                     self._bytes += blk.pack.nbytes
-                blk.pack.blocks += 1
-        for k in entry.blocks:
+                blk.pack.n_blocks += 1
+        for k in entry.block_names:
             self._users[k] = self._users.get(k, 0) + 1
         self._bytes += entry.whole_bytes
         self._items[entry.meta.id] = entry
@@ -158,15 +160,15 @@ class MemoryTier:
     def _release(self, entry: MemEntry) -> None:
         """Forget `entry`'s claim on its blocks; free the blocks (and packs) nobody names now."""
         self._bytes -= entry.whole_bytes
-        for k in entry.blocks:
+        for k in entry.block_names:
             left = self._users[k] - 1
             if left > 0:
                 self._users[k] = left
                 continue
             del self._users[k]
             blk = self._blocks.pop(k)
-            blk.pack.blocks -= 1
-            if blk.pack.blocks == 0:
+            blk.pack.n_blocks -= 1
+            if blk.pack.n_blocks == 0:
                 self._bytes -= blk.pack.nbytes
 
     def _drop(self, sid: str) -> None:
@@ -209,7 +211,7 @@ class MemoryTier:
         and cut back (families.cut_back raises SnapshotError where it cannot be)."""
         with self._lock:
             entry = self._items[sid]
-            blocks = [self._blocks[k] for k in entry.blocks]
+            blocks = [self._blocks[k] for k in entry.block_names]
         runs = runs_of(blocks, n)
         out: list[Any] = []
         for i, (t, w) in enumerate(zip(entry.templates, entry.whole)):
@@ -236,7 +238,7 @@ class MemoryTier:
     def stats(self) -> dict[str, int]:
         with self._lock:
             named = sum(position_bytes(b.pack) * (b.end - b.start)
-                        for e in self._items.values() for b in (self._blocks[k] for k in e.blocks))
+                        for e in self._items.values() for b in (self._blocks[k] for k in e.block_names))
             unique = self._bytes - sum(e.whole_bytes for e in self._items.values())  # each pack once
             return {"entries": len(self._items), "bytes": self._bytes, "blocks": len(self._blocks),
                     "shared_bytes": max(0, named - unique)}

@@ -4,7 +4,9 @@ planner what to restore and hands out a private copy (or the live cache of the r
 the snapshot, handed over as it is: `keep_spare`); `store` keeps a snapshot of a live cache in
 memory and queues it for the disk; `generation()` brackets a generation (the disk writer waits,
 for a bounded time, while the model runs). The memory tier and the disk tier are steered from
-here only."""
+here only: the engine reaches the disk tier through this front (`generation`, `pop_warnings`,
+`close`), and a subclass changes only `fetch` (engine/distributed/agree.py's `AgreedPromptCache`,
+which engine/distributed/serve.py builds around the engine's own disk tier)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from engine.cache.families import rules_of
-from engine.cache.layers import in_blocks
+from engine.cache.blocks import in_blocks
 from engine.cache.memory_tier import MemoryTier
-from engine.cache.planner import Plan, SnapshotMeta, plan_restore
+from engine.cache.meta import SnapshotMeta
+from engine.cache.planner import Plan, plan_restore
 from engine.cache.block_state import SharedSnapshot
 from engine.cache.snapshot import Snapshot, cache_arrays, restore_copy
 from engine.errors import SnapshotError
@@ -32,6 +35,7 @@ class DiskTier(Protocol):
     def pop_warnings(self) -> list[str]: ...  # problems the user has not been told about yet
     def hold_writes(self) -> None: ...  # a generation runs: background writes wait (bounded)
     def release_writes(self) -> None: ...
+    def close(self, timeout: Optional[float] = None) -> bool: ...  # flush, stop writing, unlock
 
 
 class PromptCache:
@@ -165,6 +169,15 @@ class PromptCache:
         raise SnapshotError("evicted")
 
     # -- housekeeping ---------------------------------------------------------------------------
+    def pop_warnings(self) -> list[str]:
+        """The disk tier's problems the user has not been told about yet (each once)."""
+        return self.disk.pop_warnings() if self.disk is not None else []
+
+    def close(self) -> None:
+        """Flush the disk tier's pending writes and release its folder (the memory tier needs nothing)."""
+        if self.disk is not None:
+            self.disk.close()
+
     def clear(self) -> None:
         self.memory.clear()
         self._spare = None

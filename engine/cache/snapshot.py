@@ -19,8 +19,8 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from engine.cache.families import clone_layers, rules_of
-from engine.cache.layers import in_blocks, layers_in_blocks
-from engine.cache.planner import SnapshotMeta
+from engine.cache.blocks import in_blocks, layers_in_blocks
+from engine.cache.meta import SnapshotMeta
 from engine.types import LayerInfo
 
 _ids = itertools.count(1)
@@ -36,13 +36,13 @@ class Snapshot:
     cache: list[Any]  # mlx-lm cache objects; never handed out, only copies of them
     source: str = "memory"
 
-    # What the disk writer reads (memory_tier.SharedSnapshot keeps the positions in blocks):
+    # What the disk writer reads (block_state.SharedSnapshot keeps the positions in blocks):
     def span_state(self, i: int, a: int, b: int) -> Any:
         """Layer `i`'s state for positions [a, b) (a layer kept in blocks); lazy views."""
         return sliced(self.cache[i].state, a, b)
 
     def layers_in_blocks(self) -> list[bool]:
-        """Per layer: kept in blocks (else whole); the one definition is engine/cache/layers.py."""
+        """Per layer: kept in blocks (else whole); the one definition is engine/cache/blocks.py (in_blocks)."""
         return layers_in_blocks(self.cache)
 
     def run_ends(self) -> list[int]:

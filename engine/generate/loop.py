@@ -38,7 +38,8 @@ from engine.cache.families import (
 )
 from engine.cache.prompt_cache import PromptCache
 from engine.cache.namespace import cache_key
-from engine.cache.planner import SnapshotMeta, chunks, exact_at, schedule_cuts
+from engine.cache.meta import SnapshotMeta
+from engine.cache.planner import chunks, exact_at, schedule_cuts
 from engine.cache.snapshot import cache_arrays, cache_nbytes, describe_layers, new_snapshot_id
 from engine.generate.constraints import Guide
 from engine.generate.sampling import Sampler, top_logprobs

@@ -1,7 +1,11 @@
-"""The prompt cache's disk tier: snapshots that survive restarts.
+"""The prompt cache's disk tier: snapshots that survive restarts (tier.py's module doc has the
+layout, the invariants and the threads).
 
-tier.py (`DiskCache`: API, opening a folder, reading), writer.py (its writer thread),
-pack.py (pack files of shared blocks, manifests), format.py (encodings, validation),
-index.py (the index: manifests, packs, who uses what), files.py (fsync, hashing),
-hooks.py (writer observation points for tests).
+tier.py (`DiskCache`: the front the prompt cache calls), folder.py (opening a folder: lock,
+index file, stray files), index.py (the index: manifests, packs, who names what; pure data),
+store.py (`DiskStore`: the index's one owner, the writer's tasks), plan.py (what a save writes,
+pack ids), writer.py (`WriterThread`: the thread, its queue and holds), packfiles.py (write,
+fsync, rename, read, verify, delete), reader.py (a snapshot read back), pack.py (pack files of
+shared blocks, manifests), format.py (encodings, validation), files.py (fsync, hashing),
+report.py (counters, warnings), hooks.py (writer observation points for tests).
 """

@@ -1,6 +1,6 @@
 """What the disk tier's files say, and the validation of everything read back from disk.
 
-The compute environment, the encoding of a layer's state (arrays as tensors, the rest as a JSON
+The encoding of a layer's state (arrays as tensors, the rest as a JSON
 tree) and of `SnapshotMeta`, with the sanity limits that every field read back is checked
 against before use. The pack files and the index rows that name them are in pack.py.
 """
@@ -16,9 +16,9 @@ from typing import Any, Optional
 
 import mlx.core as mx
 
-from engine.blas import blas_library
+from engine.cache.env import MAX_ENV_LEN
 from engine.cache.families import layer_offset, persisted, rules_named, trimmable
-from engine.cache.planner import SnapshotMeta
+from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
 
@@ -38,23 +38,6 @@ MAX_INDEX_BYTES = 512 << 20
 MAX_INDEX_DEPTH = 64  # the index nests 6 deep; a deeper file is damage, not something to parse
 MAX_HEADER_BYTES = 256 << 20
 KINDS = ("pre-last", "end", "boundary", "partial")
-MAX_ENV_LEN = 1024
-
-_ENV: Optional[str] = None
-
-
-def compute_env() -> str:
-    """What, besides the model key, decides the bits of a forward: versions, device, BLAS."""
-    global _ENV
-    if _ENV is None:
-        import platform
-
-        import mlx_lm
-
-        _ENV = (f"mlx {mx.__version__}; mlx-lm {mlx_lm.__version__}; {mx.default_device()}; "
-                f"{platform.system()} {platform.machine()}; blas {blas_library()}")[:MAX_ENV_LEN]
-    return _ENV
-
 
 def is_snapshot_id(sid: Any) -> bool:
     """Only ids like this ever become file names, so no index content can reach outside the root."""

@@ -1,28 +1,31 @@
 """The disk tier's index: the manifests (snapshots) and the packs that hold their blocks.
 
-`index.json` holds every manifest (`Entry`: meta, block names, whole-piece pack) and every pack
-row (`PackRow`: span, block names and sizes, file size, sha256, environment). It is loaded and
-validated once when the tier opens; afterwards the `Index` object in memory is the truth and the
-writer thread writes it back. A manifest is valid only if every block it names is in a listed
-pack (and its whole-piece pack is listed): `read_index` drops the others. A pack that no manifest
-uses is garbage: listed or not, it is deleted (after an index that no longer names it is on disk).
-`Index` is plain bookkeeping with no locking: `DiskCache` guards it with its own lock.
+Pure data: no I/O, no threads, no lock. `index.json` holds every manifest (`Entry`: meta, block
+names, whole-piece pack) and every pack row (`PackRow`: span, block names and sizes, file size,
+sha256, environment); folder.py reads and validates it once when the tier opens (a manifest is
+valid only if every block it names is in a listed pack, and its whole-piece pack is listed).
+Afterwards the `Index` in memory is the truth, and it has one owner: the tier's `DiskStore`
+(store.py), which changes it on the writer thread only (on a reader instance, which has no
+writer, on the engine thread). Everyone else reads an `IndexView`, a copy the owner publishes
+after each change: the engine thread never waits for the writer to finish with the index.
+
+A pack that no manifest uses is garbage: listed or not, it is deleted (after an index that no
+longer names it is on disk).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Optional
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
-from engine.cache.disk.files import DamagedFile, load_json, read_regular
-from engine.cache.disk.format import FORMAT, FORMAT_VERSION, MAX_INDEX_BYTES, MAX_INDEX_DEPTH
-from engine.cache.disk.pack import Entry, PackRow, entry_from_dict, pack_from_dict
-from engine.cache.planner import SnapshotMeta, dominates
+from engine.cache.disk.format import FORMAT, FORMAT_VERSION
+from engine.cache.disk.pack import Entry, PackRow
+from engine.cache.eviction import EvictionPolicy
+from engine.cache.meta import SnapshotMeta
+from engine.cache.planner import dominates
 
-PACK_SUFFIX = ".safetensors"
+BlockLoc = tuple[str, int, int, int]  # where a block is: (pack id, start, end, bytes)
 
 
 class Index:
@@ -33,7 +36,7 @@ class Index:
         self._entries: dict[str, Entry] = {}
         self._by_key: dict[str, dict[str, SnapshotMeta]] = {}
         self.packs: dict[str, PackRow] = {}
-        self.blocks: dict[str, tuple[str, int, int, int]] = {}  # name -> (pack id, start, end, bytes)
+        self.block_locs: dict[str, BlockLoc] = {}  # block name -> where it is
         self._users: dict[str, set[str]] = {}  # pack id -> ids of the manifests using it
 
     def __len__(self) -> int:
@@ -53,21 +56,21 @@ class Index:
         self.packs[row.id] = row
         self._users.setdefault(row.id, set())
         for a, b, k, nb in row.spans():
-            self.blocks.setdefault(k, (row.id, a, b, nb))  # the first pack to hold a block keeps it
+            self.block_locs.setdefault(k, (row.id, a, b, nb))  # the first pack to hold a block keeps it
 
     def _drop_pack(self, pid: str) -> None:
         row = self.packs.pop(pid, None)
         self._users.pop(pid, None)
         if row is not None:
             for _, _, k, _ in row.spans():
-                if self.blocks.get(k, ("",))[0] == pid:
-                    del self.blocks[k]
+                if self.block_locs.get(k, ("",))[0] == pid:
+                    del self.block_locs[k]
 
     def packs_of(self, e: Entry) -> Optional[set[str]]:
         """The packs `e` uses; None if one of its blocks (or its whole pieces) is not listed."""
         out = set()
-        for k in e.blocks:
-            loc = self.blocks.get(k)
+        for k in e.block_names:
+            loc = self.block_locs.get(k)
             if loc is None:
                 return None
             out.add(loc[0])
@@ -119,7 +122,7 @@ class Index:
         self._entries.clear()
         self._by_key.clear()
         self.packs.clear()
-        self.blocks.clear()
+        self.block_locs.clear()
         self._users.clear()
 
     def metas(self, model_key: str) -> list[SnapshotMeta]:
@@ -136,7 +139,7 @@ class Index:
 
     def referenced_block_bytes(self) -> int:
         """The bytes every manifest's blocks would take if none were shared."""
-        return sum(self.blocks[k][3] for e in self._entries.values() for k in e.blocks if k in self.blocks)
+        return sum(self.block_locs[k][3] for e in self._entries.values() for k in e.block_names if k in self.block_locs)
 
     def other_env(self) -> int:
         return sum(1 for e in self._entries.values() if e.env != self.env)
@@ -157,18 +160,26 @@ class Index:
         """Bytes dropping manifest `sid` would free: its packs that no other manifest uses."""
         return sum(self.packs[pid].file_bytes for pid, users in self._users.items() if users == {sid})
 
-    def lru_victims(self, budget: int, incoming: int) -> list[str]:
+    def victims(self, budget: int, incoming: int, policy: EvictionPolicy) -> list[str]:
         """Forget snapshots (any model) until the packs still used, plus `incoming` bytes, fit
         `budget`; their ids. A shared pack counts once and goes only with its last user. Victims
-        are taken from the ends of chains: the least recently used snapshot that frees something
-        (one whose blocks all serve longer snapshots frees nothing: it goes when they have)."""
+        come in `policy`'s order (by default least recently used first), taken from the ends of
+        chains: the first snapshot that frees something (one whose blocks all serve longer
+        snapshots frees nothing: it goes when they have)."""
         victims: list[str] = []
         while self._entries and self.used_bytes() + incoming > budget:
-            order = sorted(self._entries.values(), key=lambda e: e.last_used)
-            e = next((e for e in order if self.own_bytes(e.meta.id) > 0), order[0])
-            victims.append(e.meta.id)
-            self.drop(e.meta.id)
+            order = policy.order((e.meta.id, e.meta, e.last_used) for e in self._entries.values())
+            sid = next((s for s in order if self.own_bytes(s) > 0), order[0])
+            victims.append(sid)
+            self.drop(sid)
         return victims
+
+    def view(self, clears: int) -> "IndexView":
+        """A copy for readers (`clears`: how many clears the owner has applied). The Entry and
+        PackRow objects are shared: the owner never changes one that is listed, but for its
+        `last_used`, which readers do not read."""
+        return IndexView(self.env, dict(self._entries), {k: list(v.values()) for k, v in self._by_key.items()},
+                         dict(self.block_locs), dict(self.packs), clears)
 
     def to_json(self) -> bytes:
         doc = {"format": FORMAT, "version": FORMAT_VERSION,
@@ -177,105 +188,32 @@ class Index:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def read_index_doc(index_path: Path) -> Optional[dict[str, Any]]:
-    """The index file's JSON object; None if there is no file. Read only if it is a regular file
-    (no symlink, FIFO or device) within `MAX_INDEX_BYTES`, nested at most `MAX_INDEX_DEPTH`
-    deep: anything else raises `DamagedFile` (the caller treats the folder as damaged)."""
-    try:
-        data = read_regular(index_path, MAX_INDEX_BYTES)
-    except FileNotFoundError:
-        return None
-    doc = load_json(data, MAX_INDEX_DEPTH)
-    if not isinstance(doc, dict):
-        raise DamagedFile("it is not a JSON object")
-    return doc
+@dataclass(frozen=True)
+class IndexView:
+    """The index as its owner last published it (`Index.view`): what the engine thread reads
+    (`entries()`, `load()`, `stats()`) without a lock and without waiting for the writer."""
 
+    env: str
+    entries: dict[str, Entry]
+    by_key: dict[str, list[SnapshotMeta]]
+    block_locs: dict[str, BlockLoc]
+    packs: dict[str, PackRow]
+    clears: int
 
-def index_version(index_path: Path) -> Optional[int]:
-    """The format version an index file says it has (None: no file, damaged, or not ours at all)."""
-    try:
-        doc = read_index_doc(index_path)
-    except (OSError, ValueError):
-        return None
-    if doc is None or doc.get("format") != FORMAT:
-        return None
-    v = doc.get("version")
-    return v if type(v) is int else None
+    def metas(self, model_key: str) -> list[SnapshotMeta]:
+        return list(self.by_key.get(model_key, ()))
 
+    def users_of_pack(self, pid: str) -> list[str]:
+        """The manifests that use pack `pid` (a block in it, or their whole pieces)."""
+        return sorted(sid for sid, e in self.entries.items()
+                      if e.whole == pid or any(self.block_locs.get(k, ("",))[0] == pid for k in e.block_names))
 
-@dataclass
-class IndexRead:
-    """What `read_index` found: the valid manifests and packs, and every loss on the way."""
+    def total_bytes(self) -> int:
+        return sum(r.file_bytes for r in self.packs.values())
 
-    index: Index
-    rejected: int = 0  # pack rows and manifests dropped
-    damage: Optional[str] = None  # why the whole index could not be read (None: it could, or none)
-    lost: list[str] = field(default_factory=list)  # one line per dropped pack row or manifest
+    def referenced_block_bytes(self) -> int:
+        return sum(self.block_locs[k][3] for e in self.entries.values() for k in e.block_names if k in self.block_locs)
 
+    def other_env(self) -> int:
+        return sum(1 for e in self.entries.values() if e.env != self.env)
 
-def read_index(index_path: Path, pack_dir: Path, env: str) -> IndexRead:
-    """The index of the valid manifests and their packs, and what was dropped and why. A pack row
-    is valid if its file is a regular file with its size; a manifest if it is valid and every pack
-    it uses is. Never raises for bad content: a cache starts empty."""
-    raw_packs: list[Any] = []
-    raw: list[Any] = []
-    out = IndexRead(Index(env))
-    try:
-        doc = read_index_doc(index_path)
-        if doc is not None:
-            if doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
-                raise DamagedFile("unknown index format")
-            raw, raw_packs = doc.get("entries"), doc.get("packs")
-            if not isinstance(raw, list) or not isinstance(raw_packs, list):
-                raise DamagedFile("entries or packs is not a list")
-    except (OSError, ValueError) as e:
-        out.damage = str(e)
-        raw, raw_packs = [], []
-    index = out.index
-    for d in raw_packs:
-        try:
-            row = pack_from_dict(d)
-            if row.id in index.packs:
-                raise ValueError("duplicate pack")
-            p = pack_dir / f"{row.id}{PACK_SUFFIX}"
-            try:
-                st = p.lstat()
-            except FileNotFoundError:
-                raise ValueError(f"pack {row.id} is missing") from None
-            if not p.is_file() or p.is_symlink():
-                raise ValueError(f"pack {row.id} is not a regular file")
-            if st.st_size != row.file_bytes:
-                raise ValueError(f"pack {row.id} has {st.st_size} bytes, its row says {row.file_bytes} "
-                                 "(truncated or replaced)")
-        except (ValueError, OSError) as e:
-            out.rejected += 1
-            out.lost.append(str(e))
-            continue
-        index.add_pack(row)
-    for d in raw:
-        try:
-            e = entry_from_dict(d)
-            if e.meta.id in index:
-                raise ValueError(f"snapshot {e.meta.id}: duplicate id")
-            if not index.add(e):
-                raise ValueError(f"snapshot {e.meta.id}: a block it names is not on disk")
-        except ValueError as err:
-            out.rejected += 1
-            out.lost.append(str(err))
-            continue
-    return out
-
-
-def stray_files(root: Path, pack_dir: Path, index: Index, tmp_prefix: str) -> Iterator[tuple[Path, bool]]:
-    """(path, is a temp file) for every temp file (an interrupted write) and every pack file the
-    index does not list (written, but its manifest never committed)."""
-    for folder in (pack_dir, root):
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            if name.startswith(tmp_prefix):
-                yield folder / name, True
-            elif folder == pack_dir and name.endswith(PACK_SUFFIX) and name[: -len(PACK_SUFFIX)] not in index.packs:
-                yield folder / name, False

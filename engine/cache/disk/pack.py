@@ -37,7 +37,7 @@ from engine.cache.disk.format import (
     meta_to_dict,
     read_header,
 )
-from engine.cache.planner import SnapshotMeta
+from engine.cache.meta import SnapshotMeta
 from engine.cache.block_state import MemBlock, MemPack, SharedSnapshot, block_arrays, state_nbytes
 from engine.cache.blocks import block_bounds
 from engine.cache.snapshot import Snapshot, cache_arrays, sliced
@@ -64,7 +64,7 @@ class PackRow:
     model_key: str
     start: int
     end: int
-    blocks: list[tuple[int, str, int]]  # (end, name, bytes) of each block; the first starts at `start`
+    block_rows: list[tuple[int, str, int]]  # (end, name, bytes) of each block; the first starts at `start`
     whole: Optional[str]  # the snapshot whose whole pieces it holds (None: blocks only)
     file_bytes: int
     sha256: str
@@ -72,16 +72,16 @@ class PackRow:
     def header_dict(self) -> dict[str, Any]:
         """What the pack's own header repeats (so a swapped file is caught)."""
         return {"id": self.id, "env": self.env, "model_key": self.model_key, "start": self.start,
-                "end": self.end, "blocks": [[e, k] for e, k, _ in self.blocks], "whole": self.whole}
+                "end": self.end, "blocks": [[e, k] for e, k, _ in self.block_rows], "whole": self.whole}
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.header_dict(), "blocks": [list(b) for b in self.blocks],
+        return {**self.header_dict(), "blocks": [list(b) for b in self.block_rows],
                 "file_bytes": self.file_bytes, "sha256": self.sha256}
 
     def spans(self) -> list[tuple[int, int, str, int]]:
         """(start, end, name, bytes) of each block."""
         out, pos = [], self.start
-        for e, k, nb in self.blocks:
+        for e, k, nb in self.block_rows:
             out.append((pos, e, k, nb))
             pos = e
         return out
@@ -123,13 +123,13 @@ class Entry:
 
     meta: SnapshotMeta
     env: str  # compute_env() of the process that computed it
-    blocks: list[str]  # names of its blocks in order, covering [0, length) (none if no layer is in blocks)
+    block_names: list[str]  # names of its blocks in order, covering [0, length) (none if no layer is in blocks)
     whole: Optional[str]  # the pack holding its whole pieces (None: every layer is in blocks)
     created: float
     last_used: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {**meta_to_dict(self.meta), "env": self.env, "blocks": list(self.blocks), "whole": self.whole,
+        return {**meta_to_dict(self.meta), "env": self.env, "blocks": list(self.block_names), "whole": self.whole,
                 "created": self.created, "last_used": self.last_used}
 
 
@@ -243,7 +243,7 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
     for i, name in enumerate(meta.classes):
         rules = rules_named(name)
         assert rules is not None  # meta_from_dict accepted only persisted classes
-        # A block class's layer the writer kept whole (no keys: engine/cache/layers.py) is not
+        # A block class's layer the writer kept whole (no keys: engine/cache/blocks.py, in_blocks) is not
         # read back as such: it fails below ("lacks layer") and the snapshot is declined, never
         # restored wrong. (It holds no position, so its snapshot could not be restored anyway.)
         blocked.append(rules.blocks)
