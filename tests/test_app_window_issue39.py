@@ -1,0 +1,40 @@
+"""Issue 39, through the real window (pytest-qt, offscreen, tiny real model): one meaning of
+"restored X / Y" everywhere; no runs button where there are no runs; search marks its hit in
+the open conversation; advice that can work; explanations that stay; and the smaller items."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+
+from PySide6.QtWidgets import QLabel  # noqa: E402
+
+from app.qt.window import MainWindow  # noqa: E402
+from tests.test_app_window import LONG, open_window, replies, send  # noqa: E402,F401 (a fixture)
+
+pytestmark = pytest.mark.gui
+
+
+def test_restored_means_of_the_prompt_in_footer_status_and_debug_panel(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window()
+    send(qtbot, w, "Why is the sky blue?")
+    send(qtbot, w, "And why is the sunset red?")  # restores the first turn's prefix
+    reply = replies(w)[-1]
+    r = reply.report
+    assert r is not None and r.restored > 0 and r.stored is not None and r.stored != r.prompt_tokens
+    shown = f"{r.restored} / {r.prompt_tokens}"
+    assert f"restored {shown}" in w.chat_view.widget_for(reply.id).footer.text()
+    assert f"restored {shown}" in w.statusBar().currentMessage()
+    w.debug_panel.show()
+    w.chat.select(reply.id)
+    assert w.debug_panel.value("restored") == shown  # the same numbers, the same meaning
+    keys = [label.text() for label in w.debug_panel.findChildren(QLabel, "debugKey")]
+    assert "Restored" in keys and "Snapshot length" in keys and "Restored / stored" not in keys
+    assert w.debug_panel.value("snapshot_length") == str(r.stored)
