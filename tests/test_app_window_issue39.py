@@ -38,3 +38,25 @@ def test_restored_means_of_the_prompt_in_footer_status_and_debug_panel(
     keys = [label.text() for label in w.debug_panel.findChildren(QLabel, "debugKey")]
     assert "Restored" in keys and "Snapshot length" in keys and "Restored / stored" not in keys
     assert w.debug_panel.value("snapshot_length") == str(r.stored)
+
+
+def test_no_runs_button_where_there_are_no_runs(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
+    from app.core import chat as ops
+
+    w = open_window()
+    send(qtbot, w, "Why is the sky blue?", wait=False)
+    qtbot.waitUntil(lambda: w.chat.pending is not None, timeout=LONG)
+    streaming = w.chat_view.widget_for(w.chat.pending.reply_id)
+    assert not streaming.runs_button.isVisibleTo(streaming)  # a reply while it streams: no runs yet
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    user = w.chat_view.widget_for(next(vm.id for vm in w.chat.vms if vm.role == "user"))
+    assert not user.runs_button.isVisibleTo(user)  # a user message never has runs
+    # The footer row adds no height: the message is its role line and body (and margins) only.
+    m = user.layout().contentsMargins()
+    head = user.edit_button.sizeHint().height()
+    assert user.sizeHint().height() <= m.top() + head + user.layout().spacing() + user.body.height() + m.bottom() + 2
+    reply = replies(w)[-1]
+    ops.regenerate(w.chat, fresh=False)  # the same tokens: a second run of the same reply
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    widget = w.chat_view.widget_for(reply.id)
+    assert widget.runs_button.isVisibleTo(widget) and widget.runs_button.text() == "2 runs"
