@@ -683,7 +683,8 @@ def test_search_runs_off_the_gui_thread_and_a_hit_scrolls_to_its_message(
     assert w.conv_id == first
     target = w.chat_view.widget_for(hit_id)
     assert target.property("flash") is True
-    qtbot.waitUntil(lambda: target.property("flash") is False, timeout=LONG)  # the flash ends
+    qtbot.waitUntil(lambda: w.chat_view.following is None, timeout=LONG)  # the layout settled
+    assert target.property("flash") is True  # marked until the next action
     vp = w.chat_view.viewport()  # and the hit is still in view (nothing scrolled it away)
     assert vp.rect().intersects(QRect(target.mapTo(vp, QPoint(0, 0)), target.size()))
     assert w.chat_view.verticalScrollBar().value() < w.chat_view.verticalScrollBar().maximum()

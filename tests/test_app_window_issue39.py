@@ -60,3 +60,37 @@ def test_no_runs_button_where_there_are_no_runs(qtbot: Any, open_window: Callabl
     qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
     widget = w.chat_view.widget_for(reply.id)
     assert widget.runs_button.isVisibleTo(widget) and widget.runs_button.text() == "2 runs"
+
+
+def test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_the_next_action(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    from PySide6.QtCore import QPoint, QRect, Qt
+
+    from app.qt.widgets.sidebar import MARKED_ROLE
+
+    w = open_window(max_tokens=4)
+    w.resize(900, 500)
+    send(qtbot, w, "Which rivers cross Vienna? The Danube does.")
+    for i in range(6):
+        send(qtbot, w, f"filler message {i} " + "words " * 40)
+    hit_id = w.chat.vms[0].id
+    bar, vp = w.chat_view.verticalScrollBar(), w.chat_view.viewport()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() > 0, timeout=LONG)  # at the bottom
+    w.sidebar.search.setText("danube")
+    qtbot.waitUntil(lambda: w.sidebar.list.count() == 1 and bool(w.sidebar.list.item(0).data(MARKED_ROLE)), timeout=LONG)
+    item = w.sidebar.list.item(0)
+    assert w.sidebar.list.currentItem() is item  # the open conversation: already current
+    # The snippet marks the word found (as typed in any case).
+    assert "<span style='background-color:#ffd84d;color:#000000'>Danube</span>" in item.data(MARKED_ROLE)
+    rect = w.sidebar.list.visualItemRect(item)
+    qtbot.mouseClick(w.sidebar.list.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    target = w.chat_view.widget_for(hit_id)
+    assert target is not None and target.property("flash") is True
+    assert target.body.marked() == ["Danube"]  # the word marked in the message
+    qtbot.waitUntil(lambda: w.chat_view.following is None, timeout=LONG)
+    assert vp.rect().intersects(QRect(target.mapTo(vp, QPoint(0, 0)), target.size()))  # scrolled to it
+    assert bar.value() < bar.maximum()
+    assert target.property("flash") is True and target.body.marked() == ["Danube"]  # no 2-second flash
+    w.composer.setPlainText("next")  # the next action: the marks go
+    assert target.property("flash") is False and target.body.marked() == []
