@@ -94,3 +94,28 @@ def test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_t
     assert target.property("flash") is True and target.body.marked() == ["Danube"]  # no 2-second flash
     w.composer.setPlainText("next")  # the next action: the marks go
     assert target.property("flash") is False and target.body.marked() == []
+
+
+def test_too_long_advice_only_suggests_lowering_max_tokens_when_that_would_fit(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    from dataclasses import replace
+
+    from tests.test_app_window import LONG_PROMPT
+    from tests.test_app_window_ui import prompt_tokens
+
+    w = open_window(max_tokens=200, temperature=0.0)
+    warning = w.context_meter.warning
+    w.apply_settings(replace(w.current_settings(), context_length=512))
+    w.composer.setPlainText(LONG_PROMPT)  # ~1000 tokens: more than the whole context on its own
+    qtbot.waitUntil(lambda: warning.text().startswith("Too long: this message alone needs"), timeout=LONG)
+    assert "max tokens" not in warning.text().split("Send will be refused:")[1]  # it cannot help
+    assert "shorten the message" in warning.text() and "longer context" in warning.text()
+    # A message that fits with a shorter reply: lowering max tokens is the advice, to a number that fits.
+    text = "Why is the sky blue? Because of Rayleigh scattering of sunlight. " * 10
+    alone = prompt_tokens(w, [{"role": "user", "content": text}])
+    assert alone < 512 < alone + 200
+    w.composer.setPlainText(text)
+    qtbot.waitUntil(lambda: f"lower max tokens in Settings to {512 - alone:,} or less" in warning.text(), timeout=LONG)
+    w.apply_settings(replace(w.current_settings(), sampler=replace(w.current_settings().sampler, max_tokens=512 - alone)))
+    qtbot.waitUntil(lambda: not warning.isVisibleTo(w), timeout=LONG)  # and then it fits
