@@ -53,10 +53,10 @@ def test_after_regenerate_the_footer_shows_the_latest_run_and_the_first_is_a_cli
     assert f"cache: restored 0 / {n}" in runs[0].text() and f"TTFT {format_seconds(first.ttft_s)}" in runs[0].text()
     w.debug_panel.show()
     assert "run 2 of 2" in w.debug_panel.title.text()
-    assert w.debug_panel.value("restored_stored").startswith(f"{n - 1} / ")
+    assert w.debug_panel.value("restored").startswith(f"{n - 1} / ")
     runs[0].trigger()
     assert widget.footer.text() == runs[0].text()
-    assert "run 1 of 2" in w.debug_panel.title.text() and w.debug_panel.value("restored_stored").startswith("0 / ")
+    assert "run 1 of 2" in w.debug_panel.title.text() and w.debug_panel.value("restored").startswith("0 / ")
     assert w.debug_panel.value("source") == "none (cold prefill)"
 
 

@@ -226,7 +226,7 @@ def test_regenerate_is_identical_and_restores_all_but_last_token(
     qtbot.keyClick(w, Qt.Key.Key_D, Qt.KeyboardModifier.ControlModifier)
     assert w.debug_panel.isVisible()
     prompt_tokens = int(w.debug_panel.value("prompt_tokens"))
-    assert w.debug_panel.value("restored_stored").startswith(f"{prompt_tokens - 1} / ")
+    assert w.debug_panel.value("restored") == f"{prompt_tokens - 1} / {prompt_tokens}"
     assert w.debug_panel.value("source") == "memory"
     assert "identical" in w.debug_panel.value("identity")
     assert w.debug_panel.layers.rowCount() == 4
@@ -339,7 +339,7 @@ def test_debug_panel_verify_and_clear_cache(qtbot: Any, open_window: Callable[..
     wait_idle(qtbot, w)
     assert watch(w).finished.pending.outcome.comparison.identical is True
     assert watch(w).finished.pending.duplicate_of == replies(w)[-1].id
-    assert w.debug_panel.value("restored_stored").startswith("0 / ")  # this run's report
+    assert w.debug_panel.value("restored").startswith("0 / ")  # this run's report
 
 
 def test_restart_keeps_everything_and_regenerates_identically(
@@ -683,7 +683,8 @@ def test_search_runs_off_the_gui_thread_and_a_hit_scrolls_to_its_message(
     assert w.conv_id == first
     target = w.chat_view.widget_for(hit_id)
     assert target.property("flash") is True
-    qtbot.waitUntil(lambda: target.property("flash") is False, timeout=LONG)  # the flash ends
+    qtbot.waitUntil(lambda: w.chat_view.following is None, timeout=LONG)  # the layout settled
+    assert target.property("flash") is True  # marked until the next action
     vp = w.chat_view.viewport()  # and the hit is still in view (nothing scrolled it away)
     assert vp.rect().intersects(QRect(target.mapTo(vp, QPoint(0, 0)), target.size()))
     assert w.chat_view.verticalScrollBar().value() < w.chat_view.verticalScrollBar().maximum()

@@ -281,3 +281,23 @@ def test_window_geometry_and_dock_are_restored_as_saved(
     qtbot.waitUntil(lambda: (w2.geometry().getRect(), w2.debug_panel.width(), w2.sidebar.width()) == saved,
                     timeout=LONG)  # fmt: skip
     assert w2.debug_panel.isVisible()
+
+
+@pytest.mark.parametrize("size", [(1200, 800), (1000, 700), MainWindow.MIN_SIZE], ids=["1200x800", "1000x700", "800x600"])
+def test_every_debug_panel_value_shows_all_its_lines(
+    qtbot: Any, open_window: Callable[..., MainWindow], size: tuple[int, int]
+) -> None:
+    """Each value of the debug panel (the Sampler row's "…, max=48" among them) shows its whole
+    wrapped text: none loses its last line while the dock has room below (issue 39)."""
+    w = open_window(max_tokens=48)
+    w.show()
+    send(qtbot, w, "Why is the sky blue?")
+    send(qtbot, w, "And the sunset?")  # a restore: the longest rows (chunks, snapshots, store)
+    w.debug_panel.show()
+    w.resize(*size)
+    qtbot.waitUntil(lambda: w.width() == size[0], timeout=LONG)
+    _settle(qtbot, w)
+    assert "max=48" in w.debug_panel.value("sampler")
+    values = [v for v in w.debug_panel.values.values() if v.isVisibleTo(w) and v.text()]
+    cut = [c for v in values if (c := _cut_text(v))]
+    assert not cut, "\n".join(cut)

@@ -94,9 +94,12 @@ class ContextBudget:
             return ""
         need = f"{self.used:,} tokens + up to {self.max_tokens:,} for the reply > the {self.limit:,}-token context"
         if self.draft + self.max_tokens > self.limit:
-            return (f"Too long: this message alone needs {self.draft:,} tokens + up to {self.max_tokens:,} for the"
-                    f" reply, more than the {self.limit:,}-token context. Send will be refused: shorten it or"
-                    " lower max tokens in Settings.")
+            head = (f"Too long: this message alone needs {self.draft:,} tokens + up to {self.max_tokens:,} for"
+                    f" the reply, more than the {self.limit:,}-token context. Send will be refused: ")
+            room = self.limit - self.draft  # what is left for the reply once the message is in
+            if room < 1:  # the message alone fills the context: no max tokens can make it fit
+                return head + "shorten the message, or use a model (or a context limit) with a longer context."
+            return head + f"shorten it, or lower max tokens in Settings to {room:,} or less."
         if self.policy == "refuse":
             return (f"Will not fit: {need}. Send will be refused (this conversation's context policy"
                     " is refuse; Settings can leave the oldest turns out instead).")

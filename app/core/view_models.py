@@ -276,7 +276,8 @@ REPORT_FIELDS = [
     ("prompt_tokens", "Prompt tokens"),
     ("context", "Context"),
     ("matched", "Matched prefix"),
-    ("restored_stored", "Restored / stored"),
+    ("restored", "Restored"),  # of the prompt, as the footer and the status bar say it
+    ("snapshot_length", "Snapshot length"),  # the length of the snapshot it came from
     ("partial", "Partial restore"),
     ("source", "Source"),
     ("mode", "Mode"),
@@ -404,7 +405,8 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
     rows = {
         "prompt_tokens": str(r.prompt_tokens),
         "matched": str(r.matched),
-        "restored_stored": f"{r.restored} / {r.stored if r.stored is not None else '–'}",
+        "restored": f"{r.restored} / {r.prompt_tokens}",  # one meaning everywhere: of the prompt
+        "snapshot_length": "none" if r.stored is None else str(r.stored),
         "partial": "yes (cut back)" if r.partial else "no",
         "source": r.source or "none (cold prefill)",
         "mode": str(r.mode),

@@ -143,7 +143,7 @@ class MainWindow(QMainWindow):
         self.sidebar.renameRequested.connect(self.ask_rename)
         self.sidebar.deleteRequested.connect(lambda cid: self.delete_conversation(cid, confirm=True))
         self.sidebar.exportRequested.connect(self.export_conversation)
-        self.sidebar.searchChanged.connect(lambda _: self.refresh_conversations())
+        self.sidebar.searchChanged.connect(lambda _: (self.chat_view.clear_mark(), self.refresh_conversations()))
 
         column = QWidget()
         column.setObjectName("chatColumn")
@@ -407,6 +407,7 @@ class MainWindow(QMainWindow):
         self.send_button.setToolTip(why or "Send (Enter)")
 
     def _draft_changed(self) -> None:
+        self.chat_view.clear_mark()  # typing: the next action after a search
         self.chat.set_draft(self.composer.toPlainText())
         self._update_send()
         self._draft_timer.start()
@@ -455,11 +456,11 @@ class MainWindow(QMainWindow):
             self.reveal_message(hit)
 
     def reveal_message(self, message_id: int) -> None:
-        """Scroll to a message and flash it (a search hit); one in another variant or branch is
-        made active first."""
+        """Scroll to a message and mark it and the search's words in it (a search hit), until
+        the next action; one in another variant or branch is made active first."""
         if self._vm(message_id) is None and not ops.switch_variant(self.chat, message_id):
             return
-        self.chat_view.reveal(message_id)
+        self.chat_view.reveal(message_id, self.sidebar.terms())
 
     def show_conversation(self, conv_id: Optional[int]) -> None:
         draft = self.drafts.switch(self.conv_id, self.composer.toPlainText(), conv_id)  # each chat keeps its draft

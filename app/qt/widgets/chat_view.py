@@ -109,6 +109,7 @@ class ChatView(QScrollArea):
         self.selected_id: Optional[int] = None
         self._stick = True  # follow the bottom while streaming unless the user scrolled up
         self._revealing: Optional[int] = None  # a search hit kept in view while the layout settles
+        self.mark: Optional[tuple[int, list[str]]] = None  # a search hit and its words, marked until the next action
         self._moving = False  # the window is being moved: scroll changes are its own
         self._pin: Optional[tuple[int, int]] = None  # the message kept in place as heights settle
         self._move_queued = False
@@ -222,6 +223,9 @@ class ChatView(QScrollArea):
             w.tokensToggled.connect(self.tokensToggled)
             w.receiptRequested.connect(self.receiptRequested)
             self.widgets[vm.id] = w
+            if self.mark is not None and self.mark[0] == vm.id:  # rebuilt (the window moved): still marked
+                w.set_flash(True)
+                w.body.set_marks(self.mark[1])
             if vm.id in self._streams:
                 w.set_stream(*self._streams[vm.id])
         return w
@@ -321,7 +325,9 @@ class ChatView(QScrollArea):
         return self.widgets.get(message_id)
 
     def select(self, message_id: int) -> None:
-        """A click on a message: ask for it (the chat model decides; `show_selected` marks it)."""
+        """A click on a message: ask for it (the chat model decides; `show_selected` marks it).
+        The next action after a search: its mark goes."""
+        self.clear_mark()
         self.selected.emit(message_id)
 
     def show_selected(self, message_id: Optional[int]) -> None:
@@ -363,28 +369,46 @@ class ChatView(QScrollArea):
             w.end_stream()
 
     # -- scrolling -------------------------------------------------------------------------------
-    FLASH_MS = 1500
+    SETTLE_MS = 1500  # how long a revealed hit is kept in view while the messages above lay out
 
-    def reveal(self, message_id: int) -> None:
-        """Scroll `message_id` into view and flash it (a search hit)."""
+    def reveal(self, message_id: int, terms: Optional[list[str]] = None) -> None:
+        """Scroll `message_id` into view and mark it (a search hit), its `terms` marked in its
+        text; the mark stays until the next action (clear_mark)."""
         w = self.widget_for(message_id)
         if w is None:
             return
+        self.clear_mark()
+        self.mark = (message_id, list(terms or []))
         self._stick = False  # a jump up the conversation: do not follow the bottom
         self._revealing = message_id  # the messages above may still grow as they lay out: follow it
         self.widget().layout().activate()  # geometry up to date before scrolling to it
         self.ensureWidgetVisible(w, 0, 40)
         w.set_flash(True)
-        QTimer.singleShot(self.FLASH_MS, lambda: self._end_reveal(message_id))
+        w.body.set_marks(self.mark[1])
+        QTimer.singleShot(self.SETTLE_MS, lambda: self._end_reveal(message_id))
+
+    @property
+    def following(self) -> Optional[int]:
+        """The search hit kept in view while the layout settles (None: none now)."""
+        return self._revealing
 
     def _end_reveal(self, message_id: int) -> None:
-        w = self.widgets.get(message_id)
-        if w is not None and shiboken6.isValid(w):  # the window may have closed since
-            w.set_flash(False)
         if self._revealing == message_id:
             self._revealing = None
 
+    def clear_mark(self) -> None:
+        """The next action after a search (a click, typing, a send, another conversation): the
+        hit's mark and its words' marks go."""
+        if self.mark is None:
+            return
+        w = self.widgets.get(self.mark[0])
+        self.mark = None
+        if w is not None and shiboken6.isValid(w):
+            w.set_flash(False)
+            w.body.set_marks([])
+
     def scroll_to_bottom(self) -> None:
+        self.clear_mark()  # a send, another conversation: the next action
         self._stick = True
         self._revealing = None
         if self.hi < len(self.vms):

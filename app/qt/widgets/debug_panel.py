@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.store import Run
+from app.qt.widgets.wrap_label import WrapLabel
 from app.core.view_models import (
     IDENTITY_FIELDS,
     LAYER_COLUMNS,
@@ -51,10 +52,11 @@ def _form(box: QGroupBox, fields: list[tuple[str, str]], out: dict[str, QLabel],
     form.setHorizontalSpacing(14)
     form.setVerticalSpacing(3)
     for key, label in fields:
-        value = QLabel("–")
+        # As tall as its wrapped text at the width it gets (WrapLabel): a QLabel's height came
+        # from another width's hint and lost its last line ("…, max=48") with room below.
+        value = WrapLabel("–")
         value.setObjectName(f"debug_{key}")
         value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        value.setWordWrap(True)
         out[key] = value
         name = QLabel(label)
         name.setObjectName("debugKey")

@@ -8,7 +8,7 @@ import math
 from typing import Optional
 
 from PySide6.QtCore import QEvent, QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextOption
+from PySide6.QtGui import QColor, QDesktopServices, QGuiApplication, QTextCharFormat, QTextCursor, QTextOption
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.core.markdown import Palette, Rendered, render
 from app.core.prefill_rate import PrefillRate
+from app.core.search_marks import term_spans
 from app.core.view_models import MessageVM
 from app.qt.widgets.runs_button import RunsButton
 from app.qt.widgets.wrap_label import WrapLabel
@@ -49,6 +50,28 @@ class MessageBody(QTextBrowser):
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         self.anchorClicked.connect(self._on_anchor)
         self.code_blocks: list[str] = []
+        self.marks: list[str] = []  # a search's words, marked in the text (set_marks)
+
+    def set_marks(self, terms: list[str]) -> None:
+        """Mark each match of `terms` in the text shown (a search hit), over the rendered text:
+        extra selections, so the rendering itself is untouched; [] clears them."""
+        self.marks = list(terms)
+        fmt = QTextCharFormat()
+        fmt.setBackground(QColor("#ffd84d"))  # as the sidebar marks them (app/core/search_marks.py)
+        fmt.setForeground(QColor("#000000"))
+        selections = []
+        for a, b in term_spans(self.toPlainText(), self.marks):
+            sel = QTextBrowser.ExtraSelection()
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(a)
+            cursor.setPosition(b, QTextCursor.MoveMode.KeepAnchor)
+            sel.cursor, sel.format = cursor, fmt
+            selections.append(sel)
+        self.setExtraSelections(selections)
+
+    def marked(self) -> list[str]:
+        """The texts marked now (what a test reads)."""
+        return [sel.cursor.selectedText() for sel in self.extraSelections()]
 
     def loadResource(self, type: int, name: QUrl) -> object:  # noqa: A002 (Qt's signature)
         return None  # model output must never make the app fetch anything, local or remote
@@ -56,6 +79,8 @@ class MessageBody(QTextBrowser):
     def set_rendered(self, rendered: Rendered) -> None:
         self.code_blocks = rendered.code_blocks
         self.setHtml(rendered.html)
+        if self.marks:  # the new text's matches (the old selections were in the old text)
+            self.set_marks(self.marks)
         self._fit()
 
     def resizeEvent(self, event: QEvent) -> None:  # type: ignore[override]

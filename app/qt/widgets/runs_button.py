@@ -26,6 +26,9 @@ class RunsButton(QToolButton):
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.setMenu(QMenu(self))
         self.lines: tuple[str, ...] = ()
+        # Hidden until a reply has two runs: a message with none (a user's, a reply streaming)
+        # would otherwise show a bare, dead menu arrow and a row of blank height.
+        self.setVisible(False)
 
     def set_runs(self, lines: tuple[str, ...], shown: Optional[int] = None) -> None:
         """One footer line per run, oldest first, the one shown checked (None: the latest);
@@ -34,6 +37,7 @@ class RunsButton(QToolButton):
         if lines == self.lines:  # the same runs (a menu entry may be mid-trigger: keep the actions)
             for k, action in enumerate(self.menu().actions()):
                 action.setChecked(k == current)
+            self.setVisible(len(lines) > 1)
             return
         self.lines = lines
         menu = self.menu()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QModelIndex, QPoint, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAbstractTextDocumentLayout, QKeySequence, QPainter, QPalette, QShortcut, QTextDocument
 from PySide6.QtWidgets import (
     QLabel,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -18,7 +21,56 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.search_marks import marked_html, search_terms
 from app.core.view_models import ConversationItem
+
+MARKED_ROLE = Qt.ItemDataRole.UserRole + 2  # a search result's text with its words marked (rich text)
+
+
+class MarkedDelegate(QStyledItemDelegate):
+    """A search result drawn as rich text, the query's words marked in its title and snippet;
+    any other row as usual."""
+
+    def _doc(self, option: QStyleOptionViewItem, html: str) -> QTextDocument:
+        doc = QTextDocument()
+        doc.setDefaultFont(option.font)
+        doc.setDocumentMargin(2)
+        doc.setHtml(html)
+        doc.setTextWidth(max(option.rect.width(), 40))
+        return doc
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        html = index.data(MARKED_ROLE)
+        if not html:
+            super().paint(painter, option, index)
+            return
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        opt.text = ""
+        style = opt.widget.style() if opt.widget is not None else None
+        if style is not None:
+            style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
+        doc = self._doc(opt, html)
+        ctx = QAbstractTextDocumentLayout.PaintContext()
+        selected = bool(opt.state & QStyle.StateFlag.State_Selected)
+        role = QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text
+        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(role))
+        painter.save()
+        painter.translate(opt.rect.topLeft())
+        painter.setClipRect(opt.rect.translated(-opt.rect.topLeft()))
+        doc.documentLayout().draw(painter, ctx)
+        painter.restore()
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+        html = index.data(MARKED_ROLE)
+        if not html:
+            return super().sizeHint(option, index)
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        if opt.widget is not None:
+            opt.rect.setWidth(opt.widget.viewport().width())  # type: ignore[attr-defined]
+        doc = self._doc(opt, html)
+        return QSize(int(doc.idealWidth()), int(doc.size().height()) + 4)
 
 
 class Sidebar(QWidget):
@@ -51,8 +103,13 @@ class Sidebar(QWidget):
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setUniformItemSizes(False)
+        self.list.setWordWrap(True)
+        self.list.setItemDelegate(MarkedDelegate(self.list))  # a search's words marked in its results
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.currentItemChanged.connect(self._on_current)
+        # A click on the conversation already open (the current row: no change to report) still
+        # opens it: its search hit is scrolled to and marked again.
+        self.list.itemClicked.connect(lambda it: self.selected.emit(it.data(Qt.ItemDataRole.UserRole)))
         self.list.itemDoubleClicked.connect(lambda it: self.renameRequested.emit(it.data(Qt.ItemDataRole.UserRole)))
         lay.addWidget(self.list, 1)
         # In the list's place when it is empty: "No conversations yet", or what a search found
@@ -85,12 +142,16 @@ class Sidebar(QWidget):
 
     def set_items(self, items: list[ConversationItem], current: Optional[int]) -> None:
         self._quiet = True  # repopulating is not the user choosing a conversation
+        terms = self.terms()
         try:
             self.list.clear()
             for it in items:
                 item = QListWidgetItem(it.title if not it.subtitle else f"{it.title}\n{it.subtitle}")
                 item.setData(Qt.ItemDataRole.UserRole, it.id)
                 item.setData(self.HIT_ROLE, it.hit_id)
+                if terms:  # search results: the words found, marked
+                    parts = [marked_html(it.title, terms)] + ([marked_html(it.subtitle, terms)] if it.subtitle else [])
+                    item.setData(MARKED_ROLE, "<br>".join(parts))
                 item.setToolTip(it.title)
                 self.list.addItem(item)
                 if it.id == current:
@@ -103,6 +164,10 @@ class Sidebar(QWidget):
         self.empty.setText(f"No conversations match “{query}”." if query else "No conversations yet.")
 
     HIT_ROLE = Qt.ItemDataRole.UserRole + 1
+
+    def terms(self) -> list[str]:
+        """The words of the search typed (none: no search)."""
+        return search_terms(self.search.text().strip())
 
     def hit_for(self, conv_id: int) -> Optional[int]:
         """The search hit's message in conversation `conv_id`, if the list shows search results."""
