@@ -150,3 +150,66 @@ def test_continue_refusals(llama: Path) -> None:
         eng.generate(dataclasses.replace(request(MSGS), continuation=Continuation((*part.tokens, eos))))
     with pytest.raises(RequestError, match="empty"):
         eng.generate(dataclasses.replace(request(MSGS), continuation=Continuation(())))
+
+
+# -- attached to a server: the extension field, and the app's remote engine ----------------------
+
+
+@pytest.mark.parametrize("name", ["greedy", "sampled"])
+def test_continue_on_a_server_and_through_the_remote_engine(llama: Path, tmp_path: Path, name: str) -> None:
+    from engine.remote import RemoteEngine
+    from tests.test_server import Server
+
+    s = SETTINGS[name]
+    full = make_engine(llama).generate(request(MSGS, max_tokens=FULL, **s))
+    srv = Server(llama, None)
+    try:
+        client = srv.client()
+        kw = {"temperature": s["temperature"], "seed": s.get("seed", 0), "logprobs": True}
+        part = client.chat.completions.create(model=srv.model, messages=MSGS, max_tokens=6, **kw)
+        ids = part.verbatim["token_ids"]
+        assert ids == full.tokens[:6]
+        cont = client.chat.completions.create(
+            model=srv.model, messages=[*MSGS, {"role": "assistant", "content": part.choices[0].message.content}],
+            max_tokens=FULL, extra_body={"verbatim": {"continue": ids}}, **kw)
+        v = cont.verbatim
+        assert ids + v["token_ids"] == full.tokens
+        lps = [e.logprob for e in part.choices[0].logprobs.content + cont.choices[0].logprobs.content]
+        assert lps == full.logprobs
+        assert part.choices[0].message.content[: v["continued_chars"]] + cont.choices[0].message.content == full.text
+        n = v["prompt_tokens"]
+        assert (v["continued_from"], v["restored"], v["prefill_tokens"]) == (6, n + 5, 1)
+        assert cont.usage.completion_tokens == FULL - 6
+
+        # The app's remote engine: a reply stopped part way, continued, as the in-process engine does.
+        remote = RemoteEngine(srv.url.removesuffix("/v1"))
+        remote.load()
+        req = request(MSGS, max_tokens=FULL, **s)
+        stopped = stop_after(remote, req, 4)  # type: ignore[arg-type]
+        assert stopped.tokens == full.tokens[:4]
+        go_on = remote.generate(dataclasses.replace(req, continuation=Continuation(tuple(stopped.tokens))))
+        assert stopped.tokens + go_on.tokens == full.tokens
+        assert stopped.logprobs + go_on.logprobs == full.logprobs
+        assert go_on.report.continued_from == 4 and go_on.report.restored == n + 3
+        assert "restored" in go_on.report.continue_note
+    finally:
+        srv.close()
+
+
+def test_the_server_refuses_a_malformed_continue(llama: Path) -> None:
+    import openai
+
+    from tests.test_server import Server
+
+    srv = Server(llama, None)
+    try:
+        client = srv.client()
+        for bad_value in ("yes", [], [-1]):
+            with pytest.raises(openai.BadRequestError, match="verbatim.continue"):
+                client.chat.completions.create(model=srv.model, messages=MSGS, max_tokens=8,
+                                               extra_body={"verbatim": {"continue": bad_value}})
+        with pytest.raises(openai.BadRequestError, match="assistant"):
+            client.chat.completions.create(model=srv.model, messages=MSGS, max_tokens=8,
+                                           extra_body={"verbatim": {"continue": True}})
+    finally:
+        srv.close()
