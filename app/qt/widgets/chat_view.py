@@ -53,6 +53,7 @@ class ChatView(QScrollArea):
     compareRequested = Signal(int)
     tokensToggled = Signal(int, bool)
     receiptRequested = Signal(int)
+    continueRequested = Signal(int)
 
     MAX_WIDTH = 860
 
@@ -221,6 +222,7 @@ class ChatView(QScrollArea):
             w.compareRequested.connect(self.compareRequested)
             w.tokensToggled.connect(self.tokensToggled)
             w.receiptRequested.connect(self.receiptRequested)
+            w.continueRequested.connect(self.continueRequested)
             self.widgets[vm.id] = w
             if vm.id in self._streams:
                 w.set_stream(*self._streams[vm.id])
