@@ -97,3 +97,26 @@ def test_continue_a_stopped_reply(qtbot: Any, open_window: Callable[..., MainWin
     assert_badge(w, first.id, k)
     assert replies(w)[-1].status == "complete" and replies(w)[-1].footer.endswith("max tokens reached")
     assert_continued(w, first.id, unstopped(qtbot, w, 300, 0.9))
+
+
+def test_continue_attached_to_a_server(qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path) -> None:
+    """The window's remote mode: the Continue goes to the server (verbatim.continue with the
+    reply's ids) and comes back equal to the unstopped reply, restored there."""
+    from tests.test_app_remote import connect
+    from tests.test_server import Server
+
+    srv = Server(tiny_model, None)
+    try:
+        w = open_window(max_tokens=8, temperature=0.9)
+        connect(qtbot, w, srv.url.removesuffix("/v1"))
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=60_000)
+        w.apply_settings(settings(8, 0.9))
+        send(qtbot, w, QUESTION)
+        first = replies(w)[-1]
+        assert first.continuable
+        qtbot.mouseClick(continue_button(w, first.id), Qt.MouseButton.LeftButton)
+        wait_idle(qtbot, w)
+        assert_badge(w, first.id, 8)
+        assert_continued(w, first.id, unstopped(qtbot, w, 16, 0.9))
+    finally:
+        srv.close()
