@@ -68,6 +68,7 @@ class Prepared:
     reply_header_cuts: list[int] = field(default_factory=list)
     # Where each attached document lies in the prompt; its end is a cut (engine/documents/placement.py)
     documents: list[DocumentSpan] = field(default_factory=list)
+    earlier: list[int] = field(default_factory=list)  # a Continue: the reply so far (token ids)
 
 
 @dataclass
@@ -217,13 +218,14 @@ class Engine:
             raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         _check_logit_bias(request, _named_tokens(lm))
         grammar = self._check_constraint(request)
+        earlier = self._earlier(request)
         limit = self.limit_for(request)
         if request.max_tokens_fit and limit:
             request = _fit_max_tokens(request, lm, limit)
         if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries
             prompt = render_text(lm.tokenizer, request.prompt)
             fit_to_context(lambda m: prompt, [], request.sampler.max_tokens, limit, "refuse")
-            return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)), grammar)
+            return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)), grammar, earlier=earlier)
         messages = validate_messages(request.messages)
         tools = _tools(request)
         if request.documents:
@@ -242,7 +244,36 @@ class Engine:
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
         # The request as it ran: its documents placed in its messages (a receipt keeps both).
         return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,
-                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers, spans)
+                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers,
+                        documents=spans, earlier=earlier)
+
+    def _earlier(self, request: GenerationRequest) -> list[int]:
+        """A Continue's reply so far as token ids, checked: a reply that ended (an end token, a
+        stop string) or already has max_tokens has nothing to continue."""
+        c = request.continuation
+        if c is None:
+            return []
+        lm = self._lm()
+        tokens = list(c.tokens) if c.tokens else (
+            list(lm.tokenizer.encode(c.text, add_special_tokens=False)) if c.text else [])
+        if not tokens:
+            raise RequestError("continue: the reply so far is empty (send the request again instead)", "continue")
+        vocab = _vocab_size(lm)
+        bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"continue: {bad!r} is not a token id of this model", "continue")
+        if any(t in lm.eos_ids for t in tokens):
+            raise RequestError("continue: the reply ended (it holds an end token); nothing to continue", "continue")
+        text = lm.tokenizer.decode(tokens)
+        hit = next((s for s in request.stop if s and s in text), None)
+        if hit is not None:
+            raise RequestError(f"continue: the reply ended at the stop string {hit!r}; nothing to continue",
+                               "continue")
+        if len(tokens) >= request.sampler.max_tokens:
+            raise RequestError(f"continue: the reply already has {len(tokens)} tokens and max_tokens "
+                               f"({request.sampler.max_tokens}) counts the whole reply: raise it to continue",
+                               "max_tokens")
+        return tokens
 
     def _check_constraint(self, request: GenerationRequest) -> Optional[str]:
         """A request's tools and output format, checked against the model before any prefill:
@@ -276,12 +307,12 @@ class Engine:
         p = self.prepare(request)
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
-                                       p.context.limit, self._guide(p), p.reply_header_cuts)
+                                       p.context.limit, self._guide(p), p.reply_header_cuts, p.earlier)
         _describe_cuts(result, p)
         if self.cache.disk is not None:
             result.report.warnings = self.cache.pop_warnings()
         if result.finish_reason != "cancelled":
-            self._compare_with_previous(lm.key, p.prompt, p.request, result)
+            self._compare_with_previous(lm.key, p.prompt, p.request, result, p.earlier)
         return result
 
     def generate(
@@ -294,8 +325,16 @@ class Engine:
         return drain(self.stream(request, cancel), on_event)
 
     def _compare_with_previous(self, key: str, prompt: list[int], request: GenerationRequest,
-                               result: GenerationResult) -> None:
-        """Mark the report identical (or not) to the last reply to the same prompt and settings."""
+                               result: GenerationResult, earlier: Optional[list[int]] = None) -> None:
+        """Mark the report identical (or not) to the last reply to the same prompt and settings.
+        A Continue compares its whole reply (the reply so far and the new tokens) when it knows
+        the reply so far's logprobs, else nothing."""
+        tokens, logprobs = result.tokens, result.logprobs
+        if earlier:
+            c = request.continuation
+            if c is None or len(c.logprobs) != len(earlier):
+                return
+            tokens, logprobs = earlier + tokens, list(c.logprobs) + logprobs
         settings = request.sampler.to_dict()
         if request.sampler.temperature <= 0:
             settings.pop("seed")  # greedy: the seed draws nothing, so replies compare whatever it was
@@ -307,10 +346,10 @@ class Engine:
              constraint)
         prev = self._previous.get(k)
         if prev is not None:
-            cmp = Comparison.of(prev[0], prev[1], result.tokens, result.logprobs)
+            cmp = Comparison.of(prev[0], prev[1], tokens, logprobs)
             result.report.identical = cmp.identical
             result.report.first_diff = cmp.first_diff
-        self._previous[k] = (result.tokens, result.logprobs)
+        self._previous[k] = (tokens, logprobs)
         self._previous.move_to_end(k)
         while len(self._previous) > _PREVIOUS_KEPT:
             self._previous.popitem(last=False)
@@ -324,7 +363,8 @@ class Engine:
         """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
         p = self.prepare(request)
         result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                              p.message_starts, p.context.limit, self._guide(p), p.reply_header_cuts))
+                              p.message_starts, p.context.limit, self._guide(p), p.reply_header_cuts,
+                              p.earlier))
         _describe_cuts(result, p)
         return result
 

@@ -238,8 +238,14 @@ def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
     }
     if request.stop:
         body["stop"] = list(request.stop)
+    c = request.continuation
+    messages = request.messages
+    if c is not None:  # our Continue: the reply's ids so far (or its text, as the last message)
+        body["verbatim"]["continue"] = list(c.tokens) if c.tokens else True
+        if not c.tokens and chat:
+            messages = [*messages, {"role": "assistant", "content": c.text or ""}]
     if chat:
-        body.update(messages=request.messages, logprobs=True)
+        body.update(messages=messages, logprobs=True)
         if request.constraint is not None:  # tools and response_format (engine/constraint.py)
             body.update(request.constraint.request_fields())
         if request.top_logprobs:

@@ -88,6 +88,18 @@ def normalize_logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
 
 
 @dataclass(frozen=True)
+class Continuation:
+    """The reply so far of a generation to continue (stopped, or ended at max_tokens): its token
+    ids as generated (`tokens`), or its text (`text`, encoded by the engine: a text may encode to
+    other ids than the ones generated, so only `tokens` promises the unstopped run's reply).
+    `logprobs`, when given, let the engine compare the whole reply with an earlier one."""
+
+    tokens: tuple[int, ...] = ()
+    text: Optional[str] = None
+    logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One reply to generate for a whole conversation (`messages` ends with a user turn), or
     a continuation of raw text (`prompt`: no chat template, e.g. for base models)."""
@@ -115,6 +127,10 @@ class GenerationRequest:
     # Files read as text (engine/documents/), placed at the end of the system message in this
     # order, a cut at each one's end, so every conversation about them shares their state.
     documents: tuple[Document, ...] = ()
+    # Go on with this reply (its messages end with the user turn the reply answers): the result
+    # holds only the new tokens, equal to what the reply that was never stopped decoded next.
+    # max_tokens counts the whole reply (docs/design.md, "Continue").
+    continuation: Optional[Continuation] = None
 
 
 def validate_messages(messages: Any) -> list[Message]:
@@ -252,6 +268,11 @@ class CacheReport:
     # Each attached document: {name, digest, start, end, tokens, cut, source}: where it lies in the
     # prompt and where its state came from ("memory" | "disk": restored; "prefilled": computed now).
     documents: list[dict[str, Any]] = field(default_factory=list)
+    # A Continue: tokens of the reply before it (0: not a continuation), the characters of its
+    # text the continuation keeps (the new text follows them), and how the cache got there.
+    continued_from: int = 0
+    continued_chars: int = 0
+    continue_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -57,6 +57,7 @@ RS = "tests/test_restore_spare.py::"
 RH = "tests/test_reply_header_cuts.py::"
 HF = "tests/test_cache_files_hostile.py::"
 DF = "tests/test_disk_cache_faults.py::"
+CO = "tests/test_continue.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -487,6 +488,13 @@ MUTATIONS: list[Mutation] = [
         (("engine/cache/disk/tier.py", "        if read.lost:\n", "        if False:\n"),),
         (HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[deleted_pack]",
          HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[truncated_pack]"),
+    ),
+    # issue 39: Continue goes on with the unstopped run's key schedule
+    Mutation(
+        "Continue restarts the sampler's key schedule",
+        (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier)\n", "    sampler = Sampler(settings)\n"),),
+        (CO + "test_continue_equals_the_unstopped_reply[sampled-stopped]",
+         CO + "test_continue_without_a_snapshot_recomputes_with_the_same_forwards[sampled]"),
     ),
 ]
 

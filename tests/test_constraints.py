@@ -363,3 +363,26 @@ def test_a_composed_constraint_tools_and_a_format_is_in_the_receipt_and_replays(
                                        if k not in ("tools", "tool_choice", "parallel_tool_calls")}}
         code, out = verify(alone, "format-only.json")
         assert code == 1 and out.startswith("MISMATCH"), out
+
+
+def test_a_constrained_reply_continued_equals_the_unstopped_one(tool_model: Path) -> None:
+    """Continue under a grammar: the guide reads the reply so far first, so the masks of the
+    next steps (and the tokens, and the logprobs) are the unstopped run's."""
+    import dataclasses
+
+    from engine.types import Continuation
+
+    c = Constraint.of(response_format=JSON_SCHEMA)
+    req = GenerationRequest(ASK, SamplerSettings(temperature=1.0, seed=7, max_tokens=120), constraint=c)
+    eng = Engine(use_disk=False, chunk=8)
+    eng.load(str(tool_model))
+    try:
+        full = eng.generate(req)
+        assert len(full.tokens) > 8
+        part = eng.generate(dataclasses.replace(req, sampler=dataclasses.replace(req.sampler, max_tokens=6)))
+        cont = eng.generate(dataclasses.replace(req, continuation=Continuation(tuple(part.tokens))))
+        assert part.tokens + cont.tokens == full.tokens and part.logprobs + cont.logprobs == full.logprobs
+        assert cont.report.restored == cont.report.prompt_tokens + 5 and cont.report.prefill_tokens == 1
+        assert valid_weather(json.loads(part.text[: cont.report.continued_chars] + cont.text))
+    finally:
+        eng.close()

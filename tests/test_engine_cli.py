@@ -208,3 +208,23 @@ def test_conversation_file_with_a_bom_is_read(llama, tmp_path):
     proc = run_cli("generate", "--model", str(llama), "--messages", str(conv), "--max-tokens", "4", "--no-cache",
                    "--json")
     assert len(json.loads(proc.stdout)["tokens"]) <= 4
+
+
+def test_chat_continue_equals_the_reply_never_cut(llama, tmp_path):
+    """/continue after a reply that ended at max tokens: the whole reply is the one asked for
+    twice as many tokens from the start (the summary shows the restore and says how)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = ["--model", str(llama), "--chunk", "8", "--cache-dir", str(tmp_path / "c"), "--temperature", "0.9",
+              "--seed", "5"]
+
+    def chat(script: str, max_tokens: int) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "engine", "chat", *common, "--max-tokens", str(max_tokens)],
+                              input=script, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    cont = chat("Why is the sky blue?\n/continue\n/quit\n", 6)
+    whole = chat("Why is the sky blue?\n/quit\n", 12)
+    lines = [l for l in cont.stderr.splitlines() if l.startswith("[6 tokens")]
+    assert len(lines) == 2 and "continued from token 6: restored" in lines[1] and "prefilled 1;" in lines[1]
+    assert cont.stdout.replace("you> ", "").replace("\n", "") == whole.stdout.replace("you> ", "").replace("\n", "")

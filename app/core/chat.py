@@ -24,6 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional
 
+from app.core.continuing import begin_continue, earlier_of, whole_result
 from app.core.context_budget import ContextBudget, budget_requests, measure_budget, refusal_text
 from app.core.evented import Evented
 from app.core.session import ChatSession, ChatSettings, PendingReply
@@ -85,15 +86,16 @@ class ReplyRecorder:
 
     def __init__(self, session: ChatSession, pending: PendingReply, every: float = PARTIAL_SAVE_S) -> None:
         self.session, self.pending, self.every = session, pending, every
-        self.pieces: list[str] = []
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
+        # A Continue saves the whole reply: the reply so far, then what streams (continuing.py).
+        self.tokens, self.logprobs = earlier_of(pending)
+        self.offset = len(self.tokens)  # event indices count the new tokens only
+        self.pieces: list[str] = [pending.earlier_text] if self.offset else []
         self.saved = time.perf_counter()
 
     def __call__(self, event: Any) -> None:
         if isinstance(event, TokenEvent):
             self.pieces.append(event.text)
-            if event.index >= len(self.logprobs):  # a new token (not text released late)
+            if self.offset + event.index >= len(self.logprobs):  # a new token (not text released late)
                 self.logprobs.append(event.logprob)
                 self.tokens.append(event.token)
             now = time.perf_counter()
@@ -104,7 +106,7 @@ class ReplyRecorder:
                 self.session.save_partial(self.pending, "".join(self.pieces), self.tokens if known else [],
                                           self.logprobs if known else [])
         elif isinstance(event, Done):
-            self.session.finish(self.pending, event.result)
+            self.session.finish(self.pending, whole_result(self.pending, event.result))
         elif isinstance(event, Failed):
             self.session.fail(self.pending, "".join(self.pieces))
 
@@ -135,6 +137,7 @@ class ChatModel(Evented):
         self.runs_shown: dict[int, int] = {}  # reply id -> the run picked in its runs menu (else the latest)
         self.pending: Optional[PendingReply] = None
         self.stream = StreamState()
+        self._stream_offset = 0  # a Continue: tokens of the reply before it (event indices start after)
         self.model_spec = ""
         self.model_name = ""
         self.model_info: Optional[ModelInfo] = None
@@ -291,7 +294,9 @@ class ChatModel(Evented):
         pending.model_key = self.model_info.key if self.model_info is not None else ""
         pending.chunk = self.engine_chunk or self.chunk  # what the engine prefills with: receipts name it
         self.pending = pending
-        self.stream = StreamState()
+        earlier, _ = earlier_of(pending)  # a Continue streams on from the reply so far
+        self.stream = StreamState(pending.earlier_text, len(earlier))
+        self._stream_offset = len(earlier)
         self._cancel = self.cancel_token()
         self.conv_id = pending.conversation_id
         self.selected_id = pending.reply_id  # the new reply is the one shown and acted on
@@ -301,6 +306,8 @@ class ChatModel(Evented):
         self.emit(PENDING, pending)
         self.emit(CONVERSATIONS)
         self.reload()
+        if earlier:
+            self.emit(STREAM, pending.reply_id, self.stream.text, self.stream.tokens)
         self.emit(STATUS, progress_text(pending.action, pending.request.sampler.seed), 0)
 
     async def _generate(self, pending: PendingReply, cancel: CancelToken) -> None:
@@ -326,6 +333,7 @@ class ChatModel(Evented):
             self.release(cancel)
         if self.closed or result is None:
             return
+        result = whole_result(pending, result)
         self._end()
         twin = pending.duplicate_of
         self.selected_id = twin if twin is not None else pending.reply_id
@@ -449,7 +457,7 @@ class ChatModel(Evented):
         for event in batch:
             if isinstance(event, TokenEvent):
                 pieces.append(event.text)
-                s.tokens = event.index + 1
+                s.tokens = self._stream_offset + event.index + 1
             elif isinstance(event, PrefillProgress):
                 s.prefill = (event.done, event.total)
             elif isinstance(event, Done):
@@ -550,6 +558,23 @@ def regenerate(chat: ChatModel, fresh: bool = False) -> bool:
             return False
     except StoreError as e:
         chat.emit(ERROR, "Cannot regenerate", str(e))
+        return False
+    chat._start(pending)
+    return True
+
+
+def continue_reply(chat: ChatModel, reply_id: Optional[int] = None) -> bool:
+    """Continue a reply that was stopped or ended at max tokens (the selected one by default), in
+    place: with its own seed and settings it goes on as the reply that was never stopped."""
+    if chat.generating or chat.conv_id is None or chat.read_only or not reachable(chat):
+        return False
+    rid = reply_id if reply_id is not None else chat.selected_id
+    if rid is None:
+        return False
+    try:
+        pending = begin_continue(chat.session, rid, chat.model_name)
+    except StoreError as e:
+        chat.emit(ERROR, "Cannot continue", str(e))
         return False
     chat._start(pending)
     return True

@@ -122,6 +122,7 @@ class PendingReply:
     message: Optional[Message] = None
     run: Optional[Run] = None
     hidden: int = 0  # later turns a regenerate of a middle reply leaves with the previous variant
+    earlier_text: str = ""  # a Continue: the reply's text so far (app/core/continuing.py)
 
 
 class ChatSession:
@@ -405,8 +406,9 @@ class ChatSession:
         """A generation that raised: drop an empty placeholder (the user's message stays), keep
         any streamed text as an interrupted reply."""
         try:
-            if keep_text:
-                self.store.update_message(pending.reply_id, content=keep_text, status="interrupted")
+            if keep_text or pending.action == "continue":  # a Continue keeps the reply it went on with
+                self.store.update_message(pending.reply_id, content=keep_text or pending.earlier_text,
+                                          status="interrupted")
             else:
                 self.store.delete_message(pending.reply_id)
         except StoreError:

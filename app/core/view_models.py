@@ -49,6 +49,7 @@ class MessageVM:
     run_lines: tuple[str, ...] = ()  # one footer line per run, oldest first (the runs menu)
     settings_note: str = ""  # what Regenerate and New variant use (the footer's tooltip)
     shown: Optional[int] = None  # the run shown (an index of `runs`, picked in the runs menu); None: the latest
+    continuable: bool = False  # stopped, or ended at max tokens: Continue goes on with it (continuing.py)
 
     @property
     def navigator(self) -> str:
@@ -86,7 +87,8 @@ def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = ()) -> 
         prev_id=sibling_ids[i - 1] if i > 0 else None,
         next_id=sibling_ids[i + 1] if i + 1 < len(sibling_ids) else None,
         footer=(lines[-1] if lines else footer_text(m)) if assistant else "",
-        identity=identity_text(outcome, mode=report.mode if report else "exact") if assistant else "",
+        identity=(continue_text(report) if outcome.action == "continue" and report is not None
+                  else identity_text(outcome, mode=report.mode if report else "exact")) if assistant else "",
         identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
         model_name=m.model_name,
@@ -96,6 +98,7 @@ def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = ()) -> 
         runs=tuple(runs),
         run_lines=lines,
         settings_note=settings_note(m) if assistant else "",
+        continuable=assistant and can_continue(m.status, m.finish_reason, len(m.tokens or [])),
     )
 
 
@@ -106,7 +109,9 @@ def run_shown(vm: MessageVM, k: int) -> MessageVM:
         return vm  # the latest run: as built
     run = vm.runs[k]
     c = run.outcome.comparison
-    return replace(vm, footer=vm.run_lines[k], identity=identity_text(run.outcome, mode=run.report.mode),
+    identity = (continue_text(run.report) if run.outcome.action == "continue"
+                else identity_text(run.outcome, mode=run.report.mode))
+    return replace(vm, footer=vm.run_lines[k], identity=identity,
                    identical=c.identical if c is not None else None, report=run.report,
                    outcome=run.outcome, shown=k)  # fmt: skip
 
@@ -209,6 +214,27 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
     return text + world_size_note(outcome.world_sizes, long)
 
 
+def can_continue(status: str, finish_reason: Optional[str], n_tokens: int) -> bool:
+    """Whether Continue applies (app/core/continuing.py): a reply with tokens that was stopped, or that ended at max tokens."""
+    return n_tokens > 0 and (status == "interrupted" or (status == "complete" and finish_reason == "length"))
+
+
+def continue_text(r: CacheReport, long: bool = False) -> str:
+    """The badge of a continued reply: from which token, and how the cache got there. Exact mode
+    promises the unstopped run's reply (tests/test_continue.py); fast mode does not."""
+    n = r.continued_from
+    if not n:
+        return "continued"
+    restored = r.restored == r.prompt_tokens + n - 1
+    how = (f"restored {r.restored}, 1 token run" if restored
+           else f"recomputed {r.prompt_tokens + n - 1 - r.restored} with the same forwards")
+    if r.mode != "exact":
+        text = f"continued from token {n} ({how}; fast mode: may differ from an unstopped run)"
+    else:
+        text = f"continued from token {n}: identical to an unstopped run ({how})"
+    return text + (f" — {r.continue_note}" if long and r.continue_note else "")
+
+
 def world_size_note(sizes: Optional[tuple[int, int]], long: bool) -> str:
     """Why a regenerate made on another number of ranks may differ: the ranks sum in another order."""
     if sizes is None:
@@ -245,7 +271,7 @@ def settings_summary(s: Any, selected: Optional[MessageVM]) -> str:
 
 def progress_text(action: str, seed: int) -> str:
     """The status line while a reply is generated."""
-    verb = {"regenerate": "Regenerating", "variant": "New variant"}.get(action, "Generating")
+    verb = {"regenerate": "Regenerating", "variant": "New variant", "continue": "Continuing"}.get(action, "Generating")
     return f"{verb}… (seed {seed})"
 
 
@@ -258,6 +284,8 @@ def finished_text(result: GenerationResult, outcome: ReplyOutcome) -> str:
         return "Stopped · " + msg
     if outcome.duplicate_of is not None:
         return msg + " · identical to an existing variant: selected it, no copy added"
+    if outcome.action == "continue":
+        return msg + " · " + continue_text(rep)
     if outcome.action == "variant":
         return msg + " · new seed"
     if c is not None:

@@ -190,6 +190,7 @@ class MainWindow(QMainWindow):
         self.chat_view.navigate.connect(lambda mid: ops.switch_variant(self.chat, mid))
         self.chat_view.editSubmitted.connect(lambda mid, text: ops.edit(self.chat, mid, text))
         self.chat_view.deleteRequested.connect(lambda mid: self.delete_message(mid, confirm=True))
+        self.chat_view.continueRequested.connect(lambda mid: ops.continue_reply(self.chat, mid))
         self.chat_view.copied.connect(lambda msg: self.statusBar().showMessage(msg, 2000))
         col.addWidget(self.chat_view, 1)
 

@@ -91,13 +91,37 @@ def exact_at(meta: SnapshotMeta, reuse: int, cuts: Sequence[int]) -> bool:
     return mine == tuple(c for c in cuts if c <= reuse)
 
 
-def reuse_point(meta: SnapshotMeta, matched: int, mode: str, cuts: Sequence[int]) -> int:
+def decoded_alone(meta: SnapshotMeta, start: int, reuse: int) -> bool:
+    """Were positions [start, reuse) of `meta` each forwarded alone (decode steps), and did
+    nothing before `start` reach past it? (False when the history is unknown.)"""
+    if not meta.forwards:
+        return False
+    tail = [f for f in meta.forwards if start <= f[0] < reuse]
+    before_ok = all(e <= start for s, e in meta.forwards if s < start)
+    return before_ok and tail == [(p, p + 1) for p in range(start, reuse)]
+
+
+def exact_tail_at(meta: SnapshotMeta, reuse: int, cuts: Sequence[int], singles_from: Optional[int]) -> bool:
+    """A Continue's exactness: the state after `reuse` tokens equals the unstopped run's when the
+    snapshot is exact at `singles_from` (the reply's prompt but its last token, a cut of both)
+    and every position from there to `reuse` was decoded alone, as the unstopped run did."""
+    if singles_from is None or reuse <= singles_from:
+        return False
+    return exact_at(meta, singles_from, cuts) and decoded_alone(meta, singles_from, reuse)
+
+
+def reuse_point(meta: SnapshotMeta, matched: int, mode: str, cuts: Sequence[int],
+                singles_from: Optional[int] = None) -> int:
     """The longest prefix of `meta` that may be restored for a prompt with schedule `cuts`.
 
     `matched` is the common prefix with the prompt, already capped at prompt_len - 1 so that
     the last prompt token is always forwarded, alone. Exact mode: the longest exact point.
+    `singles_from`: a Continue (the prompt ends with the reply so far, decoded one token per
+    forward from this position on): a decoded tail that matches is exact too (`exact_tail_at`).
     """
     if mode == "fast":
+        return matched
+    if exact_tail_at(meta, matched, cuts, singles_from):
         return matched
     return max((c for c in (matched, *meta.exact_cuts) if c <= matched and exact_at(meta, c, cuts)), default=0)
 
@@ -107,6 +131,7 @@ def plan_restore(
     prompt: Sequence[int],
     mode: str,
     cuts: Sequence[int],
+    singles_from: Optional[int] = None,
 ) -> Plan:
     """Pick the snapshot giving the longest usable restore; say why better-matching ones lost."""
     limit = len(prompt) - 1
@@ -116,7 +141,7 @@ def plan_restore(
         matched = common_prefix(meta.tokens, head)
         if matched == 0:
             continue
-        reuse = reuse_point(meta, matched, mode, cuts)
+        reuse = reuse_point(meta, matched, mode, cuts, singles_from)
         problem = None
         if reuse < meta.length and not meta.trimmable:
             problem = f"{meta.kind} snapshot: " + cut_reason(meta.classes, meta.length, reuse)

@@ -116,15 +116,16 @@ class PromptCache:
             disk = [(m, "disk") for m in self.disk.entries(model_key) if m.id not in seen]
         return mem + disk
 
-    def fetch(self, model_key: str, prompt: Sequence[int], mode: str, cuts: Sequence[int]
-              ) -> tuple[Plan, Optional[list[Any]]]:
-        """Plan a restore and return (plan, a private copy of the cache cut to plan.reuse)."""
+    def fetch(self, model_key: str, prompt: Sequence[int], mode: str, cuts: Sequence[int],
+              singles_from: Optional[int] = None) -> tuple[Plan, Optional[list[Any]]]:
+        """Plan a restore and return (plan, a private copy of the cache cut to plan.reuse);
+        `singles_from`: a Continue's decoded tail (planner.reuse_point)."""
         self.lookups += 1
         declines: list[str] = []
         excluded: set[str] = set()
         while True:
             cands = [c for c in self.candidates(model_key) if c[0].id not in excluded]
-            plan = plan_restore(cands, prompt, mode, cuts)
+            plan = plan_restore(cands, prompt, mode, cuts, singles_from)
             plan.declines = declines + plan.declines
             if plan.meta is None:
                 self._spare = None  # a generation from scratch: nothing will regenerate from it

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -20,6 +21,7 @@ from engine.errors import RequestError, VerbatimError
 from engine.generate.loop import drain
 from engine.types import (
     DEFAULT_CHUNK,
+    Continuation,
     ContextPolicy,
     Event,
     GenerationRequest,
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--receipt", type=Path, metavar="FILE",
                    help="write a receipt (python -m engine verify FILE replays it); with several generations, "
                         "FILE-2, FILE-3... for the second and later")
-    c = sub.add_parser("chat", help="interactive terminal chat (/regenerate, /new, /debug, /quit)")
+    c = sub.add_parser("chat", help="interactive terminal chat (/regenerate, /continue, /new, /debug, /quit)")
     _add_sampler_args(c)
     c.add_argument("--system", default="", help="system prompt")
     add_subcommands(sub)
@@ -140,6 +142,8 @@ def print_summary(result: GenerationResult) -> None:
 def summary_line(result: GenerationResult) -> str:
     r = result.report
     same = "" if r.identical is None else ("  identical to previous" if r.identical else f"  DIFFERS at token {r.first_diff}")
+    if r.continue_note:
+        same += f"  ({r.continue_note})"
     if r.context is not None and r.context.dropped_messages:
         same += f"  ({r.context.dropped_messages} oldest messages left out to fit the context of {r.context.limit})"
     return (
@@ -223,7 +227,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
     last: Optional[tuple[GenerationRequest, GenerationResult]] = None
-    print(f"Verbatim chat with {eng.info.name}. Commands: /regenerate /new /debug /quit", file=sys.stderr)
+    print(f"Verbatim chat with {eng.info.name}. Commands: /regenerate /continue /new /debug /quit", file=sys.stderr)
 
     def run(req: GenerationRequest) -> GenerationResult:
         def show(e: Event) -> None:
@@ -259,6 +263,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     print("(nothing generated yet)", file=sys.stderr)
                 else:
                     print(debug_text(last[1], eng.cache_stats()), file=sys.stderr)
+                continue
+            if line == "/continue":  # the last reply ended at max tokens: as many again, as if never cut
+                if last is None or last[1].finish_reason != "length":
+                    print("(the last reply did not end at max tokens: nothing to continue)", file=sys.stderr)
+                    continue
+                base, done = last
+                req = replace(base, sampler=replace(base.sampler, max_tokens=len(done.tokens) + args.max_tokens))
+                part = run(replace(req, continuation=Continuation(tuple(done.tokens), logprobs=tuple(done.logprobs))))
+                result = replace(part, tokens=done.tokens + part.tokens, logprobs=done.logprobs + part.logprobs,
+                                 text=done.text[: part.report.continued_chars] + part.text)
+                history[-1] = {"role": "assistant", "content": result.text}
+                last = (req, result)  # /regenerate now repeats the whole reply
                 continue
             if line == "/regenerate":
                 if last is None:

@@ -24,9 +24,9 @@ class AgreedPromptCache(PromptCache):
         super().__init__(budget_bytes, disk)
         self.group = group
 
-    def fetch(self, model_key: str, prompt: Sequence[int], mode: str, cuts: Sequence[int]
-              ) -> tuple[Plan, Optional[list[Any]]]:
-        plan, cache = super().fetch(model_key, prompt, mode, cuts)
+    def fetch(self, model_key: str, prompt: Sequence[int], mode: str, cuts: Sequence[int],
+              singles_from: Optional[int] = None) -> tuple[Plan, Optional[list[Any]]]:
+        plan, cache = super().fetch(model_key, prompt, mode, cuts, singles_from)
         matched, declines = plan.matched, list(plan.declines)
         while True:
             mine = plan.reuse if cache is not None else 0
@@ -40,6 +40,6 @@ class AgreedPromptCache(PromptCache):
                     self.hits -= 1  # this lookup is counted once, by what is finally restored
                 self.lookups -= 1
                 # Planning against prompt[:low + 1] caps the restore at `low` (never the last token).
-                plan, cache = super().fetch(model_key, prompt[: low + 1], mode, cuts)
+                plan, cache = super().fetch(model_key, prompt[: low + 1], mode, cuts, singles_from)
         plan.matched, plan.declines = matched, declines + [d for d in plan.declines if d not in declines]
         return plan, cache

@@ -22,7 +22,7 @@ reused cache gives bit-identical logprobs: docs/architecture.md).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator, Optional, Sequence
 
 import mlx.core as mx
@@ -39,7 +39,7 @@ from engine.cache.families import (
 from engine.cache.prompt_cache import PromptCache
 from engine.cache.namespace import cache_key
 from engine.cache.meta import SnapshotMeta
-from engine.cache.planner import chunks, exact_at, schedule_cuts
+from engine.cache.planner import chunks, exact_at, exact_tail_at, schedule_cuts
 from engine.cache.snapshot import cache_arrays, cache_nbytes, describe_layers, new_snapshot_id
 from engine.generate.constraints import Guide
 from engine.generate.sampling import Sampler, top_logprobs
@@ -156,8 +156,10 @@ class Restored:
 
 
 def restore(key: str, lm: LoadedModel, prompt: list[int], mode: str, cuts: tuple[int, ...],
-            prompt_cache: Optional[PromptCache]) -> Restored:
-    """The longest usable snapshot for `prompt` (the planner's pick, cut back), else a new cache."""
+            prompt_cache: Optional[PromptCache], singles_from: Optional[int] = None) -> Restored:
+    """The longest usable snapshot for `prompt` (the planner's pick, cut back), else a new cache.
+    `singles_from`: a Continue, whose prompt ends with the reply so far (decoded one token per
+    forward from there): its snapshots' exact cuts stop there, as the unstopped run's did."""
     cache: Optional[list[Any]] = None
     restored = 0
     exact_cuts = cuts
@@ -166,17 +168,20 @@ def restore(key: str, lm: LoadedModel, prompt: list[int], mode: str, cuts: tuple
     block_ends: tuple[int, ...] = ()
     known = True
     if prompt_cache is not None:
-        plan, cache = prompt_cache.fetch(key, prompt, mode, cuts)
+        plan, cache = prompt_cache.fetch(key, prompt, mode, cuts, singles_from)
         matched, declines = plan.matched, plan.declines
         if cache is not None and plan.meta is not None:
             restored, stored, source = plan.reuse, plan.meta.length, plan.source
             forwards = tuple(f for f in plan.meta.forwards if f[0] < restored)
             block_ends = tuple(e for e in plan.meta.block_ends if e < restored) + (restored,)
             known = bool(plan.meta.forwards)
-            if not exact_at(plan.meta, restored, cuts):  # fast mode: exact only as far as the source was
+            if not (exact_at(plan.meta, restored, cuts) or exact_tail_at(plan.meta, restored, cuts, singles_from)):
+                # fast mode: exact only as far as the source was
                 exact_cuts = tuple(c for c in plan.meta.exact_cuts if c <= restored)
     if cache is None:
         cache = lm.new_cache()
+    if singles_from is not None:  # decoded positions are no cuts of the reply's exact history
+        exact_cuts = tuple(c for c in exact_cuts if c <= singles_from)
     assert restored <= len(prompt) - 1, "never restore the whole prompt"
     return Restored(cache, restored, exact_cuts, describe_layers(cache), matched, stored, source, declines,
                     forwards, block_ends, known)
@@ -220,11 +225,13 @@ class Prefilled:
 
 
 def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int, cuts: tuple[int, ...],
-            points: SnapshotPoints, snaps: _Snapshots, is_cancelled: Callable[[], bool]
-            ) -> Generator[PrefillProgress, None, Prefilled]:
+            points: SnapshotPoints, snaps: _Snapshots, is_cancelled: Callable[[], bool],
+            last_block_cut: Optional[int] = None) -> Generator[PrefillProgress, None, Prefilled]:
     """Forward prompt[restored:-1] in the canonical schedule's chunks, yielding progress before the
     first and after each; take the snapshots `points` asks for. Stopped mid-way (cancelled, or
-    closed), it keeps the cache as a "partial" snapshot if that state is exact."""
+    closed), it keeps the cache as a "partial" snapshot if that state is exact. A Continue's
+    decoded tail is forwarded one token at a time, as decoding did: no block ends there
+    (`last_block_cut`: the last position a block may end at; None: every chunk's end)."""
     n_prompt = len(prompt)
     done = restored  # prompt tokens in the cache
     forwarded: list[list[int]] = []
@@ -236,7 +243,7 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
                 return Prefilled(forwarded, cancelled=True)
             lm.model(mx.array([prompt[start:end]]), cache=cache)
             mx.eval(cache_arrays(cache))
-            snaps.forwarded(start, end, cut=True)
+            snaps.forwarded(start, end, cut=last_block_cut is None or end <= last_block_cut)
             done = end
             forwarded.append([start, end])
             yield PrefillProgress(end, n_prompt)
@@ -270,40 +277,63 @@ def stream(
     context_limit: Optional[int] = None,
     guide: Optional[Guide] = None,
     reply_header_cuts: Sequence[int] = (),
+    earlier: Sequence[int] = (),
 ) -> Generator[Event, None, GenerationResult]:
     """Generate a reply to `prompt` (rendered from the request if not given). `message_starts`
     are the token positions where rendered messages start and `reply_header_cuts` where earlier
     replies' generation headers end but their last token (canonical cuts, see cache/planner.py);
-    `context_limit` ends decoding (finish reason "context") before the model's context is full."""
+    `context_limit` ends decoding (finish reason "context") before the model's context is full.
+
+    `earlier`: a Continue of a reply that has these tokens so far. The unstopped run forwarded
+    them one at a time after the last prompt token, so the continuation forwards the same: its
+    "prompt" is the prompt and the reply so far, its schedule the prompt's cuts and then one cut
+    per decoded position. The cache restores the state before the reply's last token (the
+    planner accepts a decoded tail whose forwards were those: planner.exact_tail_at), or, if no
+    snapshot holds it, recomputes it with those forwards; then the last token goes alone and
+    decoding goes on at step len(earlier): the next logits equal the unstopped run's, bit for bit."""
     t0 = time.perf_counter()
     is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
     tools = request.constraint.tools if request.constraint is not None else None
     prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages, tools=tools)
-    cuts = schedule_cuts(len(prompt), chunk, message_starts, reply_header_cuts)
+    n_asked = len(prompt)  # the conversation's prompt; a Continue forwards its reply so far after it
+    cuts = schedule_cuts(n_asked, chunk, message_starts, reply_header_cuts)
+    singles_from: Optional[int] = None
+    if earlier:
+        singles_from = n_asked - 1
+        prompt = list(prompt) + list(earlier)
+        cuts = cuts + tuple(range(n_asked, len(prompt)))  # decode's forwards: one token each
     if not request.use_cache:
         prompt_cache = None
     # The request's cache namespace is part of the lookup key (engine/cache/namespace.py).
     key = cache_key(lm.key, request.cache_namespace)
-    rest = restore(key, lm, prompt, request.mode, cuts, prompt_cache)
+    rest = restore(key, lm, prompt, request.mode, cuts, prompt_cache, singles_from)
     cache = rest.cache
     points = snapshot_points(len(prompt), cuts, rest.restored, prompt_cache is not None, always_trimmable(cache))
+    if earlier:  # the prompt's boundary snapshot is the reply's business, taken when it began
+        points = replace(points, boundary=None)
     snaps = _Snapshots(lm, prompt_cache, rest, class_names(cache), key)
     t_prefill = time.perf_counter()
 
     def result(pre: Prefilled, decoded: Optional[Decoded]) -> GenerationResult:
-        report = build_report(request, lm.key, chunk, len(prompt), [m for m in message_starts if m in cuts], rest,
+        report = build_report(request, lm.key, chunk, n_asked, [m for m in message_starts if m in cuts], rest,
                               pre, snaps.stored, Timing(t0, t_prefill, decoded))
+        asked = prompt[:n_asked]
+        if earlier:
+            report.continued_from = len(earlier)
+            report.continued_chars = decoded.kept_chars if decoded is not None else 0
+            report.continue_note = continue_note(len(earlier), n_asked, rest, pre)
         if decoded is None:
-            return GenerationResult("", [], [], "cancelled", request.sampler.seed, prompt, report)
+            return GenerationResult("", [], [], "cancelled", request.sampler.seed, asked, report)
         return GenerationResult(decoded.text, decoded.tokens, decoded.logprobs, decoded.finish, request.sampler.seed,
-                                prompt, report, decoded.tops)
+                                asked, report, decoded.tops)
 
     pre: Optional[Prefilled] = None
     try:
-        pre = yield from prefill(lm, prompt, cache, rest.restored, cuts, points, snaps, is_cancelled)
+        pre = yield from prefill(lm, prompt, cache, rest.restored, cuts, points, snaps, is_cancelled,
+                                 singles_from)
         if pre.cancelled:
             return result(pre, None)
-        decoded = yield from decode(lm, request, prompt, cache, is_cancelled, context_limit, guide)
+        decoded = yield from decode(lm, request, prompt, cache, is_cancelled, context_limit, guide, len(earlier))
         mx.eval(cache_arrays(cache))
         n = len(prompt)
         snaps.forwarded(n - 1, n)  # the last prompt token, alone; then one forward per decoded token
@@ -379,6 +409,17 @@ def build_report(request: GenerationRequest, model_key: str, chunk: int, n_promp
     )
 
 
+def continue_note(n_earlier: int, n_asked: int, rest: Restored, pre: Prefilled) -> str:
+    """How a Continue got to the state before its reply's last token (the report's line)."""
+    target = n_asked + n_earlier - 1
+    head = f"continued from token {n_earlier}: "
+    if rest.restored == target:
+        return head + f"restored {rest.restored} (prompt {n_asked} + {n_earlier - 1} reply tokens), prefilled 1"
+    why = "; ".join(rest.declines) or "no snapshot holds the reply so far"
+    return head + (f"restored {rest.restored}, recomputed {target - rest.restored} with the unstopped "
+                   f"run's forwards ({why}), prefilled {pre.prefill_tokens}")
+
+
 # -- decode --------------------------------------------------------------------------------------
 
 
@@ -392,17 +433,22 @@ class Decoded:
     t_first: Optional[float]
     t_last: Optional[float]
     tops: list[list[tuple[int, float]]]  # per token, when the request asked for top_logprobs
+    kept_chars: int = 0  # a Continue: characters of the reply so far that `text` follows
 
 
 def decode(
     lm: LoadedModel, request: GenerationRequest, prompt: list[int], cache: list[Any], is_cancelled: Callable[[], bool],
-    context_limit: Optional[int] = None, guide: Optional[Guide] = None,
+    context_limit: Optional[int] = None, guide: Optional[Guide] = None, earlier: int = 0,
 ) -> Generator[Event, None, Decoded]:
     """Forward the last prompt token, then sample and feed back tokens; yield one event per token.
     Never runs past `context_limit` positions: then it ends with finish reason "context".
-    `guide`: the request's grammar (engine/generate/constraints.py), masking every step."""
+    `guide`: the request's grammar (engine/generate/constraints.py), masking every step.
+    `earlier`: a Continue, the prompt's last `earlier` tokens are the reply so far: the key
+    schedule, the grammar, the stop strings, the text and max_tokens go on from them (the
+    repetition penalty's history is the prompt's end, which holds them); what it returns and
+    yields is the new part only (event indices from 0)."""
     settings = request.sampler
-    sampler = Sampler(settings)
+    sampler = Sampler(settings, start=earlier)
     use_history = settings.repetition_penalty != 1.0
     history = mx.array(prompt[-settings.repetition_context :]) if use_history else None
     text = TextStream(lm.tokenizer, lm.eos_ids)
@@ -416,6 +462,15 @@ def decode(
     final_text: Optional[str] = None
     t_first: Optional[float] = None
     t_last: Optional[float] = None
+    if earlier:  # the reply so far, read as the unstopped run read it
+        for token in prompt[len(prompt) - earlier :]:
+            tokens.append(token)
+            text.add(token)
+            if guide is not None:
+                guide.consume(token)
+        stops.find(text.text)  # no stop string in it (Engine.prepare refuses one): searched once
+        sent = stops.shown(text.text)
+    kept = len(sent)  # characters of the reply so far the new text follows
 
     def forward(token_in: mx.array) -> mx.array:
         return lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
@@ -453,7 +508,7 @@ def decode(
 
     y, lp, top = step(mx.array([prompt[-1]]))
     max_tokens = settings.max_tokens
-    room = context_limit - len(prompt) + 1 if context_limit is not None else max_tokens
+    room = context_limit - (len(prompt) - earlier) + 1 if context_limit is not None else max_tokens
     limited = room < max_tokens  # the context, not max_tokens, ends this reply
     max_tokens = max(min(max_tokens, room), 0)
     ended: Optional[str] = None
@@ -485,7 +540,7 @@ def decode(
             # An event for every token, also one that completes no text yet (part of a
             # character, a held-back piece): listeners that batch text flush on events.
             shown = stops.shown(text.text)
-            yield TokenEvent(len(tokens) - 1, token, logprob, shown[len(sent) :], top_read)
+            yield TokenEvent(len(tokens) - 1 - earlier, token, logprob, shown[len(sent) :], top_read)
             sent = shown
             ended = "cancelled" if is_cancelled() else None
         if queue_next:
@@ -496,11 +551,11 @@ def decode(
         text.flush()  # the last characters, decoded as they are, may complete a stop string
         final_text = text.text if (stop_at := stops.find(text.text)) is None else text.text[:stop_at]
         ended = ended or ("stop" if stop_at is not None else None)
-    if tokens and len(final_text) > len(sent) and final_text.startswith(sent):
-        yield TokenEvent(len(tokens) - 1, tokens[-1], logprobs[-1], final_text[len(sent) :],
+    if len(tokens) > earlier and len(final_text) > len(sent) and final_text.startswith(sent):
+        yield TokenEvent(len(tokens) - 1 - earlier, tokens[-1], logprobs[-1], final_text[len(sent) :],
                          tops[-1] if tops else None)
-    return Decoded(tokens, logprobs, forwarded, ended or ("context" if limited else "length"), final_text,
-                    t_first, t_last, tops)
+    return Decoded(tokens[earlier:], logprobs, forwarded, ended or ("context" if limited else "length"),
+                   final_text[kept:], t_first, t_last, tops, kept)
 
 
 def drain(events: Generator[Event, None, GenerationResult], on_event: Optional[Callable[[Event], None]] = None

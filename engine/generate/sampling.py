@@ -13,7 +13,8 @@ The key schedule (tests/test_edge_promises.py recomputes sampled tokens from it)
 `logprobs_i` is the step's log-distribution [1, vocab] (after the repetition penalty) and
 `truncate` sets tokens outside top-k / min-p / top-p to -inf. Each step draws with a key of its
 own, never used before or again: consecutive draws are independent, and the draw at step i
-depends only on the seed and i.
+depends only on the seed and i. A Continue of a reply that has n tokens starts at key_n
+(`Sampler(settings, start=n)`): its first draw is the one the unstopped run made at step n.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from engine.types import SamplerSettings
 
 
 class Sampler:
-    def __init__(self, settings: SamplerSettings) -> None:
+    def __init__(self, settings: SamplerSettings, start: int = 0) -> None:
         self.s = settings
         self._key = mx.random.key(settings.seed)
+        for _ in range(start):  # a Continue: the steps the reply so far already drew
+            self._key, _ = mx.random.split(self._key)
         self._bias: Optional[tuple[mx.array, mx.array]] = None
         if settings.logit_bias:
             ids, values = zip(*settings.logit_bias)

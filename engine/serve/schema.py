@@ -24,6 +24,7 @@ from engine.errors import RequestError
 from engine.serve import tools
 from engine.types import (
     MAX_TOP_LOGPROBS,
+    Continuation,
     GenerationRequest,
     GenerationResult,
     SamplerSettings,
@@ -283,10 +284,11 @@ def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise bad("'verbatim' must be an object", "verbatim")
     out: dict[str, Any] = {}
-    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids"))
+    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "continue"))
     if unknown:
         name = bare(unknown[0])
-        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache' and 'token_ids')", f"verbatim.{name}")
+        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids' and 'continue')",
+                  f"verbatim.{name}")
     if "mode" in v:
         if v["mode"] not in ("exact", "fast"):
             raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
@@ -296,6 +298,28 @@ def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
             raise bad("'verbatim.cache' must be a boolean", "verbatim.cache")
         out["use_cache"] = v["cache"]
     return out
+
+
+def continuation(body: dict[str, Any], messages: Optional[list[dict[str, Any]]]) -> Optional[Continuation]:
+    """Our Continue (OpenAI has none): `"verbatim": {"continue": [ids]}` goes on with the reply
+    whose token ids so far these are (the reply that was never stopped, bit for bit), `true`
+    with the text of the last message, an assistant one (encoded: it may give other ids). A last
+    assistant message is the reply so far and leaves `messages` (its ids, when given, win)."""
+    v = body.get("verbatim")
+    c = v.get("continue") if isinstance(v, dict) else None
+    if c is None or c is False:
+        return None
+    last_is_reply = bool(messages) and messages[-1]["role"] == "assistant"
+    text = messages.pop()["content"] if last_is_reply and messages is not None else None
+    if c is True:
+        if text is None:
+            raise bad("'verbatim.continue': true continues the last message, which must be the assistant's",
+                      "verbatim.continue")
+        return Continuation(text=text)
+    if (not isinstance(c, list) or not c
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in c)):
+        raise bad("'verbatim.continue' must be true or a non-empty list of token ids", "verbatim.continue")
+    return Continuation(tuple(c))
 
 
 def token_ids_wanted(body: dict[str, Any]) -> bool:
@@ -384,6 +408,7 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     """A chat request; `mode` is the server's cache mode for requests that do not name one."""
     body = _common(body, CHAT_FIELDS)
     messages = _messages(body)
+    going_on = continuation(body, messages)  # before the tool checks see a partial reply
     settings, seed_given, max_given = _sampler(body)
     logprobs = _bool(body, "logprobs")
     top = int(_int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS) or 0)
@@ -392,7 +417,8 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
     req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
-                            constraint=_checked(tools.constraint_of, body), **{"mode": mode, **_verbatim_options(body)})
+                            constraint=_checked(tools.constraint_of, body), continuation=going_on,
+                            **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
                          token_ids_wanted(body))
 
@@ -415,8 +441,12 @@ def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
     top = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)  # legacy: an int, the alternatives wanted
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
+    going_on = continuation(body, None)
+    if going_on is not None and going_on.text is not None:
+        raise bad("'verbatim.continue' of a completion takes the reply's token ids", "verbatim.continue")
     req = GenerationRequest([], settings, stop=_stop(body), prompt=prompt, top_logprobs=top or 0,
-                            max_tokens_fit=not max_given, **{"mode": mode, **_verbatim_options(body)})
+                            max_tokens_fit=not max_given, continuation=going_on,
+                            **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("completion", _model(body), req, stream, include_usage, top is not None, top or 0,
                          seed_given, token_ids_wanted(body))
 
@@ -476,6 +506,9 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "warnings": [no_paths(w) for w in r.warnings],
         "world_size": r.world_size,
     }
+    if r.continued_from:  # a Continue: the reply's text is that many characters of the reply so far + this
+        out.update(continued_from=r.continued_from, continued_chars=r.continued_chars,
+                   continue_note=no_paths(r.continue_note))
     if r.ranks:  # a distributed run: each rank's own cache report (engine/distributed/report.py)
         out["ranks"] = [dict(x) for x in r.ranks]
     if queue is not None:

@@ -53,6 +53,7 @@ class ChatView(QScrollArea):
     compareRequested = Signal(int)
     tokensToggled = Signal(int, bool)
     receiptRequested = Signal(int)
+    continueRequested = Signal(int)
 
     MAX_WIDTH = 860
 
@@ -222,6 +223,7 @@ class ChatView(QScrollArea):
             w.compareRequested.connect(self.compareRequested)
             w.tokensToggled.connect(self.tokensToggled)
             w.receiptRequested.connect(self.receiptRequested)
+            w.continueRequested.connect(self.continueRequested)
             self.widgets[vm.id] = w
             if self.mark is not None and self.mark[0] == vm.id:  # rebuilt (the window moved): still marked
                 w.set_flash(True)

@@ -133,6 +133,7 @@ class MessageWidget(QFrame):
     compareRequested = Signal(int)  # the determinism inspector (app/qt/inspector.py)
     tokensToggled = Signal(int, bool)
     receiptRequested = Signal(int)
+    continueRequested = Signal(int)  # a stopped reply (or one at max tokens): go on with it
 
     def __init__(self, vm: MessageVM, palette: Palette, assistant_name: str = "Assistant") -> None:
         super().__init__()
@@ -219,7 +220,13 @@ class MessageWidget(QFrame):
                                     "compareButton")
         self.receipt_button = _tool("Receipt", "Export a receipt: python -m engine verify FILE replays it",
                                     "receiptButton")
-        for w in (self.tokens_button, self.compare_button, self.receipt_button):
+        self.continue_button = _tool(
+            "Continue", "Go on with this reply where it stopped: its own seed and settings, so the new tokens are "
+            "the ones it would have had if never stopped (exact mode). The cache restores where it stopped: "
+            "the next token comes at once, no prompt processing; the rest decodes at the usual speed.",
+            "continueButton")
+        self.continue_button.clicked.connect(lambda: self.continueRequested.emit(self.vm.id))
+        for w in (self.continue_button, self.tokens_button, self.compare_button, self.receipt_button):
             foot.addWidget(w)
         lay.addLayout(foot)
         self.token_view: Optional[QWidget] = None  # created on first use
@@ -328,6 +335,7 @@ class MessageWidget(QFrame):
         inspectable = is_reply and vm.tokens > 0 and vm.status != "generating"
         for w in (self.tokens_button, self.compare_button, self.receipt_button):
             w.setVisible(inspectable)
+        self.continue_button.setVisible(inspectable and vm.continuable)
         if not inspectable and self.tokens_button.isChecked():
             self.tokens_button.setChecked(False)
         self.identity.setVisible(bool(vm.identity))
