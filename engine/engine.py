@@ -242,8 +242,8 @@ class Engine:
             spans = document_spans(lm.tokenizer, fitted.messages, request.documents, fitted.prompt,
                                    render_prompt_text(lm.tokenizer, fitted.messages, tools))
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
-        # The request as it ran: its documents placed in its messages (a receipt keeps both).
-        return Prepared(replace(request, messages=fitted.messages), fitted.prompt, starts,
+        # The request as it runs: its documents are now in its messages (placed once, never twice).
+        return Prepared(replace(request, messages=fitted.messages, documents=()), fitted.prompt, starts,
                         ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers,
                         documents=spans, earlier=earlier)
 
@@ -307,7 +307,8 @@ class Engine:
         p = self.prepare(request)
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
-                                       p.context.limit, self._guide(p), p.reply_header_cuts, p.earlier)
+                                       p.context.limit, self._guide(p), p.reply_header_cuts, p.earlier,
+                                       [d.end for d in p.documents if d.cut])
         _describe_cuts(result, p)
         if self.cache.disk is not None:
             result.report.warnings = self.cache.pop_warnings()
@@ -456,7 +457,8 @@ def _fit_max_tokens(request: GenerationRequest, lm: LoadedModel, limit: int) -> 
     if request.prompt is not None:
         n = len(render_text(lm.tokenizer, request.prompt))
     else:
-        n = len(render_prompt(lm.tokenizer, validate_messages(request.messages), tools=_tools(request)))
+        n = len(render_prompt(lm.tokenizer, place(validate_messages(request.messages), request.documents),
+                              tools=_tools(request)))
     room = limit - n
     if 1 <= room < request.sampler.max_tokens:
         return replace(request, sampler=replace(request.sampler, max_tokens=room))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from engine.constraint import Constraint
+from engine.documents.extract import Document
 from engine.engine import Engine
 from engine.errors import EngineError, RequestError
 from engine.types import (
@@ -46,6 +47,9 @@ RECEIPT_VERSION = 1
 # A receipt with a constraint (tools, tool_choice, response_format) is version 2: an engine that
 # reads only version 1 would replay it unconstrained, so it refuses it instead.
 RECEIPT_VERSION_CONSTRAINED = 2
+# A receipt with documents (engine/documents) is version 3 (with or without a constraint): their
+# text is part of the prompt, and an engine that does not place them would replay another prompt.
+RECEIPT_VERSION_DOCUMENTS = 3
 ENVIRONMENT_KEYS = ("engine", "mlx", "mlx_lm", "blas", "device", "platform", "python")
 
 
@@ -119,13 +123,16 @@ class Receipt:
     # The tools offered and the shape forced on the reply (engine/constraint.py): a replay
     # renders the same tools and decodes under the same grammar.
     constraint: Optional[Constraint] = None
+    # The attached documents as the model read them: each one's text, the digest of the file's
+    # bytes and of the text (a replay checks the text against it and places it the same way).
+    documents: tuple[Document, ...] = ()
 
     def request(self, use_cache: bool = True) -> GenerationRequest:
         """The request that produced the reply."""
         return GenerationRequest(
             messages=list(self.messages or []), sampler=self.sampler, mode=self.mode,  # type: ignore[arg-type]
             use_cache=use_cache, stop=self.stop, context_policy=self.context_policy,  # type: ignore[arg-type]
-            prompt=self.prompt, constraint=self.constraint,
+            prompt=self.prompt, constraint=self.constraint, documents=self.documents,
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,10 +140,14 @@ class Receipt:
         d["sampler"] = self.sampler.to_dict()  # logit_bias as {"id": bias}, absent when empty
         d["stop"] = list(self.stop)
         d.pop("constraint")
+        d.pop("documents")
         version = RECEIPT_VERSION
         if self.constraint is not None:
             d["constraint"] = self.constraint.to_dict()
             version = RECEIPT_VERSION_CONSTRAINED
+        if self.documents:
+            d["documents"] = [{**doc.to_dict(), "text_sha256": doc.text_digest} for doc in self.documents]
+            version = RECEIPT_VERSION_DOCUMENTS
         return {"format": RECEIPT_FORMAT, "version": version, **d}
 
     def to_json(self) -> str:
@@ -147,9 +158,9 @@ class Receipt:
         """Validate and rebuild a receipt; ReceiptError says what is wrong."""
         if not isinstance(d, dict) or d.get("format") != RECEIPT_FORMAT:
             raise ReceiptError(f"not a Verbatim receipt (expected \"format\": \"{RECEIPT_FORMAT}\")")
-        if not isinstance(d.get("version"), int) or d["version"] > RECEIPT_VERSION_CONSTRAINED:
+        if not isinstance(d.get("version"), int) or d["version"] > RECEIPT_VERSION_DOCUMENTS:
             raise ReceiptError(f"receipt version {d.get('version')!r} is newer than this engine reads "
-                               f"({RECEIPT_VERSION_CONSTRAINED})")
+                               f"({RECEIPT_VERSION_DOCUMENTS})")
 
         def need(key: str, kind: Any, optional: bool = False) -> Any:
             value = d.get(key)
@@ -204,8 +215,9 @@ class Receipt:
                 constraint = Constraint.from_dict(d["constraint"])
             except RequestError as e:
                 raise ReceiptError(f"receipt constraint: {e}") from None
-        elif d["version"] >= RECEIPT_VERSION_CONSTRAINED:
+        elif d["version"] == RECEIPT_VERSION_CONSTRAINED:
             raise ReceiptError("receipt version 2 records a constraint, and this one has none (the file was edited)")
+        documents = _documents(d)
         return cls(
             messages=messages if prompt is None else None,
             sampler=sampler,
@@ -227,7 +239,32 @@ class Receipt:
             environment={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
             created_at=str(d.get("created_at") or ""),
             constraint=constraint,
+            documents=documents,
         )
+
+
+def _documents(d: dict[str, Any]) -> tuple[Document, ...]:
+    """A receipt's documents, each one's text checked against its recorded digest."""
+    raw = d.get("documents")
+    if raw is None:
+        if d["version"] == RECEIPT_VERSION_DOCUMENTS:
+            raise ReceiptError("receipt version 3 records documents, and this one has none (the file was edited)")
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise ReceiptError("receipt documents must be a non-empty list")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ReceiptError(f"receipt document {i} is not an object")
+        try:
+            doc = Document.from_dict(item)
+        except RequestError as e:
+            raise ReceiptError(f"receipt document {i}: {e}") from None
+        if item.get("text_sha256") != doc.text_digest:
+            raise ReceiptError(f"receipt document {doc.name!r}: its text does not match its text_sha256 "
+                               "(the file was edited)")
+        out.append(doc)
+    return tuple(out)
 
 
 def build(request: GenerationRequest, result: GenerationResult, model: ReceiptModel, chunk: int,
@@ -256,6 +293,7 @@ def build(request: GenerationRequest, result: GenerationResult, model: ReceiptMo
         environment=env if env is not None else environment(),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         constraint=request.constraint,
+        documents=tuple(request.documents),
     )
 
 
@@ -385,7 +423,9 @@ def describe(receipt: Receipt) -> str:
     return (f"{receipt.model.name or receipt.model.spec} ({receipt.model.key[:12]}), {what}, {receipt.mode} mode, "
             f"chunk {receipt.chunk}, seed {s.seed}, T {s.temperature:g}, {len(receipt.tokens)} tokens "
             f"({receipt.finish_reason})" + (f", constrained ({_constraint_note(receipt.constraint)})"
-                                            if receipt.constraint is not None else ""))
+                                            if receipt.constraint is not None else "")
+            + (f", {len(receipt.documents)} documents ({', '.join(d.name for d in receipt.documents)})"
+               if receipt.documents else ""))
 
 
 def _constraint_note(c: Constraint) -> str:

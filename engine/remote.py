@@ -19,6 +19,7 @@ window's link watch: app/core/server_link.py).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import urllib.parse
@@ -245,7 +246,7 @@ def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
         if not c.tokens and chat:
             messages = [*messages, {"role": "assistant", "content": c.text or ""}]
     if chat:
-        body.update(messages=messages, logprobs=True)
+        body.update(messages=_with_files(messages, request.documents), logprobs=True)
         if request.constraint is not None:  # tools and response_format (engine/constraint.py)
             body.update(request.constraint.request_fields())
         if request.top_logprobs:
@@ -253,6 +254,19 @@ def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
     else:
         body.update(prompt=request.prompt, logprobs=request.top_logprobs)
     return body
+
+
+def _with_files(messages: list[dict[str, Any]], documents: Any) -> list[dict[str, Any]]:
+    """The documents as `file` parts of the first message (the server places them where this
+    engine would: engine/serve/files.py), their extracted text sent as text/plain, so the model
+    reads on the server exactly the text it would read here."""
+    if not documents:
+        return messages
+    parts = [{"type": "file", "file": {"filename": d.name, "file_data": "data:text/plain;base64,"
+                                       + base64.b64encode(d.text.encode()).decode("ascii")}} for d in documents]
+    first, *rest = messages
+    text = first.get("content") or ""
+    return [{**first, "content": ([{"type": "text", "text": text}] if text else []) + parts}, *rest]
 
 
 def _events(resp: http.client.HTTPResponse, address: str) -> Generator[dict[str, Any], None, None]:

@@ -58,6 +58,7 @@ RH = "tests/test_reply_header_cuts.py::"
 HF = "tests/test_cache_files_hostile.py::"
 DF = "tests/test_disk_cache_faults.py::"
 CO = "tests/test_continue.py::"
+DO = "tests/test_documents.py::"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -258,7 +259,7 @@ MUTATIONS: list[Mutation] = [
     # issue 30: tools and structured output (the constraint in the receipt, the mask before sampling)
     Mutation(
         "a receipt leaves the constraint (tools, tool_choice, response_format) out",
-        (("engine/receipts.py", "        constraint=request.constraint,\n    )\n", "    )\n"),),
+        (("engine/receipts.py", "        constraint=request.constraint,\n        documents=", "        documents="),),
         ("tests/test_constraints.py::test_a_constrained_receipt_verifies_and_a_tampered_one_is_refused",),
     ),
     Mutation(
@@ -495,6 +496,35 @@ MUTATIONS: list[Mutation] = [
         (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier)\n", "    sampler = Sampler(settings)\n"),),
         (CO + "test_continue_equals_the_unstopped_reply[sampled-stopped]",
          CO + "test_continue_without_a_snapshot_recomputes_with_the_same_forwards[sampled]"),
+    ),
+    # issue 38: documents read once
+    Mutation(
+        "a document placed after the first user message (not shared)",
+        (("engine/documents/placement.py", "    blocks = SEPARATOR.join(block(d) for d in documents)\n",
+          "    blocks = SEPARATOR.join(block(d) for d in documents)\n"
+          "    at = next((i for i, m in enumerate(out) if m.get(\"role\") == \"user\"), len(out) - 1)\n"
+          "    out[at] = {**out[at], \"content\": out[at][\"content\"] + SEPARATOR + blocks}\n"
+          "    return out\n"),),
+        (DO + "test_a_new_conversation_about_the_same_document_restores_it_and_equals_a_cold_run",
+         DO + "test_documents_go_at_the_end_of_the_system_message_in_attach_order"),
+    ),
+    Mutation(
+        "a document's cut dropped",
+        (("engine/engine.py", "            starts = sorted(set(starts) | {s.end for s in spans if s.cut})\n",
+          "            starts = sorted(set(starts))\n"),),
+        (DO + "test_the_first_of_two_documents_is_shared_with_a_conversation_about_it_alone",
+         DO + "test_a_cache_that_cannot_be_cut_back_shares_the_document_through_its_snapshot[gemma3]"),
+    ),
+    Mutation(
+        "the document's digest left out of the receipt",
+        (("engine/receipts.py", '{**doc.to_dict(), "text_sha256": doc.text_digest}',
+          '{**{k: v for k, v in doc.to_dict().items() if k != "digest"}, "text_sha256": doc.text_digest}'),),
+        (DO + "test_a_receipt_records_the_documents_and_verify_replays_it",),
+    ),
+    Mutation(
+        "eviction drops a document's state like any turn",
+        (("engine/cache/eviction.py", '        return 1 if meta.kind == "document" else 0\n', "        return 0\n"),),
+        (DO + "test_eviction_keeps_the_document_ahead_of_ordinary_turns",),
     ),
 ]
 

@@ -1,11 +1,12 @@
 """Which snapshot a tier drops first when it is over its budget: the one seam both tiers ask.
 
 `EvictionPolicy.keep_priority` ranks snapshots (higher: kept longer); among equals the least
-recently used goes first. The default gives every snapshot priority 0: plain LRU, as both tiers
-always did. A later policy (documents kept warm) overrides `keep_priority`, say from the
-snapshot's kind or its key, and passes itself to `MemoryTier(policy=)` and `DiskCache(policy=)`;
-neither tier's internals change. A policy only orders candidates: what a tier may drop at all
-(the disk frees a shared pack only with its last user) stays the tier's own rule.
+recently used goes first. `EvictionPolicy` itself gives every snapshot priority 0 (plain LRU);
+both tiers use `KEEP_DOCUMENTS` unless given another (`MemoryTier(policy=)`, `DiskCache(policy=)`):
+a "document" snapshot (the state at an attached document's end, engine/documents) goes after
+every ordinary turn, as it is what every conversation about that file restores. A policy only
+orders candidates: what a tier may drop at all (the disk frees a shared pack only with its last
+user) stays the tier's own rule.
 """
 
 from __future__ import annotations
@@ -34,4 +35,13 @@ class EvictionPolicy:
         return min(items, key=lambda x: (self.keep_priority(x[1]), x[2]))[0]
 
 
+class DocumentsKept(EvictionPolicy):
+    """Documents' states last: the least recently used ordinary snapshot goes first, then the
+    least recently used document."""
+
+    def keep_priority(self, meta: SnapshotMeta) -> int:
+        return 1 if meta.kind == "document" else 0
+
+
 LRU = EvictionPolicy()
+KEEP_DOCUMENTS = DocumentsKept()

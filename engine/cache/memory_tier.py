@@ -42,7 +42,7 @@ from engine.cache.block_state import (
     runs_of,
 )
 from engine.cache.env import compute_env
-from engine.cache.eviction import LRU, EvictionPolicy
+from engine.cache.eviction import KEEP_DOCUMENTS, EvictionPolicy
 from engine.cache.families import rules_of
 from engine.cache.blocks import block_bounds, block_keys, layers_in_blocks, pack_groups
 from engine.cache.meta import SnapshotMeta
@@ -60,7 +60,7 @@ class MemoryTier:
     can be read from elsewhere.
     """
 
-    def __init__(self, budget_bytes: int, policy: EvictionPolicy = LRU) -> None:
+    def __init__(self, budget_bytes: int, policy: EvictionPolicy = KEEP_DOCUMENTS) -> None:
         self.budget_bytes = budget_bytes
         self.policy = policy  # which snapshot goes first over the budget (engine/cache/eviction.py)
         self.env = compute_env()

@@ -13,7 +13,7 @@ class SnapshotMeta:
     id: str
     model_key: str
     tokens: tuple[int, ...]
-    kind: str  # "pre-last" | "end" | "boundary" | "partial"
+    kind: str  # "pre-last" | "end" | "boundary" | "partial" | "document"
     exact_cuts: tuple[int, ...]  # ascending cuts of a canonical history, each <= len(tokens)
     classes: tuple[str, ...]
     trimmable: bool

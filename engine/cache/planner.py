@@ -166,7 +166,11 @@ def plan_restore(
 
 def dominates(a: SnapshotMeta, b: SnapshotMeta) -> bool:
     """True if `a` can serve every restore `b` could (so `b` may be dropped): the same tokens, or
-    a trimmable extension of them, with `b`'s exact history as a prefix of `a`'s."""
+    a trimmable extension of them, with `b`'s exact history as a prefix of `a`'s. A document's
+    snapshot is dominated only by another one: it is what eviction keeps (cache/eviction.py),
+    and over shared blocks it costs its manifest alone."""
+    if b.kind == "document" and a.kind != "document":
+        return False
     if a.exact_cuts[: len(b.exact_cuts)] != b.exact_cuts:
         return False
     if a.tokens == b.tokens:

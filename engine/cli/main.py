@@ -17,6 +17,7 @@ from engine.cli.models import add_subcommands
 from engine.cli.serve import add_serve_parser
 from engine.cli.verify import add_verify_parser
 from engine.constraint import Constraint
+from engine.documents.extract import Document, DocumentError, read_document
 from engine.errors import RequestError, VerbatimError
 from engine.generate.loop import drain
 from engine.types import (
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--messages", action="append", required=True, type=Path,
                    help="JSON file with a conversation: [{role, content}, ...], or an OpenAI chat request "
                         "{messages, tools, tool_choice, response_format} (repeatable)")
+    g.add_argument("--attach", action="append", default=[], type=Path, metavar="FILE",
+                   help="a document (text, Markdown, source, PDF, .docx) placed after the system prompt, its "
+                        "state shared by every conversation about it (repeatable)")
     g.add_argument("--repeat", type=int, default=1, help="generate each conversation K times")
     g.add_argument("--json", action="store_true", help="one JSON object per generation on stdout")
     g.add_argument("--receipt", type=Path, metavar="FILE",
@@ -74,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="interactive terminal chat (/regenerate, /continue, /new, /debug, /quit)")
     _add_sampler_args(c)
     c.add_argument("--system", default="", help="system prompt")
+    c.add_argument("--attach", action="append", default=[], type=Path, metavar="FILE",
+                   help="a document the conversation is about (repeatable)")
     add_subcommands(sub)
     add_serve_parser(sub)
     add_verify_parser(sub)
@@ -144,6 +150,8 @@ def summary_line(result: GenerationResult) -> str:
     same = "" if r.identical is None else ("  identical to previous" if r.identical else f"  DIFFERS at token {r.first_diff}")
     if r.continue_note:
         same += f"  ({r.continue_note})"
+    for d in r.documents:
+        same += f"  ({d['name']}: {d['tokens']} tokens, {d['source']})"
     if r.context is not None and r.context.dropped_messages:
         same += f"  ({r.context.dropped_messages} oldest messages left out to fit the context of {r.context.limit})"
     return (
@@ -173,6 +181,8 @@ def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
         f"mode {r.mode}, chunk {r.chunk_size}, seed {r.seed}, prefilled {r.prefill_tokens} in chunks {chunks}",
         f"layers after restore: {layers}",
         f"declines: {'; '.join(r.declines) if r.declines else 'none'}",
+        "documents: " + ("; ".join(f"{d['name']} tokens {d['start']}-{d['end']} ({d['source']})" for d in r.documents)
+                         or "none"),
         "stored: " + (", ".join(f"{s['kind']} {s['length']}" for s in r.snapshots_stored) or "nothing"),
         f"ttft {r.ttft_s * 1000:.0f} ms, prefill {r.prefill_tps:.1f} tok/s, decode {r.decode_tps:.1f} tok/s",
         "identical to previous: " + ("n/a" if r.identical is None else "yes" if r.identical else f"no (token {r.first_diff})"),
@@ -182,8 +192,17 @@ def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_attachments(paths: Sequence[Path]) -> tuple[Document, ...]:
+    """The --attach files as documents, each read and checked before the model loads."""
+    try:
+        return tuple(read_document(p) for p in paths)
+    except DocumentError as e:
+        raise CLIError(f"--attach {e}") from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     conversations = [(read_messages(p), read_constraint(p)) for p in args.messages]  # all checked before loading
+    documents = read_attachments(args.attach)
     if args.repeat < 1:
         raise CLIError("--repeat must be at least 1")
     eng = _engine(args)
@@ -192,7 +211,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for messages, constraint in conversations:
             for _ in range(args.repeat):
                 req = GenerationRequest(messages, _sampler(args), mode=args.mode, use_cache=not args.no_cache,
-                                        stop=tuple(args.stop), context_policy=_policy(args), constraint=constraint)
+                                        stop=tuple(args.stop), context_policy=_policy(args), constraint=constraint,
+                                        documents=documents)
                 result = eng.generate(req)
                 n += 1
                 if args.receipt is not None:
@@ -223,6 +243,7 @@ def _write_receipt(args: argparse.Namespace, eng: Any, req: GenerationRequest, r
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    documents = read_attachments(args.attach)
     eng = _engine(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
@@ -285,7 +306,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             else:
                 history.append({"role": "user", "content": line})
                 req = GenerationRequest(system + history, _sampler(args), mode=args.mode, use_cache=not args.no_cache,
-                                        stop=tuple(args.stop), context_policy=_policy(args))
+                                        stop=tuple(args.stop), context_policy=_policy(args), documents=documents)
             result = run(req)
             history.append({"role": "assistant", "content": result.text})
             last = (req, result)

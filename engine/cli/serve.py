@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE_LIMIT
+from engine.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE_LIMIT, MAX_BODY
 from engine.types import DEFAULT_CHUNK
 
 
@@ -34,6 +34,9 @@ def add_serve_parser(sub: Any) -> None:
     p.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
                    help="requests waiting or running at most; more get 429")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prefill chunk size C")
+    p.add_argument("--max-body-mb", type=_mebibytes, default=MAX_BODY >> 20, metavar="MB",
+                   help=f"largest request body in MiB (default {MAX_BODY >> 20}; a file part's PDF is sent "
+                        "base64-encoded: about 3/4 of this)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--cache-dir", type=Path, help="prompt cache directory (default: the user cache dir)")
     g.add_argument("--no-cache", action="store_true", help="memory cache only (nothing on disk)")
@@ -58,6 +61,13 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
     if args.api_keys_file is not None:
         keys += read_keys_file(args.api_keys_file)
     return keys
+
+
+def _mebibytes(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= 1024:
+        raise argparse.ArgumentTypeError("must be between 1 and 1024")
+    return n
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -103,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limit = executor.submit(lambda eng: eng.context_limit).result()
         model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk)
         serve(executor, model, args.host, args.port, keys, args.queue_limit,
-              allow_origins=args.allow_origin, mode=args.mode)
+              allow_origins=args.allow_origin, mode=args.mode, max_body=args.max_body_mb << 20)
     except ServeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

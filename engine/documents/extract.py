@@ -87,19 +87,33 @@ def document_from_bytes(name: str, data: bytes, mime: Optional[str] = None) -> D
     digest = hashlib.sha256(data).hexdigest()
     suffix = Path(name).suffix.lower()
     pages: Optional[int] = None
-    if data.startswith(b"%PDF") or suffix == ".pdf" or mime == "application/pdf":
-        kind = "pdf"
+    kind = _kind(data, suffix, mime)
+    if kind == "pdf":
         text, pages = _pdf(name, data)
-    elif suffix == ".docx" or (mime or "").endswith("wordprocessingml.document"):
-        kind, text = "docx", _docx(name, data)
+    elif kind == "docx":
+        text = _docx(name, data)
     else:
-        kind, text = "text", _text(name, data)
+        text = _text(name, data)
     text = _normalise(text)
     if not text.strip():
         raise DocumentError(name, "has no text to read" + (" (a scanned PDF? run OCR on it first)" if kind == "pdf" else ""))
     if len(text) > MAX_TEXT_CHARS:
         raise DocumentError(name, f"too much text ({len(text):,} characters; at most {MAX_TEXT_CHARS:,})")
     return Document(name, text, digest, kind, pages)
+
+
+def _kind(data: bytes, suffix: str, mime: Optional[str]) -> str:
+    """How to read a file: a media type given with it decides (a server's file part, a remote
+    engine's text sent for a PDF), else its first bytes and its name."""
+    if mime == "application/pdf":
+        return "pdf"
+    if (mime or "").endswith("wordprocessingml.document"):
+        return "docx"
+    if (mime or "").startswith("text/"):
+        return "text"
+    if data.startswith(b"%PDF") or suffix == ".pdf":
+        return "pdf"
+    return "docx" if suffix == ".docx" else "text"
 
 
 def _text(name: str, data: bytes) -> str:

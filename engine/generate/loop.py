@@ -197,6 +197,9 @@ class SnapshotPoints:
     boundary: Optional[int]  # the cut at which prefill takes a "boundary" snapshot (None: none)
     prelast_now: bool  # take "pre-last" as soon as prefill is done
     prelast_by_end: bool  # "pre-last" is served by the end snapshot; taken only if no token is decoded
+    # The cuts at attached documents' ends that this prefill passes: a "document" snapshot at each,
+    # what any conversation about those files restores (kept ahead of turns: cache/eviction.py).
+    documents: tuple[int, ...] = ()
 
 
 def snapshot_points(n_prompt: int, cuts: tuple[int, ...], restored: int, caching: bool,
@@ -247,7 +250,9 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
             done = end
             forwarded.append([start, end])
             yield PrefillProgress(end, n_prompt)
-            if end == points.boundary:
+            if end in points.documents:
+                snaps.take("document", prompt[:end], cache)
+            elif end == points.boundary:
                 snaps.take("boundary", prompt[:end], cache)
     except GeneratorExit:  # closed by the consumer: keep what a regenerate needs, then end
         mx.eval(cache_arrays(cache))
@@ -278,11 +283,15 @@ def stream(
     guide: Optional[Guide] = None,
     reply_header_cuts: Sequence[int] = (),
     earlier: Sequence[int] = (),
+    document_ends: Sequence[int] = (),
 ) -> Generator[Event, None, GenerationResult]:
     """Generate a reply to `prompt` (rendered from the request if not given). `message_starts`
     are the token positions where rendered messages start and `reply_header_cuts` where earlier
     replies' generation headers end but their last token (canonical cuts, see cache/planner.py);
     `context_limit` ends decoding (finish reason "context") before the model's context is full.
+
+    `document_ends`: the cuts where attached documents end (engine/documents); a snapshot is kept
+    at each one this prefill computes.
 
     `earlier`: a Continue of a reply that has these tokens so far. The unstopped run forwarded
     them one at a time after the last prompt token, so the continuation forwards the same: its
@@ -311,6 +320,9 @@ def stream(
     points = snapshot_points(len(prompt), cuts, rest.restored, prompt_cache is not None, always_trimmable(cache))
     if earlier:  # the prompt's boundary snapshot is the reply's business, taken when it began
         points = replace(points, boundary=None)
+    elif prompt_cache is not None:
+        points = replace(points, documents=tuple(e for e in document_ends if rest.restored < e < len(prompt) - 1
+                                                 and e in cuts))
     snaps = _Snapshots(lm, prompt_cache, rest, class_names(cache), key)
     t_prefill = time.perf_counter()
 

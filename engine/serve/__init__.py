@@ -17,3 +17,4 @@ line read the defaults from here before aiohttp, MLX or the engine is needed.
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 DEFAULT_QUEUE_LIMIT = 32  # requests waiting or running at most; one more gets 429
+MAX_BODY = 8 << 20  # bytes: larger request bodies get 413 (`engine serve --max-body-mb`)

@@ -34,7 +34,7 @@ from aiohttp import web
 from engine.bridge import Done, StreamEvent, engine_batches
 from engine.errors import ContextLengthError, EngineError, RequestError
 from engine.generate.constraints import ConstraintFailed
-from engine.serve import DEFAULT_QUEUE_LIMIT, schema, tools
+from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, schema, tools
 from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
 from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
@@ -47,7 +47,6 @@ from engine.types import TokenEvent
 log = logging.getLogger(__name__)
 Batches = AsyncGenerator[list[StreamEvent], None]  # engine_batches: one list per wake-up of the loop
 
-MAX_BODY = 8 << 20  # bytes: larger request bodies get 413
 RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no model)
 
 STATE_KEY = web.AppKey("verbatim_state", ServerState)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import RequestError
-from engine.serve import tools
+from engine.documents.extract import Document
+from engine.serve import files, tools
 from engine.types import (
     MAX_TOP_LOGPROBS,
     Continuation,
@@ -333,27 +334,34 @@ def token_ids_wanted(body: dict[str, Any]) -> bool:
     return v["token_ids"]
 
 
-def _content(m: dict[str, Any], i: int) -> str:
+def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
+    """A message's text; its `file` parts are read into `documents` (engine/serve/files.py)."""
     c = m.get("content")
     if c is None and m.get("role") == "assistant" and m.get("tool_calls"):
         return ""  # a reply that is only tool calls
     if isinstance(c, str):
         return _text(c, f"messages[{i}].content")
-    if isinstance(c, list):  # content parts: only text ones
+    if isinstance(c, list):  # content parts: text, and files read as documents
         parts = []
-        for p in c:
+        for j, p in enumerate(c):
+            if isinstance(p, dict) and p.get("type") == "file" and m.get("role") in ("user", "system"):
+                files.collect(documents, _checked(files.file_part, p, f"messages[{i}].content[{j}]"))
+                continue
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+                raise bad(f"messages[{i}].content[{j}]: only text and file parts are supported",
+                          f"messages[{i}].content")
             parts.append(p["text"])
         return _text("".join(parts), f"messages[{i}].content")
-    raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+    raise bad(f"messages[{i}].content must be a string or a list of text and file parts", f"messages[{i}].content")
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any]) -> tuple[list[dict[str, str]], tuple[Document, ...]]:
+    """The messages, and the documents their file parts carry (in the order first sent)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
     out = []
+    documents: list[Document] = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
@@ -366,9 +374,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         refused = message_fields(m, i)  # name, …: refused by name, not dropped (quote.py)
         if refused:
             raise bad(*refused)
-        out.append({"role": role, "content": _content(m, i), **_checked(tools.message_extras, m, i)})
+        out.append({"role": role, "content": _content(m, i, documents), **_checked(tools.message_extras, m, i)})
     _checked(tools.check_results, out)  # every tool result answers a call made before it
-    return out
+    return out, tuple(documents)
 
 
 def _checked(check: Any, *args: Any) -> Any:
@@ -407,7 +415,7 @@ def _common(body: Any, known: set[str]) -> dict[str, Any]:
 def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     """A chat request; `mode` is the server's cache mode for requests that do not name one."""
     body = _common(body, CHAT_FIELDS)
-    messages = _messages(body)
+    messages, documents = _messages(body)
     going_on = continuation(body, messages)  # before the tool checks see a partial reply
     settings, seed_given, max_given = _sampler(body)
     logprobs = _bool(body, "logprobs")
@@ -417,7 +425,7 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
     req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
-                            constraint=_checked(tools.constraint_of, body), continuation=going_on,
+                            constraint=_checked(tools.constraint_of, body), continuation=going_on, documents=documents,
                             **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
                          token_ids_wanted(body))
@@ -506,6 +514,8 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "warnings": [no_paths(w) for w in r.warnings],
         "world_size": r.world_size,
     }
+    if r.documents:  # each attached document: where it lies in the prompt, where its state came from
+        out["documents"] = [dict(d) for d in r.documents]
     if r.continued_from:  # a Continue: the reply's text is that many characters of the reply so far + this
         out.update(continued_from=r.continued_from, continued_chars=r.continued_chars,
                    continue_note=no_paths(r.continue_note))

@@ -37,7 +37,7 @@ MAX_FILE_BYTES = 1 << 40
 MAX_INDEX_BYTES = 512 << 20
 MAX_INDEX_DEPTH = 64  # the index nests 6 deep; a deeper file is damage, not something to parse
 MAX_HEADER_BYTES = 256 << 20
-KINDS = ("pre-last", "end", "boundary", "partial")
+KINDS = ("pre-last", "end", "boundary", "partial", "document")
 
 def is_snapshot_id(sid: Any) -> bool:
     """Only ids like this ever become file names, so no index content can reach outside the root."""

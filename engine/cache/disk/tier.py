@@ -80,7 +80,7 @@ from engine.cache.disk.report import Report
 from engine.cache.disk.store import DiskStore
 from engine.cache.disk.writer import MAX_PENDING_BYTES, WriterThread, WriteTask
 from engine.cache.env import compute_env
-from engine.cache.eviction import LRU, EvictionPolicy
+from engine.cache.eviction import KEEP_DOCUMENTS, EvictionPolicy
 from engine.cache.families import persisted
 from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot
@@ -109,7 +109,7 @@ class DiskCache:
         on_warning: Optional[Callable[[str], None]] = None,
         max_pending_bytes: int = MAX_PENDING_BYTES,
         hooks: WriterHooks = NO_HOOKS,
-        policy: EvictionPolicy = LRU,
+        policy: EvictionPolicy = KEEP_DOCUMENTS,
     ) -> None:
         self.root = Path(root).expanduser() if root is not None else prompt_cache_dir()
         self.pack_dir = self.root / PACK_DIR
