@@ -112,7 +112,7 @@ def test_too_long_advice_only_suggests_lowering_max_tokens_when_that_would_fit(
     assert "max tokens" not in warning.text().split("Send will be refused:")[1]  # it cannot help
     assert "shorten the message" in warning.text() and "longer context" in warning.text()
     # A message that fits with a shorter reply: lowering max tokens is the advice, to a number that fits.
-    text = "Why is the sky blue? Because of Rayleigh scattering of sunlight. " * 10
+    text = "Why is the sky blue? Because of Rayleigh scattering of sunlight. " * 20
     alone = prompt_tokens(w, [{"role": "user", "content": text}])
     assert alone < 512 < alone + 200
     w.composer.setPlainText(text)

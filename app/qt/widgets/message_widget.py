@@ -209,6 +209,11 @@ class MessageWidget(QFrame):
         self._footer_line.setSpacing(2)
         self._placed: Optional[tuple[bool, bool, bool, bool]] = None
         lay.addLayout(self._footer_line)
+        # Continue has a row of its own above the inspector's (shown only on a reply that can go
+        # on): the inspector's row is as wide as before, so the message's minimum width is too.
+        self._actions = QHBoxLayout()
+        self._actions.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(self._actions)
         foot.addStretch(0)  # the spare width when nothing is inline: buttons stay right
         self.runs_button = RunsButton()  # a reply regenerated to the same tokens: its other runs
         self.runs_button.chosen.connect(self.show_run)
@@ -226,7 +231,9 @@ class MessageWidget(QFrame):
             "the next token comes at once, no prompt processing; the rest decodes at the usual speed.",
             "continueButton")
         self.continue_button.clicked.connect(lambda: self.continueRequested.emit(self.vm.id))
-        for w in (self.continue_button, self.tokens_button, self.compare_button, self.receipt_button):
+        self._actions.addWidget(self.continue_button)
+        self._actions.addStretch(1)
+        for w in (self.tokens_button, self.compare_button, self.receipt_button):
             foot.addWidget(w)
         lay.addLayout(foot)
         self.token_view: Optional[QWidget] = None  # created on first use

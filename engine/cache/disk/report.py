@@ -63,6 +63,15 @@ class Report:
         with self._lock:
             return {f.name: getattr(self.counts, f.name) for f in fields(Counters)}
 
+    def stats(self) -> dict[str, Any]:
+        """The counters, the last error and the warnings, as the tier's `stats()` shows them."""
+        c = self.counters()
+        names = ("writes", "write_errors", "bytes_written", "loads", "load_errors", "evictions", "skipped", "dropped")
+        return {**{k: c[k] for k in names}, "write_seconds": round(c["write_seconds"], 4),
+                "rejected_on_open": c["rejected"], "temps_removed_on_open": c["temps_removed"],
+                "orphans_removed_on_open": c["orphans_removed"], "last_error": self.last_error,
+                "warnings": list(self.warnings)}
+
     def error(self, message: str) -> None:
         with self._lock:
             self.last_error = message

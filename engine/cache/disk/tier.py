@@ -287,7 +287,6 @@ class DiskCache:
 
     def stats(self) -> dict[str, Any]:
         view = self._view()
-        c = self.report.counters()
         total = view.total_bytes()
         return {
             "dir": str(self.root),
@@ -303,20 +302,7 @@ class DiskCache:
             "budget_bytes": self.budget_bytes,
             "writable": self.writable,
             "pending": self.writer.pending(),
-            "writes": c["writes"],
-            "write_errors": c["write_errors"],
-            "write_seconds": round(c["write_seconds"], 4),
-            "bytes_written": c["bytes_written"],
-            "loads": c["loads"],
-            "load_errors": c["load_errors"],
-            "evictions": c["evictions"],
-            "skipped": c["skipped"],
-            "dropped": c["dropped"],
-            "rejected_on_open": c["rejected"],
-            "temps_removed_on_open": c["temps_removed"],
-            "orphans_removed_on_open": c["orphans_removed"],
-            "last_error": self.report.last_error,
-            "warnings": list(self.report.warnings),
+            **self.report.stats(),
         }
 
     def close(self, timeout: Optional[float] = None) -> bool:
