@@ -4,7 +4,7 @@ Process A (fresh cache dir): the first question about the document (cold: its wh
 prefilled), then a second question in a NEW conversation with the same system prompt and
 document (memory tier), the same second conversation with no cache (the cold reference), and a
 conversation with the question alone (no document: what the question's own prefill costs).
-The engine is closed after the first conversation and reopened, so the folder's size after one
+The disk writes are flushed after the first conversation, so the folder's size after one
 conversation is known. Process B (a restart, same folder): a third question in a new
 conversation (disk tier) and its cold reference. Process C (fresh folder): the second
 conversation alone, for what it would cost on disk without the first.
@@ -72,10 +72,8 @@ def child(args) -> dict:
     out: dict = {}
     if args.phase == "first":
         out["first"] = ask(QUESTIONS[0])
-        engine.close()  # every write flushed: the folder after one conversation
+        engine.cache.disk.flush()  # every write on disk: the folder after one conversation
         out["bytes_one"] = _folder_bytes(cache_dir)
-        engine, _ = C.load_engine("demo", cache_dir=cache_dir)
-        C.warm_up(engine)
         out["second"] = ask(QUESTIONS[1])
         out["second_cold"] = ask(QUESTIONS[1], use_cache=False)
         out["question_alone"] = ask(QUESTIONS[1], docs=(), use_cache=False)
