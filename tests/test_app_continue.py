@@ -48,6 +48,10 @@ def assert_badge(w: MainWindow, reply_id: int, k: int) -> None:
     assert badge.text() == (f"continued from token {k}: identical to an unstopped run "
                             f"(restored {r.restored}, 1 token run)")
     assert f"continued from token {k}" in w.statusBar().currentMessage()
+    # "restored X / Y" is of what the run held before its first new token: the prompt and the
+    # reply so far (never "64 / 41", more restored than the prompt has).
+    held = f"restored {r.restored} / {r.prompt_tokens + k} (prompt {r.prompt_tokens} + {k} of the reply)"
+    assert held in w.chat_view.widget_for(reply_id).footer.text() and held in w.statusBar().currentMessage()
 
 
 def assert_continued(w: MainWindow, reply_id: int, reference: Any) -> None:

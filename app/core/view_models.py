@@ -155,7 +155,7 @@ def run_text(m: Message, run: Run, k: int = 1, runs: int = 1) -> str:
     if n:
         parts.append(f"TTFT {format_seconds(r.ttft_s)}")
         parts.append(f"{r.decode_tps or 0:.1f} tok/s")
-    parts.append(f"cache: restored {r.restored} / {r.prompt_tokens}" + (f" ({r.source})" if r.source else ""))
+    parts.append(f"cache: restored {restored_of(r)}" + (f" ({r.source})" if r.source else ""))
     if run.finish_reason == "cancelled" or (k == runs and m.status == "interrupted"):
         parts.append("stopped" if n else "stopped before the first token")
     elif run.finish_reason == "length":
@@ -212,6 +212,15 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
     else:
         text = f"differs from previous at token {c.first_diff}"
     return text + world_size_note(outcome.world_sizes, long)
+
+
+def restored_of(r: Any) -> str:
+    """'64 / 65': restored of what the run had to hold before its first new token: the prompt, and
+    for a Continue the reply so far too ('64 / 65 (prompt 41 + 24 of the reply)')."""
+    if getattr(r, "continued_from", 0):
+        held = r.prompt_tokens + r.continued_from
+        return f"{r.restored} / {held} (prompt {r.prompt_tokens} + {r.continued_from} of the reply)"
+    return f"{r.restored} / {r.prompt_tokens}"
 
 
 def can_continue(status: str, finish_reason: Optional[str], n_tokens: int) -> bool:
@@ -278,7 +287,7 @@ def progress_text(action: str, seed: int) -> str:
 def finished_text(result: GenerationResult, outcome: ReplyOutcome) -> str:
     """The status line when a reply ends: '24 tokens · restored 170 / 171 · identical to previous'."""
     rep = result.report
-    msg = f"{len(result.tokens)} tokens · restored {rep.restored} / {rep.prompt_tokens}"
+    msg = f"{len(result.tokens)} tokens · restored {restored_of(rep)}"
     c = outcome.comparison
     if result.finish_reason == "cancelled":
         return "Stopped · " + msg
@@ -433,7 +442,7 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
     rows = {
         "prompt_tokens": str(r.prompt_tokens),
         "matched": str(r.matched),
-        "restored": f"{r.restored} / {r.prompt_tokens}",  # one meaning everywhere: of the prompt
+        "restored": restored_of(r),  # one meaning everywhere: of the prompt (and a Continue's reply so far)
         "snapshot_length": "none" if r.stored is None else str(r.stored),
         "partial": "yes (cut back)" if r.partial else "no",
         "source": r.source or "none (cold prefill)",
