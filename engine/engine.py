@@ -206,7 +206,8 @@ class Engine:
         if request.prompt is not None:
             prompt = render_text(lm.tokenizer, request.prompt)
         else:
-            prompt = render_prompt(lm.tokenizer, validate_messages(request.messages), tools=_tools(request))
+            prompt = render_prompt(lm.tokenizer, place(validate_messages(request.messages), request.documents),
+                                   tools=_tools(request))
         return ContextInfo(self.limit_for(request), len(prompt))
 
     def prepare(self, request: GenerationRequest) -> Prepared:

@@ -25,6 +25,7 @@ import json
 import urllib.parse
 from typing import Any, Generator, Optional
 
+from engine.documents.placement import place
 from engine.engine import ModelInfo
 from engine.errors import EngineError, RequestError, ServerUnreachable
 from engine.generate.loop import drain
@@ -169,7 +170,8 @@ class RemoteEngine:
         limit = self.context_limit
         if request.context_length:
             limit = min(limit, request.context_length) if limit else request.context_length
-        return ContextInfo(limit, len(self.prompt_ids(request.messages)))
+        # Documents counted where the server places them (placement is the same pure function).
+        return ContextInfo(limit, len(self.prompt_ids(place(request.messages, request.documents))))
 
     # -- the cache -------------------------------------------------------------------------
     def cache_stats(self) -> dict[str, Any]:

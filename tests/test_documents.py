@@ -366,3 +366,23 @@ def test_a_bad_file_part_is_a_400_naming_the_file(server: Any, part: dict, says:
                                                 messages=[{"role": "user", "content": [part, {"type": "text",
                                                                                              "text": "Q?"}]}])
     assert says in e.value.body["message"] and "messages[0].content[0]" in (e.value.body.get("param") or "")
+
+
+def test_measure_counts_the_documents_locally_and_through_a_server(engine: Engine, server: Any) -> None:
+    """What the context meter counts before Send: the prompt with its documents placed."""
+    from engine.remote import RemoteEngine
+
+    req = ask("Why is the sky blue?", (doc(),))
+    alone = engine.measure(dataclasses.replace(req, documents=())).prompt_tokens
+    with_doc = engine.measure(req).prompt_tokens
+    ran = engine.generate(req).report.prompt_tokens
+    assert with_doc == ran > alone + 200
+    remote = RemoteEngine(server.url.removesuffix("/v1"))
+    remote.load()
+    assert remote.measure(req).prompt_tokens == with_doc
+    # And a generation through the server: the documents travel as text parts, the reply is the
+    # local cold run's, and the server reports where each document lies.
+    got = remote.generate(req)
+    cold = engine.generate(dataclasses.replace(req, use_cache=False))
+    assert (got.tokens, got.logprobs) == (cold.tokens, cold.logprobs)
+    assert got.report.documents[0]["name"] == "report.md" and got.report.documents[0]["cut"]
