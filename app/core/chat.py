@@ -27,6 +27,7 @@ from typing import Any, Callable, Coroutine, Optional
 from app.core.continuing import begin_continue, earlier_of, whole_result
 from app.core.context_budget import ContextBudget, budget_requests, measure_budget, refusal_text
 from app.core.evented import Evented
+from app.core.replay import Replay, expect
 from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import StoreError
 from app.core.view_models import MessageVM, finished_text, progress_text, run_shown
@@ -56,6 +57,7 @@ STATS = "stats"  # (cache stats, MLX memory or None): after a reply, a load, a c
 DRAFT = "draft"  # (ContextBudget or None): the next prompt (the path shown + the draft) against the limit
 LINK = "link"  # (ServerLink or None): attached to a server / its reachability changed / detached
 RETURNED = "returned"  # (text): a send the engine refused was taken back: its text goes back to the composer
+REPLAY = "replay"  # (reply_id, Replay): a regenerate expected to repeat its reply, as verified so far
 
 
 @dataclass
@@ -137,6 +139,7 @@ class ChatModel(Evented):
         self.runs_shown: dict[int, int] = {}  # reply id -> the run picked in its runs menu (else the latest)
         self.pending: Optional[PendingReply] = None
         self.stream = StreamState()
+        self.replay: Optional[Replay] = None  # the pending regenerate's verification (app/core/replay.py)
         self._stream_offset = 0  # a Continue: tokens of the reply before it (event indices start after)
         self.model_spec = ""
         self.model_name = ""
@@ -297,6 +300,7 @@ class ChatModel(Evented):
         earlier, _ = earlier_of(pending)  # a Continue streams on from the reply so far
         self.stream = StreamState(pending.earlier_text, len(earlier))
         self._stream_offset = len(earlier)
+        self.replay = self._expected_repeat(pending)
         self._cancel = self.cancel_token()
         self.conv_id = pending.conversation_id
         self.selected_id = pending.reply_id  # the new reply is the one shown and acted on
@@ -309,6 +313,19 @@ class ChatModel(Evented):
         if earlier:
             self.emit(STREAM, pending.reply_id, self.stream.text, self.stream.tokens)
         self.emit(STATUS, progress_text(pending.action, pending.request.sampler.seed), 0)
+        if self.replay is not None:  # the previous reply's text, at once; verified as it streams
+            self.emit(REPLAY, pending.reply_id, self.replay)
+
+    def _expected_repeat(self, pending: PendingReply) -> Optional[Replay]:
+        """The replay of the reply a regenerate should repeat (None: not expected to)."""
+        if pending.action != "regenerate" or pending.previous_id is None:
+            return None
+        try:
+            previous = self.session.message(pending.previous_id)
+        except StoreError:
+            return None
+        key = self.model_info.key if self.model_info is not None else ""
+        return expect(pending.action, pending.request.mode, key, previous)
 
     async def _generate(self, pending: PendingReply, cancel: CancelToken) -> None:
         """Generate `pending` on the engine thread (saved there), showing it as it streams."""
@@ -334,6 +351,10 @@ class ChatModel(Evented):
         if self.closed or result is None:
             return
         result = whole_result(pending, result)
+        replay = self.replay
+        if replay is not None:  # confirmed (or not) only now that the engine's last token is in
+            replay.end(len(result.tokens), result.finish_reason == "cancelled")
+            self.emit(REPLAY, pending.reply_id, replay)
         self._end()
         twin = pending.duplicate_of
         self.selected_id = twin if twin is not None else pending.reply_id
@@ -454,10 +475,13 @@ class ChatModel(Evented):
         s = self.stream
         pieces: list[str] = []
         result: Optional[GenerationResult] = None
+        replay = self.replay
         for event in batch:
             if isinstance(event, TokenEvent):
                 pieces.append(event.text)
                 s.tokens = self._stream_offset + event.index + 1
+                if replay is not None:
+                    replay.feed(event.index, event.token, event.logprob, event.text)
             elif isinstance(event, PrefillProgress):
                 s.prefill = (event.done, event.total)
             elif isinstance(event, Done):
@@ -467,6 +491,8 @@ class ChatModel(Evented):
         if pieces:  # the last batch too: what streamed is what was generated
             s.text += "".join(pieces)
             self.emit(STREAM, pending.reply_id, s.text, s.tokens)
+            if replay is not None:  # once a batch, as the text: the count shown follows the engine
+                self.emit(REPLAY, pending.reply_id, replay)
         elif s.prefill is not None and not s.text:
             self.emit(PREFILL, pending.reply_id, *s.prefill)
         return result
@@ -475,6 +501,7 @@ class ChatModel(Evented):
         pending = self.pending
         self.pending = None
         self.stream = StreamState()
+        self.replay = None
         self.emit(PENDING, None)
         if pending is not None:
             self.emit(CONVERSATIONS)

@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
 from app.core import chat as ops
+from app.core.replay import REGENERATE_TIP
 from app.qt import model_actions
 from app.qt.server_toggle import ServerToggle
 
@@ -35,6 +36,8 @@ def build_menus(w: MainWindow) -> None:
     act(f, "Quit", w.close, "Ctrl+Q")
     c = mb.addMenu("&Chat")
     w.regenerate_action = act(c, "Regenerate", lambda: ops.regenerate(w.chat, False), "Ctrl+R", "regenerateAction")
+    w.regenerate_action.setToolTip(REGENERATE_TIP)
+    c.setToolTipsVisible(True)
     w.variant_action = act(c, "New variant", lambda: ops.regenerate(w.chat, True), "Ctrl+Shift+R", "variantAction")
     w.stop_action = act(c, "Stop", lambda: ops.stop(w.chat), "Esc", "stopAction")
     c.addSeparator()

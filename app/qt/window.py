@@ -36,6 +36,7 @@ from app.core import engine_flows as flows
 from app.core.cache_move import move_prompt_cache
 from app.core.chat import ChatModel
 from app.core.models import model_label
+from app.core.replay import REGENERATE_TIP
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.drafts import Drafts
@@ -202,7 +203,7 @@ class MainWindow(QMainWindow):
         actions = QHBoxLayout()
         self.regenerate_button = QPushButton("↻ Regenerate")
         self.regenerate_button.setObjectName("regenerateButton")
-        self.regenerate_button.setToolTip("Same seed and settings: reproduces the reply (Ctrl+R)")
+        self.regenerate_button.setToolTip(REGENERATE_TIP)
         self.regenerate_button.clicked.connect(lambda: ops.regenerate(self.chat, fresh=False))
         self.new_variant_button = QPushButton("⤳ New variant")
         self.new_variant_button.setObjectName("newVariantButton")
@@ -316,6 +317,7 @@ class MainWindow(QMainWindow):
         c.subscribe(ops.STREAM, lambda rid, text, n: (self.chat_view.stream(rid, text, n),
                                                       self.status(f"Generating… {n} tokens")))
         c.subscribe(ops.PREFILL, self._show_prefill)
+        c.subscribe(ops.REPLAY, lambda rid, replay: (self.chat_view.replay(rid, replay), self.status(replay.badge)))
         c.subscribe(ops.DRAFT, lambda budget: (self.context_meter.show_budget(budget), self._update_actions()))
         c.subscribe(ops.RETURNED, lambda text: self.composer.toPlainText() or self.composer.setPlainText(text))
         c.subscribe(ops.STATUS, self.status)

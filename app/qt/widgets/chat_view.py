@@ -24,6 +24,7 @@ from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.core.markdown import Palette
+from app.core.replay import Replay
 from app.core.view_models import MessageVM
 from app.qt.widgets.message_widget import MessageBody, MessageWidget
 
@@ -85,7 +86,9 @@ class ChatView(QScrollArea):
         self.empty.setWordWrap(True)
         self.empty.setText(
             "<h2>Start a conversation</h2><p>Type below and press Enter.<br>"
-            "Regenerate (Ctrl+R) gives the same reply, instantly, from the prompt cache.</p>"
+            "Regenerate (Ctrl+R) gives the same reply: shown at once from the previous run, its first token "
+            "with no prompt processing (the prompt cache), then verified token by token as it is recomputed "
+            "at decode speed.</p>"
         )
         self.col_layout.addWidget(self.empty)
         self.marker = QLabel()  # "12 earlier messages are not sent to the model"
@@ -107,6 +110,7 @@ class ChatView(QScrollArea):
         self.heights: dict[tuple[int, str, int], int] = {}  # (id, text, width) -> measured height
         self._marker: Optional[tuple[int, str]] = None
         self._streams: dict[int, tuple[str, int]] = {}  # what streamed into a message not built
+        self._replays: dict[int, Replay] = {}  # a regenerate re-checking a message not built
         self.selected_id: Optional[int] = None
         self._stick = True  # follow the bottom while streaming unless the user scrolled up
         self._revealing: Optional[int] = None  # a search hit kept in view while the layout settles
@@ -126,6 +130,7 @@ class ChatView(QScrollArea):
         old = self.order
         self.vms, self.order, self._marker = list(vms), [vm.id for vm in vms], marker
         self._streams = {k: v for k, v in self._streams.items() if k in keep}
+        self._replays = {k: v for k, v in self._replays.items() if k in keep}
         for mid in [m for m in self.widgets if m not in keep]:
             self._drop(mid)
         for vm in vms:
@@ -230,6 +235,8 @@ class ChatView(QScrollArea):
                 w.body.set_marks(self.mark[1])
             if vm.id in self._streams:
                 w.set_stream(*self._streams[vm.id])
+            if vm.id in self._replays:
+                w.set_replay(self._replays[vm.id])
         return w
 
     def _keeps(self, w: MessageWidget) -> bool:
@@ -359,6 +366,14 @@ class ChatView(QScrollArea):
         elif message_id in self.order:
             self._streams[message_id] = (text, count)  # shown when it is built
 
+    def replay(self, message_id: int, replay: Replay) -> None:
+        """A regenerate expected to repeat its reply: the reply's text at once, verified as it streams."""
+        w = self.widgets.get(message_id)
+        if w is not None:
+            w.set_replay(replay)
+        elif message_id in self.order:
+            self._replays[message_id] = replay  # shown when it is built
+
     def prefill(self, message_id: int, done: int, total: int) -> Optional[str]:
         """Show prefill progress on the reply; the line shown (None: the reply is not in view)."""
         w = self.widgets.get(message_id)
@@ -366,6 +381,7 @@ class ChatView(QScrollArea):
 
     def end_stream(self, message_id: int) -> None:
         self._streams.pop(message_id, None)
+        self._replays.pop(message_id, None)
         w = self.widgets.get(message_id)
         if w is not None:
             w.end_stream()

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.core.markdown import Palette, Rendered, render
 from app.core.prefill_rate import PrefillRate
+from app.core.replay import Replay
 from app.core.search_marks import term_spans
 from app.core.view_models import MessageVM
 from app.qt.widgets.runs_button import RunsButton
@@ -143,6 +144,8 @@ class MessageWidget(QFrame):
         self.streaming = False
         self.stream_text = ""
         self._prefill: Optional[PrefillRate] = None  # the rate of the prefill in progress
+        self.replay: Optional[Replay] = None  # a regenerate shown at once, verified as it streams
+        self._replay_shown: Optional[tuple[str, object, bool]] = None  # what the body shows of it
         self._shown: tuple[str, str, bool] = ("", "", True)  # what the body shows now
         self.setObjectName("userMessage" if vm.role == "user" else "assistantMessage")
         self.setProperty("selected", False)
@@ -349,15 +352,20 @@ class MessageWidget(QFrame):
         self.identity.setText(vm.badge)
         self._place_name()
         self._place_footer()
-        self.identity.setProperty("state", vm.badge_state)
-        self.identity.style().unpolish(self.identity)
-        self.identity.style().polish(self.identity)
-        if vm.status == "generating" and not self.streaming:
+        self._set_badge(vm.badge_state)
+        if self.replay is not None:  # re-checked: its own badge, not the placeholder's (none)
+            self._show_replay(self.replay)
+        elif vm.status == "generating" and not self.streaming:
             self.set_stream("", 0)
         elif not self.streaming and self._shown != (vm.content, vm.status, False):
             # Only when the text changed: a new sibling elsewhere only changes the navigator.
             self._render(vm.content)
             self._shown = (vm.content, vm.status, False)
+
+    def _set_badge(self, state: str) -> None:
+        self.identity.setProperty("state", state)
+        self.identity.style().unpolish(self.identity)
+        self.identity.style().polish(self.identity)
 
     def show_tokens(self, tokens: list[int], pieces: Optional[list[str]], logprobs: list[float]) -> None:
         """The per-token view in place of the rendered text (app/qt/widgets/token_view.py)."""
@@ -411,6 +419,8 @@ class MessageWidget(QFrame):
     def set_stream(self, text: str, count: int) -> None:
         self.streaming = True
         self.stream_text = text
+        if self.replay is not None:  # the replay shows it (set_replay, once a batch too)
+            return
         self._shown = (text, "generating", True)
         if text:
             self._render(text, streaming=True)
@@ -426,7 +436,7 @@ class MessageWidget(QFrame):
         if self._prefill is None:
             self._prefill = PrefillRate()
         line = self._prefill.update(done, total)
-        if not self.stream_text:
+        if not self.stream_text and self.replay is None:  # a replay keeps the reply in view
             self.body.set_rendered(Rendered(f"<p style='color:{self.palette_.muted}'><i>{line}</i></p>"))
             self.footer.setText("prefill")
             self._place_footer()
@@ -435,10 +445,52 @@ class MessageWidget(QFrame):
     def end_stream(self) -> None:
         self.streaming = False
         self._prefill = None
+        self.replay, self._replay_shown = None, None
+
+    # -- a regenerate expected to repeat the reply (app/core/replay.py) ----------------------------
+    def set_replay(self, replay: Replay) -> None:
+        """Show the previous reply's text at once, marked as re-checked, with the count verified
+        so far; once the recomputation parts from it, the place is marked and the new text follows."""
+        self.replay = replay
+        self.streaming = True
+        self._show_replay(replay)
+
+    def _show_replay(self, replay: Replay) -> None:
+        d = replay.departure
+        shown = (replay.shown_text, d, replay.ended)
+        if shown != self._replay_shown:  # the text only when it changed: verifying changes the count
+            self._replay_shown = shown
+            if d is None:
+                self._render(replay.expected.text)
+            else:
+                self._render_parted(replay.text, d.chars, d.index, streaming=not replay.ended)
+        self.identity.setText(replay.badge)
+        self.identity.setToolTip("Regenerate repeats the reply with its own seed and settings. Its text is shown at "
+                                 "once from the previous run; the engine recomputes it (at decode speed) and each "
+                                 "token is checked against it, bit for bit.")
+        self.identity.setVisible(True)
+        self._set_badge(replay.state)
+        self.footer.setText(f"{replay.seen} / {replay.total} tokens recomputed…" if not replay.ended
+                            else f"{replay.seen} tokens recomputed")
+        self.footer.setVisible(True)
+        self._place_footer()
+
+    def _render_parted(self, text: str, chars: int, index: int, streaming: bool) -> None:
+        """The text both replies share, a mark where they part (as Compare marks the first
+        differing token), and the recomputed text from there on."""
+        head = render(text[:chars], self.palette_).html if text[:chars].strip() else ""
+        tail = render(text[chars:], self.palette_, streaming=streaming)
+        mark = (f"<p id='partsHere' style='color:#cf222e'><b>── parts here, at token {index}: the recomputed "
+                "reply from here on ──</b></p>")
+        # No Copy for the code blocks meanwhile (two renders number them each from 0); the
+        # reply as saved has them once it ends.
+        self.body.set_rendered(Rendered(head + mark + tail.html, []))
 
     # -- actions ---------------------------------------------------------------------------------
     def text(self) -> str:
         """The text shown now (streamed text while streaming)."""
+        if self.replay is not None:
+            return self.replay.shown_text
         return self.stream_text if self.streaming else self.vm.content
 
     def _copy(self) -> None:
