@@ -497,6 +497,13 @@ MUTATIONS: list[Mutation] = [
         (CO + "test_continue_equals_the_unstopped_reply[sampled-stopped]",
          CO + "test_continue_without_a_snapshot_recomputes_with_the_same_forwards[sampled]"),
     ),
+    # issue 39: a regenerate shown at once is still proved by its recomputation
+    Mutation(
+        "the replay skips the recomputation",
+        (("app/core/replay.py", "    return Replay(expected)\n",
+          "    return Replay(expected, verified=len(expected.tokens), seen=len(expected.tokens), ended=True)\n"),),
+        ("tests/test_app_window_replay.py::test_a_regenerate_shows_the_reply_at_once_and_verifies_it_as_it_is_recomputed",),
+    ),
     # issue 38: documents read once
     Mutation(
         "a document placed after the first user message (not shared)",
