@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,34 +32,16 @@ def main() -> int:
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-    from shots import wait_until  # docs/shots.py, beside this script
+    from shots import ready_window, settle, wait_until  # docs/shots.py, beside this script
 
-    from app import build_main_window
     from app.core import chat as ops
-    from app.core.session import ChatSettings
     from engine.types import GenerationRequest, SamplerSettings
 
-    def settle(seconds: float = 0.5) -> None:
-        import time
-
-        from PySide6.QtCore import QEventLoop
-        from PySide6.QtWidgets import QApplication
-
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            QApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
-            time.sleep(0.01)
-
-    data = Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
-    w = build_main_window(args.model, data)
-    errors: list[str] = []
-    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
-    wait_until(lambda: w.chat.model_ready or bool(errors))
-    if not w.chat.model_ready:
-        print(f"cannot load {args.model}: {errors[-1]}", file=sys.stderr)
+    try:
+        w, errors = ready_window(args.model, SamplerSettings(temperature=0.7, top_p=0.9, max_tokens=CUT_AT, seed=11))
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
         return 1
-    sampler = SamplerSettings(temperature=0.7, top_p=0.9, max_tokens=CUT_AT, seed=11)
-    w.apply_settings(ChatSettings(sampler=sampler, random_seed=False))
     w.resize(1000, 700)
     w.debug_panel.show()
     w.composer.setPlainText(QUESTION)
@@ -90,11 +71,11 @@ def main() -> int:
     w.chat.select(continued.id)
     w.chat_view.scroll_to_bottom()
     args.out.mkdir(parents=True, exist_ok=True)
-    settle()
+    settle(0.5)
     w.grab().save(str(args.out / "screenshot-continue.png"))
     w.resize(*w.MIN_SIZE)
     w.chat_view.scroll_to_bottom()
-    settle()
+    settle(0.5)
     w.grab().save(str(args.out / "screenshot-continue-small.png"))
     w.close()
     print(f"wrote screenshot-continue.png, screenshot-continue-small.png to {args.out}")

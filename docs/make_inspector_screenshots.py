@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,26 +27,20 @@ def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
-    from shots import wait_until  # docs/shots.py, beside this script
+    from shots import ready_window, wait_until  # docs/shots.py, beside this script
 
-    from app import build_main_window
     from app.core import chat as ops
-    from app.core.session import ChatSettings
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings
 
     app = ensure_application()
 
-    w = build_main_window(args.model, Path(tempfile.mkdtemp(prefix="verbatim-shots-")), theme="light")
-    w.resize(1100, 760)
-    errors: list[str] = []
-    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
-    wait_until(lambda: w.chat.model_ready or bool(errors))
-    if not w.chat.model_ready:
-        print(f"cannot load {args.model}: {errors[-1]}", file=sys.stderr)
+    try:
+        w, _ = ready_window(args.model, SamplerSettings(temperature=0.7, top_p=0.95, max_tokens=120, seed=7))
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
         return 1
-    w.apply_settings(ChatSettings(sampler=SamplerSettings(temperature=0.7, top_p=0.95, max_tokens=120, seed=7),
-                                  random_seed=False))
+    w.resize(1100, 760)
     w.composer.setPlainText(QUESTION)
     w.send()
     wait_until(lambda: not w.chat.generating)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,23 +30,16 @@ def main() -> int:
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-    from shots import wait_until  # docs/shots.py, beside this script
+    from shots import ready_window, wait_until  # docs/shots.py, beside this script
 
-    from app import build_main_window
     from app.core import chat as ops
-    from app.core.session import ChatSettings
     from engine.types import SamplerSettings
 
-    data = Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
-    w = build_main_window(args.model, data)
-    errors: list[str] = []
-    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
-    wait_until(lambda: w.chat.model_ready or bool(errors))
-    if not w.chat.model_ready:
-        print(f"cannot load {args.model}: {errors[-1]}", file=sys.stderr)
+    try:
+        w, _ = ready_window(args.model, SamplerSettings(temperature=0.7, top_p=0.9, max_tokens=120, seed=5))
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
         return 1
-    w.apply_settings(ChatSettings(sampler=SamplerSettings(temperature=0.7, top_p=0.9, max_tokens=120, seed=5),
-                                  random_seed=False))
     w.resize(1000, 700)
     w.debug_panel.show()
     w.composer.setPlainText(QUESTION)

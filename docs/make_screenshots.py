@@ -17,7 +17,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,9 +43,8 @@ def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["QT_SCALE_FACTOR"] = args.scale
 
-    from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
-    from shots import wait_until  # docs/shots.py, beside this script
+    from shots import settle, wait_until  # docs/shots.py, beside this script
 
     from app import build_main_window
     from app.core import chat as ops
@@ -54,13 +52,7 @@ def main() -> int:
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings
 
-    app = ensure_application()
-
-    def settle(seconds: float = 0.3) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
-            time.sleep(0.01)
+    ensure_application()
 
     data = Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
     w = build_main_window(args.model, data, theme=args.theme)

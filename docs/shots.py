@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from PySide6.QtCore import QEventLoop
 from PySide6.QtWidgets import QApplication
@@ -18,3 +18,33 @@ def wait_until(pred: Callable[[], bool], timeout: float = 900.0) -> None:
             raise TimeoutError("timed out waiting for the app")
         app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
         time.sleep(0.01)
+
+
+def settle(seconds: float = 0.3) -> None:
+    """Process events for `seconds`: layouts and heights settle before a grab."""
+    app = QApplication.instance()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        time.sleep(0.01)
+
+
+def ready_window(model: str, sampler: Any, theme: str = "light") -> tuple[Any, list[str]]:
+    """A main window on `model` in a throw-away data dir, the model loaded and `sampler` (a
+    fixed seed) applied, and the list its error messages collect in. RuntimeError (naming the
+    model) when the model cannot load."""
+    import tempfile
+    from pathlib import Path
+
+    from app import build_main_window
+    from app.core import chat as ops
+    from app.core.session import ChatSettings
+
+    w = build_main_window(model, Path(tempfile.mkdtemp(prefix="verbatim-shots-")), theme=theme)
+    errors: list[str] = []
+    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
+    wait_until(lambda: w.chat.model_ready or bool(errors))
+    if not w.chat.model_ready:
+        raise RuntimeError(f"cannot load {model}: {errors[-1]}")
+    w.apply_settings(ChatSettings(sampler=sampler, random_seed=False))
+    return w, errors
