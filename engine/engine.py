@@ -202,13 +202,7 @@ class Engine:
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the
         limit in force for it: what a context meter counts before Send; prepare() then fits it."""
-        lm = self._lm()
-        if request.prompt is not None:
-            prompt = render_text(lm.tokenizer, request.prompt)
-        else:
-            prompt = render_prompt(lm.tokenizer, place(validate_messages(request.messages), request.documents),
-                                   tools=_tools(request))
-        return ContextInfo(self.limit_for(request), len(prompt))
+        return ContextInfo(self.limit_for(request), len(_whole_prompt(self._lm(), request)))
 
     def prepare(self, request: GenerationRequest) -> Prepared:
         """The request as it will run: validated, its prompt rendered (the chat through the
@@ -452,15 +446,19 @@ def _check_logit_bias(request: GenerationRequest, vocab: int) -> None:
                                f"(ids 0 to {vocab - 1})")
 
 
+def _whole_prompt(lm: LoadedModel, request: GenerationRequest) -> list[int]:
+    """The request's whole prompt (raw text, or the chat with its documents placed and its
+    tools), nothing left out: what measure() counts and a default max_tokens is fitted to."""
+    if request.prompt is not None:
+        return render_text(lm.tokenizer, request.prompt)
+    return render_prompt(lm.tokenizer, place(validate_messages(request.messages), request.documents),
+                         tools=_tools(request))
+
+
 def _fit_max_tokens(request: GenerationRequest, lm: LoadedModel, limit: int) -> GenerationRequest:
     """A default max_tokens shrunk to the room left in the context (a prompt that leaves no room
     at all is still refused by fit_to_context, with its usual message)."""
-    if request.prompt is not None:
-        n = len(render_text(lm.tokenizer, request.prompt))
-    else:
-        n = len(render_prompt(lm.tokenizer, place(validate_messages(request.messages), request.documents),
-                              tools=_tools(request)))
-    room = limit - n
+    room = limit - len(_whole_prompt(lm, request))
     if 1 <= room < request.sampler.max_tokens:
         return replace(request, sampler=replace(request.sampler, max_tokens=room))
     return request
