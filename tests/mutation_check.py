@@ -170,7 +170,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the server's cached_tokens reports the matched prefix, not what was restored",
-        (("engine/serve/schema.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
+        (("engine/serve/responses.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
         (EP + "test_server_cached_tokens_is_what_was_restored_not_what_matched",),
     ),
     Mutation(

@@ -4,7 +4,9 @@ Built on aiohttp, so it runs on any asyncio loop: its own under `python -m engin
 app's qasync loop under the GUI's "Local server" toggle. Every generation goes through the
 engine bridge (engine/bridge.py) onto the engine executor's one thread, like the GUI's own work.
 
-Modules: schema.py (request validation, response shaping; no aiohttp), quote.py (what errors may
+Modules: schema.py (request validation; no aiohttp), responses.py (the answers' shapes: replies,
+stream chunks, usage, logprobs, the `verbatim` object), files.py (`file` content parts read as
+documents), quote.py (what errors may
 echo of the input; the fields a message may carry), admission.py (the bounded
 request queue and each request's hooks on the engine thread), tokens.py (token names for
 logprobs), app.py (routes), server.py (run and stop on a loop), guard.py (Host, Origin and

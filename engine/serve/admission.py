@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional, Union
 
 from engine.bridge import Done, Failed, StreamEvent
 from engine.serve import DEFAULT_QUEUE_LIMIT
-from engine.serve.schema import APIError, TokenLogprob
+from engine.serve.responses import TokenLogprob
+from engine.serve.schema import APIError
 from engine.serve.tokens import TokenNamer
 from engine.types import CancelToken, TokenEvent
 

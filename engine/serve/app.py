@@ -34,7 +34,7 @@ from aiohttp import web
 from engine.bridge import Done, StreamEvent, engine_batches
 from engine.errors import ContextLengthError, EngineError, RequestError
 from engine.generate.constraints import ConstraintFailed
-from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, schema, tools
+from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, responses, schema, tools
 from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
 from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
@@ -94,9 +94,9 @@ def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
     if isinstance(e, Withdrawn):  # cancelled while it waited, its client still here: the server stops
         return _cancelled()
     if isinstance(e, EngineError):
-        return APIError(503, schema.no_paths(str(e)), "server_error", code="engine_unavailable")
+        return APIError(503, responses.no_paths(str(e)), "server_error", code="engine_unavailable")
     log_once(f"generation:{type(e).__name__}", "local server: generation failed", logging.ERROR, e)
-    return APIError(500, f"generation failed: {type(e).__name__}: {schema.no_paths(str(e))}", "server_error")
+    return APIError(500, f"generation failed: {type(e).__name__}: {responses.no_paths(str(e))}", "server_error")
 
 
 @web.middleware
@@ -266,7 +266,7 @@ async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.S
             raise _engine_error(e, parsed.kind) from None
         if done.result.finish_reason == "cancelled":
             raise _cancelled()
-        body = schema.full_response(parsed, name, done.result, ticket.entries, ticket.queue_info())
+        body = responses.full_response(parsed, name, done.result, ticket.entries, ticket.queue_info())
         reader = tools.reader_for(model.tool_parser, parsed.request.constraint)
         if reader is not None:  # the reply's tool calls, read with the model's mlx-lm parser
             tools.shape_message(body["choices"][0], reader.read(done.result), done.result.finish_reason)
@@ -299,7 +299,7 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     await resp.prepare(request)
     # With tools the reply may be only calls: the role chunk then carries no content, so a client
     # that assembles the stream reads content null, as in the non-streamed reply.
-    out: list[Any] = ([schema.chunk(parsed, name, None if reader is not None else "", None, role=True)]
+    out: list[Any] = ([responses.chunk(parsed, name, None if reader is not None else "", None, role=True)]
                       if parsed.kind == "chat" else [])
     text = ""  # everything the engine has decoded so far
     sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
@@ -319,7 +319,7 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
                 # Tool calls are held back until the reply is whole (then sent as tool_calls deltas).
                 delta = (reader.visible(text) if reader is not None else text)[sent:]
                 if delta or entries or ids:
-                    c = schema.chunk(parsed, name, delta, entries, text_offset=sent)
+                    c = responses.chunk(parsed, name, delta, entries, text_offset=sent)
                     if ids:
                         c["verbatim"] = {"token_ids": ids}
                         named = event.index + 1
@@ -348,21 +348,21 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
         rest = None  # a tool-call reply ends without a content delta (content stays null, as non-streamed)
     entries = ticket.entries[seen:] if ticket.entries is not None else None
     finish = (tools.finish_reason(reply, result.finish_reason) if reply is not None else None) \
-        or schema.finish_reason(result)
+        or responses.finish_reason(result)
     if reply is not None and reply.calls:
-        calls = schema.chunk(parsed, name, None, None)
+        calls = responses.chunk(parsed, name, None, None)
         calls["choices"][0]["delta"]["tool_calls"] = tools.call_deltas(reply.calls)
         out.append(calls)
-    last = schema.chunk(parsed, name, rest, entries if parsed.logprobs else None, finish=finish, text_offset=sent)
-    last["system_fingerprint"] = schema.fingerprint(result.report.model_key)
-    last["verbatim"] = schema.verbatim_report(result, ticket.queue_info())
+    last = responses.chunk(parsed, name, rest, entries if parsed.logprobs else None, finish=finish, text_offset=sent)
+    last["system_fingerprint"] = responses.fingerprint(result.report.model_key)
+    last["verbatim"] = responses.verbatim_report(result, ticket.queue_info())
     if parsed.include_usage:
-        usage_chunk = schema.chunk(parsed, name, None, None)
+        usage_chunk = responses.chunk(parsed, name, None, None)
         usage_chunk["choices"] = []
-        usage_chunk["usage"] = schema.usage(result)
+        usage_chunk["usage"] = responses.usage(result)
         out += [last, usage_chunk]
     else:
-        last["usage"] = schema.usage(result)
+        last["usage"] = responses.usage(result)
         out.append(last)
     await resp.write(_sse(out) + b"data: [DONE]\n\n")
     await resp.write_eof()
