@@ -24,6 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional
 
+from app.core.attachments import Attachments, token_cost
 from app.core.continuing import begin_continue, earlier_of, whole_result
 from app.core.context_budget import ContextBudget, budget_requests, measure_budget, refusal_text
 from app.core.evented import Evented
@@ -32,6 +33,7 @@ from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import StoreError
 from app.core.view_models import MessageVM, finished_text, progress_text, run_shown
 from engine.bridge import Done, Failed, engine_batches, engine_call
+from engine.documents.extract import Document
 from engine.engine import ModelInfo
 from engine.errors import ContextLengthError, ServerUnreachable
 from engine.executor import EngineExecutor
@@ -162,6 +164,10 @@ class ChatModel(Evented):
         self.budget_for: tuple[Optional[int], str] = (None, "")  # the conversation and draft it counted
         self._draft_timer: Optional[asyncio.TimerHandle] = None
         self._draft_seq = 0  # counts started; only the latest one's result is told
+        # The files attached to the message being written (app/core/attachments.py), and those
+        # of the other conversations' composers while another is open (kept until quit).
+        self.attachments = Attachments(loop, self._document_tokens, self.recount)
+        self._stashed: dict[Optional[int], tuple[Document, ...]] = {}
         self.closed = False
         self._cancel = CancelToken()  # the pending reply's
         self._tokens: "weakref.WeakSet[CancelToken]" = weakref.WeakSet()  # every live engine job's
@@ -225,7 +231,12 @@ class ChatModel(Evented):
         return self.vms
 
     def open(self, conv_id: Optional[int]) -> None:
-        """Show a conversation (None: a new, empty one, made by its first message)."""
+        """Show a conversation (None: a new, empty one, made by its first message); the files
+        attached in the composer stay with the conversation they were attached in."""
+        if conv_id != self.conv_id:
+            self._stashed[self.conv_id] = self.attachments.documents
+            self.attachments.set(self._stashed.pop(conv_id, ()))
+            self.spawn(self.attachments.recount())
         self.conv_id = conv_id
         self.selected_id = None
         self.runs_shown.clear()
@@ -272,7 +283,7 @@ class ChatModel(Evented):
         if self.closed or seq != self._draft_seq:
             return
         counted = (self.conv_id, self.draft)
-        what = budget_requests(self.vms, self.draft, self.settings())
+        what = budget_requests(self.vms, self.draft, self.settings(), self.attachments.documents)
         budget: Optional[ContextBudget] = None
         if what is not None:
             try:
@@ -283,6 +294,22 @@ class ChatModel(Evented):
             return
         self.budget, self.budget_for = budget, counted
         self.emit(DRAFT, budget)
+
+    # ----------------------------------------------------------------------------- documents
+    def attach(self, paths: list[str]) -> "asyncio.Task[Any]":
+        """Attach files to the message being written (read off the GUI thread; refusals told)."""
+        return self.spawn(self.attachments.add(paths, already=self.path_documents()))
+
+    def path_documents(self) -> tuple[Document, ...]:
+        """The documents of the conversation shown, in the order the engine places them."""
+        return tuple(d for vm in self.vms for d in vm.documents)
+
+    async def _document_tokens(self, document: Document) -> Optional[int]:
+        system = self.settings().system_prompt
+        try:
+            return await self.call(lambda engine: token_cost(engine, document, system))
+        except Exception:  # no model loaded yet: the chip shows no count until one is
+            return None
 
     def refusal(self, text: str) -> str:
         """Why sending `text` now would be refused ('' when it would not, as far as the last
@@ -371,6 +398,7 @@ class ChatModel(Evented):
         """The engine refused a send before any prefill (it did not fit; the meter had not
         counted it yet): the user's message leaves the conversation and goes back to the composer."""
         text = str(pending.request.messages[-1].get("content", "")) if pending.request.messages else ""
+        mine = pending.request.documents[len(pending.request.documents) - self._own_documents(pending):]
         try:
             if self.session.withdraw(pending):
                 self.conv_id = None  # the send had made the conversation: it is gone with it
@@ -379,9 +407,19 @@ class ChatModel(Evented):
         self.reload()
         self.emit(CONVERSATIONS)
         self.emit(RETURNED, text)
+        if mine:  # the files sent with it go back too
+            self.attachments.set(mine)
+            self.spawn(self.attachments.recount())
         limit = self.settings().context_length if self.conv_id is not None else self.default_settings().context_length
         model = self.model_info.context_length if self.model_info is not None else None
         self.emit(ERROR, "Not sent", refusal_text(e.prompt_tokens, e.max_tokens, e.context_length, limit, model))
+
+    def _own_documents(self, pending: PendingReply) -> int:
+        """How many of the request's documents the user message itself carries."""
+        try:
+            return len(self.session.store.documents([pending.user_id]).get(pending.user_id, []))
+        except StoreError:
+            return 0
 
     async def refresh_stats(self, clear: bool = False) -> None:
         """The prompt cache's numbers and MLX's memory, from the engine thread (after `clear`ing
@@ -422,6 +460,8 @@ class ChatModel(Evented):
         self.model_spec, self.model_name, self.model_info = spec, name, info
         self.engine_chunk = chunk
         self.model_ready = True
+        if self.attachments.items:  # another tokenizer: the chips' counts change
+            self.spawn(self.attachments.recount())
 
     def model_kept(self, spec: str, name: str, info: ModelInfo) -> None:
         """A connection failed and the model loaded before still answers (its chunk unchanged)."""
@@ -559,10 +599,12 @@ def send(chat: ChatModel, text: str) -> bool:
         chat.emit(STATUS, why, 8000)
         return False
     try:  # one transaction: the conversation (if new), the message and the reply's row
-        pending = chat.session.begin_send(chat.conv_id, text, chat.model_name, chat.default_settings())
+        pending = chat.session.begin_send(chat.conv_id, text, chat.model_name, chat.default_settings(),
+                                          documents=chat.attachments.documents)
     except StoreError as e:
         chat.emit(ERROR, "Cannot save the message", str(e))
         return False
+    chat.attachments.clear()  # saved with the message
     chat._start(pending)
     return True
 

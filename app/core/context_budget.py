@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from engine.documents.extract import Document
 from engine.types import GenerationRequest
 
 if TYPE_CHECKING:
@@ -25,27 +26,32 @@ def short_count(n: int) -> str:
 
 @dataclass(frozen=True)
 class BudgetRequests:
-    """What to count: the next prompt (the active path, then the draft as a user turn), and the
-    draft alone (with the system prompt): the part that leaving out old turns cannot shorten."""
+    """What to count: the next prompt (the active path, then the draft as a user turn, with the
+    documents of both), and the draft alone (with the system prompt and every document): the part
+    that leaving out old turns cannot shorten (documents are never left out)."""
 
     full: GenerationRequest
     alone: Optional[GenerationRequest]  # None: no draft
     max_tokens: int
     policy: str  # the conversation's context policy: "truncate" | "refuse"
+    documents: tuple[Document, ...] = ()
 
 
-def budget_requests(vms: Sequence["MessageVM"], draft: str, settings: "ChatSettings") -> Optional[BudgetRequests]:
-    """None when there is nothing to count (an empty chat and an empty draft)."""
+def budget_requests(vms: Sequence["MessageVM"], draft: str, settings: "ChatSettings",
+                    attached: Sequence[Document] = ()) -> Optional[BudgetRequests]:  # fmt: skip
+    """None when there is nothing to count (an empty chat and an empty draft). `attached`: the
+    files attached to the draft (the path's own documents come with its messages)."""
     system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
     turns = [{"role": vm.role, "content": vm.content} for vm in vms
              if vm.role in ("user", "assistant") and vm.status != "generating"]  # fmt: skip
+    documents = tuple(d for vm in vms for d in vm.documents) + tuple(attached)
     mine = [{"role": "user", "content": draft}] if draft.strip() else []
     if not turns and not mine:
         return None
     base = GenerationRequest(messages=system + turns + mine, sampler=settings.sampler,
-                             context_length=settings.context_length or None)  # fmt: skip
+                             context_length=settings.context_length or None, documents=documents)  # fmt: skip
     alone = replace(base, messages=system + mine) if mine else None
-    return BudgetRequests(base, alone, settings.sampler.max_tokens, settings.context_policy)
+    return BudgetRequests(base, alone, settings.sampler.max_tokens, settings.context_policy, documents)
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,9 @@ class ContextBudget:
     limit: Optional[int]  # None: the model does not say
     max_tokens: int  # the reply may take up to this many more
     policy: str = "truncate"
-    draft: int = 0  # tokens of the draft alone with the system prompt (0: no draft)
+    draft: int = 0  # tokens of the draft alone with the system prompt and the documents (0: no draft)
+    documents: int = 0  # tokens the documents add (the path's and the draft's)
+    pages: int = 0  # pages of the PDFs among them (what "fewer pages" counts)
 
     @property
     def fits(self) -> bool:
@@ -83,6 +91,8 @@ class ContextBudget:
     @property
     def tooltip(self) -> str:
         what = "this conversation and your draft" if self.draft else "this conversation"
+        if self.documents:
+            what += f" (documents: {self.documents:,})"
         limit = f"of the {self.limit:,}-token context in force" if self.limit else "(the model's context is unknown)"
         return (f"Context: {self.used:,} tokens for {what}, {limit};"
                 f" the reply may add up to {self.max_tokens:,} more")
@@ -97,6 +107,8 @@ class ContextBudget:
             head = (f"Too long: this message alone needs {self.draft:,} tokens + up to {self.max_tokens:,} for"
                     f" the reply, more than the {self.limit:,}-token context. Send will be refused: ")
             room = self.limit - self.draft  # what is left for the reply once the message is in
+            if self.documents:
+                return self._documents_advice()
             if room < 1:  # the message alone fills the context: no max tokens can make it fit
                 return head + "shorten the message, or use a model (or a context limit) with a longer context."
             return head + f"shorten it, or lower max tokens in Settings to {room:,} or less."
@@ -104,6 +116,24 @@ class ContextBudget:
             return (f"Will not fit: {need}. Send will be refused (this conversation's context policy"
                     " is refuse; Settings can leave the oldest turns out instead).")
         return f"Will not fit: {need}. Send will leave the oldest turns out of the prompt."
+
+
+    def _documents_advice(self) -> str:
+        """The documents make the message too long: what would fit instead (never truncated)."""
+        assert self.limit is not None
+        head = (f"Too long: the documents ({self.documents:,} tokens) and this message need {self.draft:,}"
+                f" tokens + up to {self.max_tokens:,} for the reply, more than the {self.limit:,}-token"
+                " context. Send will be refused (documents are never cut): ")
+        over = self.draft + self.max_tokens - self.limit
+        ways = []
+        if self.pages and self.documents > over:
+            per_page = self.documents / self.pages
+            keep = int((self.documents - over) / per_page)
+            if keep >= 1:
+                ways.append(f"attach about {keep} of the {self.pages} pages")
+        ways.append("remove a document")
+        ways.append("use a model with a longer context")
+        return head + ", ".join(ways[:-1]) + ", or " + ways[-1] + "."
 
 
 def refusal_text(prompt_tokens: int, max_tokens: int, limit: int, conversation_limit: Optional[int],
@@ -123,4 +153,8 @@ def measure_budget(engine: "EngineAPI", what: BudgetRequests) -> ContextBudget:
     """On the engine thread: the whole next prompt, and the draft alone (Engine.measure)."""
     full = engine.measure(what.full)
     alone = engine.measure(what.alone).prompt_tokens if what.alone is not None else 0
-    return ContextBudget(full.prompt_tokens, full.limit, what.max_tokens, what.policy, alone)
+    docs = 0
+    if what.documents:  # what they add: the same prompt counted without them
+        docs = max(full.prompt_tokens - engine.measure(replace(what.full, documents=())).prompt_tokens, 0)
+    pages = sum(d.pages or 0 for d in what.documents)
+    return ContextBudget(full.prompt_tokens, full.limit, what.max_tokens, what.policy, alone, docs, pages)

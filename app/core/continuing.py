@@ -43,6 +43,7 @@ def begin_continue(session: ChatSession, reply_id: int, model_name: Optional[str
         context_policy=settings.context_policy,  # type: ignore[arg-type]
         context_length=settings.context_length or None,
         continuation=Continuation(tuple(tokens), logprobs=tuple(reply.logprobs or ())),
+        documents=store.documents_for_prompt(reply.parent_id),
     )
     store.update_message(reply_id, status="generating", sampler=sampler.to_dict())
     pending = PendingReply(reply.conversation_id, reply.parent_id, reply_id, request, CONTINUE, None, model_name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from app.core.store import (
     ConversationStore,
@@ -23,6 +23,7 @@ from app.core.store import (
     assistant_fields_from_result,
 )
 from app.core.view_models import ConversationItem, MessageVM, message_vm
+from engine.documents.extract import Document
 from engine.types import (
     CacheReport,
     Comparison,
@@ -216,6 +217,7 @@ class ChatSession:
             path = self.store.active_path(conv_id)
             messages = self.store.messages(conv_id)
             runs = self.store.runs(conv_id)
+            documents = self.store.documents([m.id for m in path])
         except StoreError:  # the conversation was deleted meanwhile
             return []
         siblings: dict[Optional[int], list[int]] = {}
@@ -224,17 +226,17 @@ class ChatSession:
         out = []
         for m in path:
             own = runs.get(m.id) or [r for r in [Run.of_message(m)] if r is not None]
-            out.append(message_vm(m, siblings.get(m.parent_id) or [m.id], own))
+            out.append(message_vm(m, siblings.get(m.parent_id) or [m.id], own, documents.get(m.id, ())))
         return out
 
     # -- starting a reply ----------------------------------------------------------------------
     def begin_send(
         self, conv_id: Optional[int], text: str, model_name: Optional[str] = None,
-        new_settings: Optional[ChatSettings] = None,
+        new_settings: Optional[ChatSettings] = None, documents: Sequence[Document] = (),
     ) -> PendingReply:  # fmt: skip
-        """Save the user's message and a reply placeholder, in one transaction (one commit, one
-        fsync) with the conversation itself when `conv_id` is None (made with `new_settings`);
-        committed before anything is generated."""
+        """Save the user's message (with the `documents` attached to it) and a reply placeholder,
+        in one transaction (one commit, one fsync) with the conversation itself when `conv_id` is
+        None (made with `new_settings`); committed before anything is generated."""
         if not text.strip():
             raise StoreError("cannot send an empty message")
         with self.store.transaction():
@@ -243,7 +245,7 @@ class ChatSession:
             conv = self.store.get_conversation(conv_id)
             path = self.store.active_path(conv_id)
             parent = path[-1].id if path else None
-            user = self.store.add_message(conv_id, parent, "user", text)
+            user = self.store.add_message(conv_id, parent, "user", text, documents=documents)
             if conv.title == DEFAULT_TITLE and not path:
                 self.store.rename_conversation(conv_id, title_from(text))
             return self._begin_reply(conv_id, user.id, self.settings(conv_id), None, "send", model_name)
@@ -295,7 +297,8 @@ class ChatSession:
         messages = self.store.messages_for_prompt(conv_id, user_id)
         request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode,  # type: ignore[arg-type]
                                     context_policy=settings.context_policy,  # type: ignore[arg-type]
-                                    context_length=settings.context_length or None)
+                                    context_length=settings.context_length or None,
+                                    documents=self.store.documents_for_prompt(user_id))
         reply = self.store.add_message(
             conv_id, user_id, "assistant", "", status="generating",
             seed=seed, sampler=sampler.to_dict(), model_name=model_name,
@@ -429,7 +432,8 @@ class ChatSession:
             sampler = replace(sampler, seed=reply.seed)
         mode = report.mode if report.mode in ("exact", "fast") else "exact"
         request = GenerationRequest(self.store.messages_for_prompt(reply.conversation_id, reply.parent_id),
-                                    sampler, mode=mode)  # type: ignore[arg-type]
+                                    sampler, mode=mode,  # type: ignore[arg-type]
+                                    documents=self.store.documents_for_prompt(reply.parent_id))
         result = reply.as_result()
         key = reply.model_key or report.model_key
         same = bool(key) and key == model.key
@@ -470,7 +474,7 @@ class ChatSession:
         messages = messages[:lead] + messages[lead + dropped:]
         limit = reply.report.context.limit if reply.report and reply.report.context else None
         request = GenerationRequest(messages=messages, sampler=sampler, mode=mode, context_policy="truncate",
-                                    context_length=limit)
+                                    context_length=limit, documents=self.store.documents_for_prompt(reply.parent_id))
         return request, list(reply.tokens), list(reply.logprobs or [])
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from app.core.store import Message, ReplyOutcome, Run
+from engine.documents.extract import Document
 from engine.types import CacheReport, Comparison, GenerationResult
 
 
@@ -50,6 +51,7 @@ class MessageVM:
     settings_note: str = ""  # what Regenerate and New variant use (the footer's tooltip)
     shown: Optional[int] = None  # the run shown (an index of `runs`, picked in the runs menu); None: the latest
     continuable: bool = False  # stopped, or ended at max tokens: Continue goes on with it (continuing.py)
+    documents: tuple[Document, ...] = field(default=(), compare=False, hash=False)  # a user message's files
 
     @property
     def navigator(self) -> str:
@@ -69,7 +71,8 @@ class MessageVM:
         return badge_state(self.outcome)
 
 
-def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = ()) -> MessageVM:
+def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = (),
+               documents: Sequence[Document] = ()) -> MessageVM:  # fmt: skip
     """A message as shown; a reply's footer, badge and report are its latest run's."""
     i = sibling_ids.index(m.id) if m.id in sibling_ids else 0
     assistant = m.role == "assistant"
@@ -99,6 +102,7 @@ def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = ()) -> 
         run_lines=lines,
         settings_note=settings_note(m) if assistant else "",
         continuable=assistant and can_continue(m.status, m.finish_reason, len(m.tokens or [])),
+        documents=tuple(documents),
     )
 
 
@@ -423,6 +427,7 @@ class DebugVM:
     layers: list[list[str]]  # one row of LAYER_COLUMNS per layer
     declines: str
     ranks: list[str] = field(default_factory=list)  # one line per rank (a run on several ranks)
+    documents: list[str] = field(default_factory=list)  # one line per attached document
 
 
 def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
@@ -467,7 +472,19 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
     ]  # fmt: skip
     declines = "\n".join(f"• {d}" for d in r.declines) if r.declines else "none"
     ranks = [rank_line(x) for x in r.ranks] if r.world_size > 1 else []
-    return DebugVM(title, rows, r.model_key, layers, declines, ranks)
+    return DebugVM(title, rows, r.model_key, layers, declines, ranks, [document_line(d) for d in r.documents])
+
+
+DOCUMENT_SOURCES = {"memory": "restored from memory", "disk": "restored from disk", "prefilled": "prefilled now"}
+
+
+def document_line(d: dict[str, Any]) -> str:
+    """'report.pdf: 6,120 tokens (prompt 41–6,161), restored from disk'."""
+    tokens = int(d.get("tokens") or 0)
+    where = f"prompt {int(d.get('start') or 0):,}–{int(d.get('end') or 0):,}"
+    source = DOCUMENT_SOURCES.get(str(d.get("source")), str(d.get("source") or "?"))
+    cut = "" if d.get("cut", True) else "; no cut at its end (the tokenizer merged across it): shared only as a prefix"
+    return f"{d.get('name', '?')}: {tokens:,} tokens ({where}), {source}{cut}"
 
 
 def rank_line(rank: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.drafts import Drafts
 from app.core.view_models import MessageVM, context_marker, settings_summary
 from app.qt import conversation_actions, dialogs, jobs, menus, model_actions
+from app.qt.attach import AttachControls
 from app.qt.dock_width import DockWidth
 from app.qt.gc_pacer import GcPacer
 from app.qt.inspector import Inspector
@@ -222,7 +223,10 @@ class MainWindow(QMainWindow):
         self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         bl.addWidget(self.settings_summary)
         bl.addWidget(self.context_meter.warning)  # what Send will do when the next prompt does not fit
+        self.attach = AttachControls(self)  # the 📎 button, drops, the chips (app/qt/attach.py)
+        bl.addWidget(self.attach.bar)
         row = QHBoxLayout()
+        row.addWidget(self.attach.button, 0, Qt.AlignmentFlag.AlignTop)
         self.composer = Composer()
         self.composer.submitted.connect(self.send)
         self.composer.textChanged.connect(self._draft_changed)
@@ -328,6 +332,8 @@ class MainWindow(QMainWindow):
         c.subscribe(flows.MODEL, lambda what, *args: model_actions.show_model(self, what, *args))
         c.subscribe(ops.LINK, lambda link: model_actions.show_link(self, link))
         c.subscribe(flows.VERIFY, self._show_verify)
+        self.attach.wire()
+        self.attach.watch(self.composer, self.chat_view.viewport())
 
     @property
     def conv_id(self) -> Optional[int]:
@@ -482,6 +488,7 @@ class MainWindow(QMainWindow):
         if ops.send(self.chat, self.composer.toPlainText()):
             self.drafts.forget(was)  # sent: no longer a draft (the new chat's too)
             self.composer.clear()
+            self.attach.sent()
 
     def delete_message(self, message_id: int, confirm: bool = True) -> None:
         if self.chat.generating:

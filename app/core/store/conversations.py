@@ -32,7 +32,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from app.core.instance_lock import InstanceLock, acquire_instance_lock
 from app.core.store.records import (
@@ -49,13 +49,15 @@ from app.core.store.records import (
     _message,
     _run,
 )
+from app.core.store.documents import DocumentRows
 from app.core.store.drafts import DraftRows
 from app.core.store.schema import Database, default_path
 from app.core.store.transfer import Transfer
+from engine.documents.extract import Document
 from engine.types import ROLES
 
 
-class ConversationStore(Database, Transfer, DraftRows):
+class ConversationStore(Database, Transfer, DraftRows, DocumentRows):
     """All conversations of one data dir. Thread-safe (one connection behind a lock)."""
 
     def create_conversation(
@@ -148,16 +150,21 @@ class ConversationStore(Database, Transfer, DraftRows):
 
     def add_message(
         self, conv_id: int, parent_id: Optional[int], role: str, content: str,
-        status: str = "complete", **assistant_fields: Any,
+        status: str = "complete", documents: Sequence[Document] = (), **assistant_fields: Any,
     ) -> Message:  # fmt: skip
         """Append a message under `parent_id` (None: a first message) and make it the active child.
 
         Committed and fsynced when this returns: save the user's message with this *before* starting
         a generation. A reply can be created up front with status="generating" and finished with
         `update_message`. A second child under the same parent is a variant (regenerate) or a branch.
+        `documents` (a user message's attachments) are saved with it, in the same transaction.
         """
+        if documents and role != "user":
+            raise StoreError("only a user message can carry documents")
         with self._tx():
-            return self._insert_message(conv_id, parent_id, role, content, status, assistant_fields)
+            message = self._insert_message(conv_id, parent_id, role, content, status, assistant_fields)
+            self._add_documents(message.id, documents)
+            return message
 
     def _insert_message(
         self, conv_id: int, parent_id: Optional[int], role: str, content: str,
@@ -224,7 +231,9 @@ class ConversationStore(Database, Transfer, DraftRows):
         (and the replies under it) stay reachable as the other variant."""
         with self._tx():
             old = self._get_message(message_id)
-            return self._insert_message(old.conversation_id, old.parent_id, old.role, content, "complete", {})
+            edited = self._insert_message(old.conversation_id, old.parent_id, old.role, content, "complete", {})
+            self._copy_documents(old.id, edited.id)  # the branch asks about the same files
+            return edited
 
     def get_message(self, message_id: int) -> Message:
         with self._tx(write=False):

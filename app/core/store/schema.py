@@ -106,6 +106,21 @@ MIGRATIONS: list[Sequence[str]] = [
             DELETE FROM drafts WHERE conversation_id = old.id;
         END""",
     ),
+    # v6: the documents attached to a user message (app/core/store/documents.py): the extracted
+    # text the model reads and the file's digest, in attach order; they go with their message.
+    (
+        """CREATE TABLE documents (
+            id INTEGER PRIMARY KEY,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            pages INTEGER,
+            text TEXT NOT NULL,
+            UNIQUE (message_id, position)
+        )""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -17,6 +17,7 @@ from app.core.store.records import (
     StoreError,
     _encode_fields,
 )
+from app.core.store.documents import exported, imported
 from engine.types import ROLES
 
 
@@ -29,6 +30,7 @@ class Transfer:
         with self._tx(write=False):
             conv = self._get_conversation(conv_id)
             msgs = self.messages(conv_id)
+            docs = self._documents_of([m.id for m in msgs])
         local = {m.id: i + 1 for i, m in enumerate(msgs)}
         doc = {
             "format": EXPORT_FORMAT,
@@ -43,6 +45,7 @@ class Transfer:
                     "id": local[m.id],
                     "parent": local.get(m.parent_id),
                     "active_child": local.get(m.active_child_id),
+                    **({"documents": exported(docs[m.id])} if m.id in docs else {}),
                 }
                 for m in msgs
             ],
@@ -75,6 +78,7 @@ class Transfer:
                 names = ", ".join(cols)
                 marks = ", ".join(f":{k}" for k in cols)
                 ids[m["id"]] = c.execute(f"INSERT INTO messages ({names}) VALUES ({marks})", cols).lastrowid
+                self._add_documents(ids[m["id"]], m["documents"])
             for m in msgs:
                 if m["active_child"] is not None:
                     c.execute(
@@ -91,6 +95,7 @@ class Transfer:
             conv = self._get_conversation(conv_id)
             path = self.active_path(conv_id)
             positions = {m.id: self.position(m.id) for m in path}
+            docs = self._documents_of([m.id for m in path])
         lines = [f"# {conv.title}", "", f"*Exported from Verbatim. Created {_when(conv.created_at)}.*", ""]
         system = conv.settings.get("system_prompt")
         if system:
@@ -107,7 +112,11 @@ class Transfer:
                 notes.append(f"seed {m.seed}")
             if m.status != "complete":
                 notes.append(m.status)
-            lines += [f"## {head}" + (f" ({', '.join(notes)})" if notes else ""), "", m.content, ""]
+            lines += [f"## {head}" + (f" ({', '.join(notes)})" if notes else ""), ""]
+            for d in docs.get(m.id, []):  # the file's name and digest; its text is in the JSON export
+                pages = f", {d.pages} pages" if d.pages else ""
+                lines += [f"*Attached: {d.name}{pages} (sha256 {d.digest[:12]}…)*", ""]
+            lines += [m.content, ""]
         return "\n".join(lines).rstrip() + "\n"
 
     def integrity_check(self) -> str:
@@ -215,7 +224,10 @@ def _check_export(doc: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         check(type(m.get("created_at")) in (int, float), f"{where} created_at must be a number")
         for k, ok in optional.items():
             check(m.get(k) is None or ok(m[k]), f"{where} has an invalid {k}")
-        m = {**m, "status": m.get("status", "complete"), "active_child": m.get("active_child")}
+        documents = imported(m.get("documents"), where)
+        check(not documents or m["role"] == "user", f"{where}: only a user message can carry documents")
+        m = {**m, "status": m.get("status", "complete"), "active_child": m.get("active_child"),
+             "documents": documents}
         seen[mid] = m
     for m in seen.values():
         ch = m["active_child"]

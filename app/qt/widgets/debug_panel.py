@@ -121,6 +121,15 @@ class DebugPanel(QDockWidget):
         self.rank_box.setVisible(False)
         lay.addWidget(self.rank_box)
 
+        # The documents in the prompt: each one's tokens and where its state came from.
+        self.documents = WrapLabel("")
+        self.documents.setObjectName("debug_documents")
+        self.documents.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.document_box = QGroupBox("Documents")
+        QVBoxLayout(self.document_box).addWidget(self.documents)
+        self.document_box.setVisible(False)
+        lay.addWidget(self.document_box)
+
         decl_box = QGroupBox("Declined snapshots")
         self.declines = QLabel("none")
         self.declines.setObjectName("debug_declines")
@@ -212,6 +221,7 @@ class DebugPanel(QDockWidget):
             self.layers.setRowCount(0)
             self.ranks.setText("")
             self.rank_box.setVisible(False)
+            self.document_box.setVisible(False)
             self.declines.setText("none")
             return
         d = debug_vm(vm, run)
@@ -230,6 +240,9 @@ class DebugPanel(QDockWidget):
         self.ranks.setText("\n".join(d.ranks))
         self.rank_box.setTitle(f"Ranks ({len(d.ranks)})")
         self.rank_box.setVisible(bool(d.ranks))
+        self.documents.setText("\n".join(d.documents))
+        self.document_box.setTitle(f"Documents ({len(d.documents)})")
+        self.document_box.setVisible(bool(d.documents))
 
     # -- verify and the store --------------------------------------------------------------------
     def set_verifying(self, on: bool) -> None:

@@ -27,6 +27,7 @@ from app.core.prefill_rate import PrefillRate
 from app.core.replay import Replay
 from app.core.search_marks import term_spans
 from app.core.view_models import MessageVM
+from app.qt.widgets.attachment_bar import ChipList, document_chips
 from app.qt.widgets.runs_button import RunsButton
 from app.qt.widgets.wrap_label import WrapLabel
 
@@ -175,6 +176,10 @@ class MessageWidget(QFrame):
         for w in (self.edit_button, self.copy_button, self.delete_button):
             head.addWidget(w)
         lay.addLayout(head)
+
+        self.doc_chips = ChipList(removable=False, parent=self)  # a user message's attached files
+        lay.addWidget(self.doc_chips)
+        self._docs_shown: tuple[str, ...] = ()
 
         self.body = MessageBody()
         self.body.copyCode.connect(lambda code: self.copied.emit("Code block copied"))
@@ -337,6 +342,10 @@ class MessageWidget(QFrame):
         self.prev_button.setEnabled(vm.prev_id is not None)
         self.next_button.setEnabled(vm.next_id is not None)
         self.edit_button.setVisible(vm.role == "user")
+        digests = tuple(d.digest for d in vm.documents)
+        if digests != self._docs_shown:
+            self._docs_shown = digests
+            self.doc_chips.set_chips(document_chips(vm.documents))
         is_reply = vm.role == "assistant"
         self.footer.setVisible(is_reply and bool(vm.footer))
         self.footer.setText(vm.footer)
