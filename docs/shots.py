@@ -29,10 +29,10 @@ def settle(seconds: float = 0.3) -> None:
         time.sleep(0.01)
 
 
-def ready_window(model: str, sampler: Any, theme: str = "light") -> tuple[Any, list[str]]:
-    """A main window on `model` in a throw-away data dir, the model loaded and `sampler` (a
-    fixed seed) applied, and the list its error messages collect in. RuntimeError (naming the
-    model) when the model cannot load."""
+def ready_window(model: str, sampler: Any, theme: str = "light", data_dir: Any = None) -> tuple[Any, list[str]]:
+    """A main window on `model` in a throw-away data dir (or `data_dir`: a restart), the model
+    loaded and `sampler` (a fixed seed) applied, and the list its error messages collect in.
+    RuntimeError (naming the model) when the model cannot load."""
     import tempfile
     from pathlib import Path
 
@@ -40,7 +40,8 @@ def ready_window(model: str, sampler: Any, theme: str = "light") -> tuple[Any, l
     from app.core import chat as ops
     from app.core.session import ChatSettings
 
-    w = build_main_window(model, Path(tempfile.mkdtemp(prefix="verbatim-shots-")), theme=theme)
+    folder = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
+    w = build_main_window(model, folder, theme=theme)
     errors: list[str] = []
     w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
     wait_until(lambda: w.chat.model_ready or bool(errors))

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, TypeVar, Union, runtime_checkable
+from typing import Any, Iterable, Optional, Protocol, TypeVar, Union, runtime_checkable
 
 from engine.engine import ModelInfo
 from engine.executor import EngineExecutor
@@ -96,6 +96,11 @@ class EngineAPI(Protocol):
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens and the context limit in force for it, nothing
         run: what the context meter counts before Send."""
+        ...
+
+    def keep_documents(self, digests: Optional[Iterable[str]]) -> None:
+        """The documents (files' digests) some conversation still has: their states stay ahead
+        of ordinary turns under eviction (None: every document's)."""
         ...
 
     def token_texts(self, tokens: list[int]) -> list[str]:

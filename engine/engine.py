@@ -13,9 +13,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Generator, Optional
+from typing import Any, Callable, Generator, Iterable, Optional
 
 from engine.cache.disk.tier import DiskCache
+from engine.cache.eviction import DocumentsKept
 from engine.cache.families import class_names
 from engine.cache.prompt_cache import PromptCache
 from engine.constraint import check_tool_results
@@ -109,9 +110,11 @@ class Engine:
         self._starts: Optional[MessageStarts] = None
         self._grammars: Optional[Grammars] = None
         disk = None
+        # Which snapshots both tiers drop first: documents' states last while in use (keep_documents).
+        self.eviction = DocumentsKept()
         if use_disk:
-            disk = DiskCache(cache_dir, budget_bytes=disk_budget)
-        self.cache = PromptCache(memory_budget, disk)
+            disk = DiskCache(cache_dir, budget_bytes=disk_budget, policy=self.eviction)
+        self.cache = PromptCache(memory_budget, disk, self.eviction)
         self.lm: Optional[LoadedModel] = None
         self.info: Optional[ModelInfo] = None
         # Last reply per (prompt, settings): lets a report say whether a regenerate was identical.
@@ -198,6 +201,12 @@ class Engine:
         if request.context_length:
             limit = min(limit, request.context_length) if limit else request.context_length
         return limit
+
+    def keep_documents(self, digests: Optional[Iterable[str]]) -> None:
+        """The documents some conversation still has (their files' digests): their states stay
+        ahead of ordinary turns under eviction, a document no conversation has any more goes as
+        an ordinary snapshot does. None: keep every document's state ahead (the default)."""
+        self.eviction.in_use = None if digests is None else frozenset(digests)
 
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the
@@ -303,7 +312,7 @@ class Engine:
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
                                        p.context.limit, self._guide(p), p.reply_header_cuts, p.earlier,
-                                       [d.end for d in p.documents if d.cut])
+                                       [d.end for d in p.documents if d.cut], _held(p.documents))
         _describe_cuts(result, p)
         if self.cache.disk is not None:
             result.report.warnings = self.cache.pop_warnings()
@@ -397,6 +406,11 @@ def _describe_cuts(result: GenerationResult, p: Prepared) -> None:
     result.report.documents = [
         {"name": s.name, "digest": s.digest, "start": s.start, "end": s.end, "tokens": s.tokens, "cut": s.cut,
          "source": source if source and restored >= s.end else "prefilled"} for s in p.documents]
+
+
+def _held(spans: list[DocumentSpan]) -> dict[int, tuple[str, ...]]:
+    """Each document end (a cut) -> the digests of the documents the state there holds."""
+    return {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
 
 
 def _check_documents_fit(lm: LoadedModel, request: GenerationRequest, limit: Optional[int], tools: Any) -> None:

@@ -162,6 +162,10 @@ class RemoteEngine:
     def token_texts(self, tokens: list[int]) -> list[str]:
         return list(self._json("POST", "/verbatim/tokenize", {"tokens": tokens})["texts"])
 
+    def keep_documents(self, digests: Any) -> None:
+        """Nothing to do: the server's cache is its own, and it keeps every document's state ahead
+        (its clients' conversations are not known to it)."""
+
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of a chat request in tokens (the server's tokenizer and template) and
         the limit in force: the request's own, never past the served model's context."""

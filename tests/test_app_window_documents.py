@@ -59,7 +59,7 @@ def counted(w: MainWindow, n: int) -> None:
 
 
 def attach_by_button(qtbot: Any, w: MainWindow, monkeypatch: pytest.MonkeyPatch, *paths: Path) -> list[str]:
-    """Click 📎 and pick `paths` in the file dialog; returns the folder the dialog started in."""
+    """Click the attach button and pick `paths` in the file dialog; returns the folder the dialog started in."""
     started: list[str] = []
 
     def pick(parent: QWidget, caption: str, folder: str, filters: str) -> tuple[list[str], str]:
@@ -123,6 +123,12 @@ def test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_
     report = replies(w)[-1].report
     assert [(d["name"], d["source"]) for d in report.documents] == [("report.pdf", "prefilled")]
     assert report.documents[0]["tokens"] > 0
+    # The engine keeps the file's state warm while a conversation has it, and no longer after.
+    in_use = lambda: w.chat.executor.submit(lambda engine: engine.eviction.in_use).result()  # noqa: E731
+    assert in_use() == {rows[0].digest}
+    w.delete_conversation(w.conv_id, confirm=False)
+    send(qtbot, w, "Anything else?")
+    assert in_use() == frozenset()
 
 
 def test_a_dropped_file_is_attached_not_pasted_on_the_composer_and_on_the_conversation(

@@ -243,6 +243,41 @@ def test_eviction_keeps_the_document_ahead_of_ordinary_turns(llama: Path) -> Non
         eng.close()
 
 
+def test_a_document_no_conversation_has_any_more_is_evicted_like_a_turn(llama: Path, tmp_path: Path) -> None:
+    """The same budget and turns as above, but the app has said the document is in no
+    conversation any more (keep_documents): its state goes as an ordinary turn's does. The
+    snapshot names the document it holds, on disk too."""
+    d = doc()
+    eng = Engine(use_disk=False, chunk=16, memory_budget=3 << 20)
+    eng.load(str(llama))
+    try:
+        first = eng.generate(ask("Why is the sky blue?", (d,)))
+        end = first.report.documents[0]["end"]
+        held = [e.meta for e in eng.cache.memory._items.values() if e.meta.kind == "document"]
+        assert [m.documents for m in held] == [(d.digest,)]
+        eng.keep_documents({"0" * 64})  # another document is in use; this one is not
+        for i in range(20):
+            eng.generate(ask(f"{i}: " + "The quick brown fox jumps over the lazy dog. " * 8, (), max_tokens=4))
+        r = eng.generate(ask("What is the capital of France?", (d,)))
+        assert r.report.restored < end and r.report.documents[0]["source"] == "prefilled"
+        eng.keep_documents({d.digest})  # in use again: kept ahead again
+        for i in range(20):
+            eng.generate(ask(f"{i} again: " + "The quick brown fox jumps over the lazy dog. " * 8, (), max_tokens=4))
+        r = eng.generate(ask("And of Italy?", (d,)))
+        assert r.report.restored >= end and r.report.documents[0]["source"] == "memory"
+    finally:
+        eng.close()
+    from engine.cache.disk.format import meta_from_dict, meta_to_dict
+
+    meta = held[0]
+    assert meta_from_dict(meta_to_dict(meta)).documents == (d.digest,)
+    bad = {**meta_to_dict(meta), "documents": ["../../etc/passwd"]}
+    with pytest.raises(ValueError, match="bad documents"):
+        meta_from_dict(bad)
+    old = {k: v for k, v in meta_to_dict(meta).items() if k != "documents"}  # a pack written before
+    assert meta_from_dict(old).documents == ()
+
+
 def test_documents_that_cannot_fit_are_refused_before_any_prefill_with_the_numbers(llama: Path) -> None:
     eng = Engine(use_disk=False, chunk=16, context_length=256)
     eng.load(str(llama))

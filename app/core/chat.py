@@ -359,6 +359,9 @@ class ChatModel(Evented):
         recorder = ReplyRecorder(self.session, pending)
         result: Optional[GenerationResult] = None
         try:
+            # Documents' states stay warm while a conversation has them (engine/cache/eviction.py).
+            in_use = self.session.store.document_digests()
+            await self.call(lambda engine: engine.keep_documents(in_use))
             async for batch in engine_batches(self.executor, pending.request, cancel, loop=self.loop,
                                               interval=self.batch_interval, observe=recorder):
                 result = self._apply(pending, batch)

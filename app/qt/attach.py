@@ -1,22 +1,21 @@
-"""The window's attach: the 📎 button, files dropped on the composer or the conversation, the
+"""The window's attach: the paperclip button, files dropped on the composer or the conversation, the
 chips above the composer and their note, wired to the chat model's attachments
 (app/core/attachments.py). Nothing here reads a file: the core does, off the GUI thread."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QFileDialog, QToolButton, QWidget
 
 from app.core import attachments as att
 from app.core import chat as ops
+from app.core.chat import ChatModel
 from app.core.context_budget import ContextBudget, short_count
 from app.qt import dialogs
-from app.qt.widgets.attachment_bar import PAPERCLIP, AttachmentBar, FileDrops
-
-if TYPE_CHECKING:
-    from app.qt.window import MainWindow
+from app.qt.widgets.attachment_bar import AttachmentBar, FileDrops
 
 FILES = "Documents (*.pdf *.docx *.txt *.md *.markdown *.rst *.csv *.json *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.html *.tex);;All files (*)"
 ATTACH_TIP = ("Attach files (PDF, .docx, text, Markdown, source code; or drop them here). They are read once"
@@ -24,19 +23,28 @@ ATTACH_TIP = ("Attach files (PDF, .docx, text, Markdown, source code; or drop th
               " starts without reading them again.")
 
 
+class Window(Protocol):
+    """What the attach controls use of the main window (app/qt/window.py)."""
+
+    chat: ChatModel
+    qsettings: QSettings
+    read_only: bool
+
+
 class AttachControls:
     """The attach button, the drop targets and the chips of one window."""
 
-    def __init__(self, window: "MainWindow") -> None:
+    def __init__(self, window: Window) -> None:
         self.window = window
         self.bar = AttachmentBar()
         self.button = QToolButton()
         self.button.setObjectName("attachButton")
-        self.button.setText(PAPERCLIP)
+        self.button.setText("Attach")  # its icon (a paperclip) comes with the theme's style sheet
+        self.button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
         self.button.setToolTip(ATTACH_TIP)
         self.button.setAccessibleName("Attach files")
         self.button.clicked.connect(self.choose)
-        self.drops = FileDrops(window)
+        self.drops = FileDrops(self.button)
         self.drops.dropped.connect(self.attach)
 
     def watch(self, *widgets: QWidget) -> None:
@@ -53,7 +61,8 @@ class AttachControls:
     def choose(self) -> None:
         """The attach button: pick files (the dialog starts in Documents, else the last folder)."""
         w = self.window
-        paths, _ = QFileDialog.getOpenFileNames(w, "Attach files", str(dialogs.start_dir(w.qsettings)), FILES)
+        paths, _ = QFileDialog.getOpenFileNames(self.button.window(), "Attach files",
+                                                str(dialogs.start_dir(w.qsettings)), FILES)
         if paths:
             w.qsettings.setValue("files/last_dir", str(Path(paths[0]).parent))
             self.attach(paths)

@@ -105,6 +105,7 @@ def style_sheet(theme: Theme) -> str:
     values = {k: v for k, v in theme.__dict__.items() if isinstance(v, str)}
     icons = RESOURCES / "icons"
     values["chevron"] = (icons / f"chevron-down-{theme.name}.svg").as_posix()
+    values["paperclip"] = (icons / f"paperclip-{theme.name}.svg").as_posix()
     return Template(template).safe_substitute(values)
 
 

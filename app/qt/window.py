@@ -223,7 +223,7 @@ class MainWindow(QMainWindow):
         self.settings_summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         bl.addWidget(self.settings_summary)
         bl.addWidget(self.context_meter.warning)  # what Send will do when the next prompt does not fit
-        self.attach = AttachControls(self)  # the 📎 button, drops, the chips (app/qt/attach.py)
+        self.attach = AttachControls(self)  # the attach (paperclip) button, drops, the chips (app/qt/attach.py)
         bl.addWidget(self.attach.bar)
         row = QHBoxLayout()
         row.addWidget(self.attach.button, 0, Qt.AlignmentFlag.AlignTop)

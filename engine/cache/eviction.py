@@ -11,7 +11,7 @@ user) stays the tier's own rule.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, TypeVar
+from typing import Hashable, Iterable, Optional, TypeVar
 
 from engine.cache.meta import SnapshotMeta
 
@@ -36,12 +36,24 @@ class EvictionPolicy:
 
 
 class DocumentsKept(EvictionPolicy):
-    """Documents' states last: the least recently used ordinary snapshot goes first, then the
-    least recently used document."""
+    """Documents' states last, while a conversation uses them: the least recently used ordinary
+    snapshot goes first, then the least recently used document.
+
+    `in_use`: the digests of the documents some conversation still has (the app's store tells
+    them: `Engine.keep_documents`). A document snapshot holding one that no conversation has any
+    more is an ordinary snapshot again. None (the default, and a server's: its clients' conversations
+    are not known) keeps every document's state ahead; so does a snapshot that names no documents
+    (written before they were recorded)."""
+
+    def __init__(self, in_use: Optional[Iterable[str]] = None) -> None:
+        self.in_use: Optional[frozenset[str]] = None if in_use is None else frozenset(in_use)
 
     def keep_priority(self, meta: SnapshotMeta) -> int:
-        return 1 if meta.kind == "document" else 0
+        if meta.kind != "document":
+            return 0
+        used = self.in_use  # one read: another thread may set it meanwhile
+        return 1 if used is None or all(d in used for d in meta.documents) else 0
 
 
 LRU = EvictionPolicy()
-KEEP_DOCUMENTS = DocumentsKept()
+KEEP_DOCUMENTS = DocumentsKept()  # every document kept ahead (an engine makes its own: keep_documents)

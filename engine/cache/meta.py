@@ -24,6 +24,10 @@ class SnapshotMeta:
     # Where its blocks end besides `length`: the schedule's cuts it was prefilled at, and the
     # restore point it started from (engine/cache/blocks.py).
     block_ends: tuple[int, ...] = ()
+    # A "document" snapshot: the digests (Document.digest: the file's SHA-256) of the attached
+    # documents its state holds, in order; what tells eviction whether a conversation still
+    # uses it (engine/cache/eviction.py). () for every other kind, and for older packs.
+    documents: tuple[str, ...] = ()
 
     @property
     def length(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from engine.cache.families import rules_of
 from engine.cache.blocks import in_blocks
+from engine.cache.eviction import KEEP_DOCUMENTS, EvictionPolicy
 from engine.cache.memory_tier import MemoryTier
 from engine.cache.meta import SnapshotMeta
 from engine.cache.planner import Plan, plan_restore
@@ -44,8 +45,9 @@ class PromptCache:
     Only the engine's worker thread touches the arrays; statistics can be read from elsewhere.
     """
 
-    def __init__(self, budget_bytes: int = 2 << 30, disk: Optional[DiskTier] = None) -> None:
-        self.memory = MemoryTier(budget_bytes)
+    def __init__(self, budget_bytes: int = 2 << 30, disk: Optional[DiskTier] = None,
+                 policy: EvictionPolicy = KEEP_DOCUMENTS) -> None:  # fmt: skip
+        self.memory = MemoryTier(budget_bytes, policy)
         self.disk = disk
         self.lookups = 0
         self.hits = 0

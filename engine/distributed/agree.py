@@ -20,8 +20,8 @@ from engine.distributed.group import Group
 class AgreedPromptCache(PromptCache):
     """A rank's prompt cache whose `fetch` returns the restore point every rank agreed on."""
 
-    def __init__(self, group: Group, budget_bytes: int, disk: Any = None) -> None:
-        super().__init__(budget_bytes, disk)
+    def __init__(self, group: Group, budget_bytes: int, disk: Any = None, policy: Any = None) -> None:
+        super().__init__(budget_bytes, disk) if policy is None else super().__init__(budget_bytes, disk, policy)
         self.group = group
 
     def fetch(self, model_key: str, prompt: Sequence[int], mode: str, cuts: Sequence[int],

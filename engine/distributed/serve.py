@@ -112,7 +112,7 @@ def _make_engine(args: argparse.Namespace, group: Group) -> Callable[[], Any]:
                         chunk=args.chunk, context_length=args.context_length,
                         shard=lambda model: shard_model(model, group.group))
         # The same tiers, with a fetch that agrees on the restore point with the other ranks.
-        engine.cache = AgreedPromptCache(group, engine.cache.budget_bytes, engine.cache.disk)
+        engine.cache = AgreedPromptCache(group, engine.cache.budget_bytes, engine.cache.disk, engine.cache.memory.policy)
         return engine
 
     return make

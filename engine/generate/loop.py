@@ -103,8 +103,10 @@ class _Snapshots:
         if cut:
             self.ends.append(end)
 
-    def take(self, kind: str, tokens: Sequence[int], cache: list[Any]) -> Optional[str]:
-        """Store a snapshot of `cache` holding `tokens`; its id (None: nothing stored)."""
+    def take(self, kind: str, tokens: Sequence[int], cache: list[Any],
+             documents: tuple[str, ...] = ()) -> Optional[str]:  # fmt: skip
+        """Store a snapshot of `cache` holding `tokens` (and, a document's, the digests of the
+        documents it holds); its id (None: nothing stored)."""
         if self.prompt_cache is None or not tokens:
             return None
         n = len(tokens)
@@ -119,6 +121,7 @@ class _Snapshots:
             nbytes=cache_nbytes(cache),
             forwards=tuple(f for f in self.forwards if f[0] < n) if self.known else (),
             block_ends=tuple(sorted({e for e in self.ends if e < n})),
+            documents=documents,
         )
         self.prompt_cache.store(meta, cache)  # copies what the memory lacks; `cache` goes on
         self.stored.append({"kind": kind, "length": meta.length, "canonical": meta.canonical})
@@ -200,6 +203,7 @@ class SnapshotPoints:
     # The cuts at attached documents' ends that this prefill passes: a "document" snapshot at each,
     # what any conversation about those files restores (kept ahead of turns: cache/eviction.py).
     documents: tuple[int, ...] = ()
+    held: dict[int, tuple[str, ...]] = field(default_factory=dict)  # end -> digests of the documents there
 
 
 def snapshot_points(n_prompt: int, cuts: tuple[int, ...], restored: int, caching: bool,
@@ -251,7 +255,7 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
             forwarded.append([start, end])
             yield PrefillProgress(end, n_prompt)
             if end in points.documents:
-                snaps.take("document", prompt[:end], cache)
+                snaps.take("document", prompt[:end], cache, points.held.get(end, ()))
             elif end == points.boundary:
                 snaps.take("boundary", prompt[:end], cache)
     except GeneratorExit:  # closed by the consumer: keep what a regenerate needs, then end
@@ -284,6 +288,7 @@ def stream(
     reply_header_cuts: Sequence[int] = (),
     earlier: Sequence[int] = (),
     document_ends: Sequence[int] = (),
+    document_digests: Optional[dict[int, tuple[str, ...]]] = None,
 ) -> Generator[Event, None, GenerationResult]:
     """Generate a reply to `prompt` (rendered from the request if not given). `message_starts`
     are the token positions where rendered messages start and `reply_header_cuts` where earlier
@@ -291,7 +296,8 @@ def stream(
     `context_limit` ends decoding (finish reason "context") before the model's context is full.
 
     `document_ends`: the cuts where attached documents end (engine/documents); a snapshot is kept
-    at each one this prefill computes.
+    at each one this prefill computes, naming the documents it holds (`document_digests`: end ->
+    their digests; what eviction asks, engine/cache/eviction.py).
 
     `earlier`: a Continue of a reply that has these tokens so far. The unstopped run forwarded
     them one at a time after the last prompt token, so the continuation forwards the same: its
@@ -322,7 +328,7 @@ def stream(
         points = replace(points, boundary=None)
     elif prompt_cache is not None:
         points = replace(points, documents=tuple(e for e in document_ends if rest.restored < e < len(prompt) - 1
-                                                 and e in cuts))
+                                                 and e in cuts), held=dict(document_digests or {}))
     snaps = _Snapshots(lm, prompt_cache, rest, class_names(cache), key)
     t_prefill = time.perf_counter()
 

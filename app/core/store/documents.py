@@ -51,6 +51,11 @@ class DocumentRows:
         with self._tx(write=False):  # type: ignore[attr-defined]
             return self._documents_of(list(message_ids))
 
+    def document_digests(self) -> set[str]:
+        """The digests of every document some message still has (what the cache keeps warm)."""
+        with self._tx(write=False) as c:  # type: ignore[attr-defined]
+            return {r[0] for r in c.execute("SELECT DISTINCT digest FROM documents")}
+
     def documents_for_prompt(self, upto_message_id: int) -> tuple[Document, ...]:
         """The documents on the path root .. upto_message_id, in the order the engine places them."""
         with self._tx(write=False):  # type: ignore[attr-defined]

@@ -20,9 +20,6 @@ from app.core.attachments import Attachment, chip_text
 from app.qt.widgets.wrap_label import WrapLabel
 from engine.documents.extract import Document
 
-PAPERCLIP = "📎"
-
-
 class Chip(QFrame):
     """One attached file."""
 
@@ -34,7 +31,7 @@ class Chip(QFrame):
         row = QHBoxLayout(self)
         row.setContentsMargins(8, 3, 4, 3)
         row.setSpacing(6)
-        self.label = WrapLabel(f"{PAPERCLIP} {text}", self)
+        self.label = WrapLabel(text, self)
         self.label.setObjectName("documentChipText")
         self.setToolTip(tip)
         row.addWidget(self.label, 1)
@@ -50,7 +47,7 @@ class Chip(QFrame):
 
     @property
     def text(self) -> str:
-        return self.label.text().removeprefix(f"{PAPERCLIP} ")
+        return self.label.text()
 
 
 class ChipList(QWidget):

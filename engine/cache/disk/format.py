@@ -33,6 +33,7 @@ _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_TOKENS = 1 << 22
 MAX_TOKEN_ID = 1 << 31
 MAX_LAYERS = 4096
+MAX_DOCUMENTS = 256  # documents a snapshot may name (a request attaches far fewer)
 MAX_FILE_BYTES = 1 << 40
 MAX_INDEX_BYTES = 512 << 20
 MAX_INDEX_DEPTH = 64  # the index nests 6 deep; a deeper file is damage, not something to parse
@@ -119,6 +120,7 @@ def meta_to_dict(meta: SnapshotMeta) -> dict[str, Any]:
         "nbytes": meta.nbytes,
         "forwards": _forward_runs(meta.forwards),
         "block_ends": list(meta.block_ends),
+        **({"documents": list(meta.documents)} if meta.documents else {}),
     }
 
 
@@ -160,6 +162,10 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
     ends = d.get("block_ends")
     if not isinstance(ends, list) or not all(_is_int(e, 1, n) for e in ends) or ends != sorted(set(ends)):
         raise ValueError("bad block ends")
+    documents = d.get("documents", [])  # absent before documents were recorded: none named
+    if (not isinstance(documents, list) or len(documents) > MAX_DOCUMENTS
+            or not all(isinstance(x, str) and _SHA_RE.match(x) for x in documents)):
+        raise ValueError("bad documents")
     return SnapshotMeta(
         id=sid,
         model_key=key,
@@ -171,6 +177,7 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
         nbytes=d["nbytes"],
         forwards=forwards,
         block_ends=tuple(ends),
+        documents=tuple(documents),
     )
 
 
