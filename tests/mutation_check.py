@@ -59,6 +59,8 @@ HF = "tests/test_cache_files_hostile.py::"
 DF = "tests/test_disk_cache_faults.py::"
 CO = "tests/test_continue.py::"
 DO = "tests/test_documents.py::"
+WD = "tests/test_app_window_documents.py::"
+KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -530,8 +532,25 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "eviction drops a document's state like any turn",
-        (("engine/cache/eviction.py", '        return 1 if meta.kind == "document" else 0\n', "        return 0\n"),),
+        (("engine/cache/eviction.py", KEPT_WHILE_USED, "        return 0\n"),),
         (DO + "test_eviction_keeps_the_document_ahead_of_ordinary_turns",),
+    ),
+    Mutation(
+        "eviction keeps a document's state that no conversation has any more",
+        (("engine/cache/eviction.py", KEPT_WHILE_USED, "        return 1\n"),),
+        (DO + "test_a_document_no_conversation_has_any_more_is_evicted_like_a_turn",),
+    ),
+    Mutation(
+        "the window's reply is generated without the message's documents",
+        (("app/core/session.py", "                                    documents=self.store.documents_for_prompt(user_id))",
+          "                                    documents=())"),),
+        (WD + "test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_before_sending",
+         WD + "test_regenerate_about_a_document_is_identical_and_a_new_conversation_restores_it"),
+    ),
+    Mutation(
+        "an edit of a message drops its documents",
+        (("app/core/store/conversations.py", "            self._copy_documents(old.id, edited.id)", "            pass"),),
+        (WD + "test_an_edit_keeps_the_documents_and_export_import_carries_them",),
     ),
 ]
 
