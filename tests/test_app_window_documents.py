@@ -281,3 +281,30 @@ def test_attached_in_the_middle_of_a_conversation_the_window_says_what_it_costs(
     qtbot.waitUntil(lambda: chips(w) == [], timeout=LONG)
     w.open_conversation(first)
     qtbot.waitUntil(lambda: [c.split(" · ")[0] for c in chips(w)] == ["notes.md"], timeout=LONG)
+
+
+def test_attached_to_a_server_the_document_goes_as_a_file_part_and_a_new_conversation_restores_it(
+    qtbot: Any, open_window: Callable[..., MainWindow], files: dict[str, Path], tiny_model: Path, tmp_path: Path
+) -> None:
+    from tests.cluster import running
+    from tests.test_app_remote import SERVER, connect
+
+    w = open_window(chunk=16)
+    with running(str(tiny_model), 1, tmp_path, "--chunk", "16") as server:
+        connect(qtbot, w, server.url)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        drop(w.composer, files["pdf"])
+        qtbot.waitUntil(counted(w, 1), timeout=SERVER)  # counted by the server's tokenizer
+        local = tokens_of(chips(w)[0])
+        send(qtbot, w, "What grew?", wait=False)
+        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        first = replies(w)[-1].report
+        assert [(d["name"], d["source"]) for d in first.documents] == [("report.pdf", "prefilled")]
+        assert first.documents[0]["tokens"] <= local  # the chip counted the block and its system message
+        w.new_conversation()
+        drop(w.composer, files["pdf"])
+        qtbot.waitUntil(counted(w, 1), timeout=SERVER)
+        send(qtbot, w, "What fell?", wait=False)
+        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        r = replies(w)[-1].report
+        assert r.documents[0]["source"] == "memory" and r.restored >= r.documents[0]["end"]
