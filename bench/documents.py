@@ -55,19 +55,20 @@ def in_place(engine, request, restored: int, trials: int = 3) -> dict:
     import mlx.core as mx
 
     from engine.cache.planner import chunks, schedule_cuts
-    from engine.cache.snapshot import cache_arrays
+    from engine.cache.snapshot import cache_arrays, restore_copy
 
     lm, p = engine.lm, engine.prepare(request)
     prompt = p.prompt
     cuts = schedule_cuts(len(prompt), engine.chunk, p.message_starts, p.reply_header_cuts)
     forwards = chunks(restored, cuts) + [(len(prompt) - 1, len(prompt))]
     best = {"scheduled": float("inf"), "one_forward": float("inf")}
+    live = lm.new_cache()
+    for a in range(0, restored, engine.chunk):
+        lm.model(mx.array([prompt[a:min(restored, a + engine.chunk)]]), cache=live)
+        mx.eval(cache_arrays(live))
     for _ in range(trials):
         for label, plan in (("scheduled", forwards), ("one_forward", [(restored, len(prompt))])):
-            cache = lm.new_cache()
-            for a in range(0, restored, engine.chunk):
-                lm.model(mx.array([prompt[a:min(restored, a + engine.chunk)]]), cache=cache)
-                mx.eval(cache_arrays(cache))
+            cache = restore_copy(live, restored)  # a private copy, untimed
             t = time.perf_counter()
             for a, b in plan:
                 logits = lm.model(mx.array([prompt[a:b]]), cache=cache)
@@ -189,9 +190,9 @@ def main() -> None:
          ["two / (one + the second's own turns)", f"**{C.fmt_ratio(disk_ratio)}**"],
          ["two / (one + the second alone): against storing them apart", C.fmt_ratio(apart)]]))
     res.target("second question TTFT / (question's own prefill + one step), memory",
-               C.ratio(second["ttft"], own), 1.5)
+               C.ratio(second["ttft"], own), 1.0)
     res.target("third question TTFT / (question's own prefill + one step), disk after a restart",
-               C.ratio(third["ttft"], own), 1.5)
+               C.ratio(third["ttft"], own), 1.0)
     res.target("disk: two conversations / (one + the second's own turns)", disk_ratio, 1.1)
     res.notes.append(
         f"Demo model ({C.DEMO_LABEL}), a {first['doc_tokens']}-token Markdown document after a "
