@@ -40,6 +40,7 @@ from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEv
 PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text and tokens are written to the store
 DRAFT_DEBOUNCE_S = 0.3  # a draft is counted once typing pauses this long
 LINK_INTERVAL_S = 2.0  # how often a window attached to a server asks whether it still answers
+NOT_SENT = "Not sent: "  # how the explanation of a send the unreachable server stopped begins
 COLD_RUNS_KEPT = 4  # the last cold runs (Verify's, Compare's): the other one reuses them
 
 # Events (emit name, arguments):
@@ -58,6 +59,7 @@ DRAFT = "draft"  # (ContextBudget or None): the next prompt (the path shown + th
 LINK = "link"  # (ServerLink or None): attached to a server / its reachability changed / detached
 RETURNED = "returned"  # (text): a send the engine refused was taken back: its text goes back to the composer
 REPLAY = "replay"  # (reply_id, Replay): a regenerate expected to repeat its reply, as verified so far
+NOTICE = "notice"  # (text): an explanation that stays in view, wrapped, until the next reply or conversation ('' clears)
 
 
 @dataclass
@@ -162,6 +164,7 @@ class ChatModel(Evented):
         self.budget_for: tuple[Optional[int], str] = (None, "")  # the conversation and draft it counted
         self._draft_timer: Optional[asyncio.TimerHandle] = None
         self._draft_seq = 0  # counts started; only the latest one's result is told
+        self.notice = ""  # the explanation in view (NOTICE): never only in the status bar, which elides
         self.closed = False
         self._cancel = CancelToken()  # the pending reply's
         self._tokens: "weakref.WeakSet[CancelToken]" = weakref.WeakSet()  # every live engine job's
@@ -224,8 +227,17 @@ class ChatModel(Evented):
         self.recount()  # the meter counts this path + the draft
         return self.vms
 
+    def tell(self, text: str) -> None:
+        """An explanation the user must be able to read whole (why a send did not go, where a
+        regenerate put the later turns): it stays until the next reply or conversation ('' clears)."""
+        if text != self.notice:
+            self.notice = text
+            self.emit(NOTICE, text)
+
     def open(self, conv_id: Optional[int]) -> None:
         """Show a conversation (None: a new, empty one, made by its first message)."""
+        if conv_id != self.conv_id:
+            self.tell("")
         self.conv_id = conv_id
         self.selected_id = None
         self.runs_shown.clear()
@@ -296,6 +308,7 @@ class ChatModel(Evented):
     def _start(self, pending: PendingReply) -> None:
         pending.model_key = self.model_info.key if self.model_info is not None else ""
         pending.chunk = self.engine_chunk or self.chunk  # what the engine prefills with: receipts name it
+        self.tell("")  # the next action: an earlier explanation is over
         self.pending = pending
         earlier, _ = earlier_of(pending)  # a Continue streams on from the reply so far
         self.stream = StreamState(pending.earlier_text, len(earlier))
@@ -362,6 +375,9 @@ class ChatModel(Evented):
         self.emit(FINISHED, pending, result)
         note = f" · {hidden_note(pending.hidden)}" if pending.hidden else ""
         self.emit(STATUS, finished_text(result, pending.outcome or pending.message.outcome) + note, 8000)  # type: ignore[union-attr]
+        if pending.hidden:  # a branch: said where it stays, not only in the status bar (which elides)
+            hidden = hidden_note(pending.hidden)
+            self.tell(f"{hidden[0].upper()}{hidden[1:]}.")
         if result.report.warnings:  # the engine hands each disk problem over once: keep it in view
             self.emit(BANNER, "Prompt cache: " + "; ".join(result.report.warnings)
                       + " Replies still work; the cache is kept in memory only.")  # fmt: skip
@@ -441,6 +457,8 @@ class ChatModel(Evented):
         """The server at `link` answers again (with the model the window knows)."""
         if self.link is link:
             link.up, link.error = True, ""
+            if self.notice.startswith(NOT_SENT):  # it answers again: that explanation is stale
+                self.tell("")
             self.emit(LINK, link)
 
     def set_verifying(self, verifying: bool) -> None:
@@ -635,7 +653,9 @@ def reachable(chat: ChatModel) -> bool:
     link = chat.link
     if link is None or link.up:
         return True
-    chat.emit(STATUS, f"Not sent: {link.error or 'the server is not reachable'}. What you typed is kept.", 6000)
+    why = f"{NOT_SENT}{link.error or 'the server is not reachable'}. What you typed is kept."
+    chat.emit(STATUS, why, 6000)
+    chat.tell(why + " Send works again as soon as the server answers.")  # whole, where it stays
     return False
 
 

@@ -201,7 +201,9 @@ async def _run_cold(chat: ChatModel, reply_id: int, request: GenerationRequest
 
 def clear_cache(chat: ChatModel) -> None:
     if chat.link is not None:
-        chat.emit(STATUS, "The prompt cache of a server is managed on that server", 5000)
+        why = "The prompt cache of a server is managed on that server: this window cannot clear it."
+        chat.emit(STATUS, why, 5000)
+        chat.tell(why)
         return
     chat.spawn(chat.refresh_stats(clear=True))
     chat.emit(STATUS, "Prompt cache cleared", 3000)

@@ -52,6 +52,7 @@ from app.qt.widgets.context_meter import ContextMeter
 from app.qt.widgets.debug_panel import DebugPanel
 from app.qt.widgets.elided_label import ElidedLabel
 from app.qt.widgets.model_picker import ModelPicker
+from app.qt.widgets.notice import Notice
 from app.qt.widgets.sidebar import Sidebar
 from engine.engine import Engine
 from engine.executor import EngineExecutor
@@ -200,6 +201,8 @@ class MainWindow(QMainWindow):
         bl = QVBoxLayout(bottom)
         bl.setContentsMargins(16, 8, 16, 12)
         bl.setSpacing(6)
+        self.notice = Notice()  # an explanation, whole and wrapped, until the next reply (NOTICE)
+        bl.addWidget(self.notice)
         actions = QHBoxLayout()
         self.regenerate_button = QPushButton("↻ Regenerate")
         self.regenerate_button.setObjectName("regenerateButton")
@@ -323,6 +326,7 @@ class MainWindow(QMainWindow):
         c.subscribe(ops.STATUS, self.status)
         c.subscribe(ops.ERROR, self._show_error)
         c.subscribe(ops.BANNER, self.banner_text)
+        c.subscribe(ops.NOTICE, self.notice.show_text)
         c.subscribe(ops.CONVERSATIONS, self.refresh_conversations)
         c.subscribe(ops.STATS, lambda stats, memory: (self.debug_panel.show_stats(stats), self.update_memory()))
         c.subscribe(flows.MODEL, lambda what, *args: model_actions.show_model(self, what, *args))

@@ -1,0 +1,85 @@
+"""Issue 39, through the real window (pytest-qt, tiny real model), items 6 and 8: no
+explanation lives only in the status bar, and the smaller ones (a Regenerate on each reply,
+disabled buttons drawn disabled, stale server errors cleared, one model label, a restore of 0
+that says why, a prefill rate or its reason, the runs pick remembered, the system prompt the
+model gets). Layout checks run under xcb too: tests/xcb_window_checks.py imports them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pytestqt")
+
+from app.core import chat as ops  # noqa: E402
+from app.qt.window import MainWindow  # noqa: E402
+from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
+
+pytestmark = pytest.mark.gui
+
+
+def _whole(label: Any) -> bool:
+    """The label shows all of its text: wrapped, and as tall as its text at its width, inside the window."""
+    return label.wordWrap() and label.height() >= label.needed_height(label.width()) and label.isVisibleTo(label.window())
+
+
+# -- 6. explanations stay, whole ------------------------------------------------------------------
+def test_a_branch_explained_at_1200_px_with_the_dock_open_is_shown_whole_until_the_next_reply(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window(max_tokens=4)
+    w.resize(1200, 800)
+    w.debug_panel.show()
+    send(qtbot, w, "one")
+    first = replies(w)[-1]
+    send(qtbot, w, "two")
+    send(qtbot, w, "three")
+    w.chat.select(first.id)
+    ops.regenerate(w.chat, fresh=True)  # a new variant of the first reply: the later turns stay behind
+    wait_idle(qtbot, w)
+    said = "The 4 later messages stay with the previous variant (‹ › on the reply shows them again)."
+    notice = w.notice.label
+    qtbot.waitUntil(lambda: notice.text() == said and _whole(notice), timeout=LONG)
+    assert w.notice.geometry().right() <= w.notice.parentWidget().width()  # inside the composer area
+    assert notice.width() < notice.fontMetrics().horizontalAdvance(said) * 2  # at this width, not a huge box
+    send(qtbot, w, "four")  # the next reply: the explanation is over
+    assert not w.notice.isVisibleTo(w) and w.notice.text() == ""
+
+
+def test_a_send_the_unreachable_server_stopped_says_why_whole_and_the_stale_cold_run_error_goes(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path
+) -> None:
+    from tests.cluster import running
+    from tests.test_app_remote import SERVER, connect
+
+    w = open_window(max_tokens=4)
+    w.resize(1200, 800)
+    w.debug_panel.show()
+    w.chat.link_interval = 0.2  # probe often: the test waits on what the window shows
+    with running(str(tiny_model), 1, tmp_path) as server:
+        connect(qtbot, w, server.url)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        send(qtbot, w, "Why is the sky blue?")
+        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        reply = replies(w)[-1]
+        server.stop()
+        server.wait_exit()
+        qtbot.waitUntil(lambda: w.chat.link is not None and not w.chat.link.up, timeout=SERVER)
+        # 8d: a Verify while it is away fails, and says so in the debug panel ...
+        w.chat.select(reply.id)
+        w.debug_panel.verify_button.click()
+        qtbot.waitUntil(lambda: w.debug_panel.value("verify").startswith("failed: "), timeout=SERVER)
+        # 6: Enter on a draft: not sent, and why, whole, where it stays (the status bar elides it).
+        w.composer.setPlainText("typed while the server is away")
+        w.send()
+        notice = w.notice.label
+        qtbot.waitUntil(lambda: notice.text().startswith("Not sent: ") and _whole(notice), timeout=LONG)
+        assert w.chat.link.error in notice.text() and "What you typed is kept." in notice.text()
+        server.start(same_port=True)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.link.up, timeout=SERVER)
+        # ... and once the server answers again, neither stale explanation is left in view.
+        assert w.debug_panel.value("verify") == "–"
+        assert not w.notice.isVisibleTo(w)
