@@ -88,6 +88,7 @@ def show_link(w: MainWindow, link: Optional[ServerLink]) -> None:
         w.model_label.setText(where)
         w.model_label.setToolTip(f"The model runs on the Verbatim server at {link.url}")
         w.banner_text("")
+        w.debug_panel.forget_failure()  # "Cold run: failed: cannot reach the server" is stale now
     else:
         w.model_label.setText(f"{where} · not reachable")
         w.model_label.setToolTip(link.error)
