@@ -83,3 +83,27 @@ def test_a_send_the_unreachable_server_stopped_says_why_whole_and_the_stale_cold
         # ... and once the server answers again, neither stale explanation is left in view.
         assert w.debug_panel.value("verify") == "–"
         assert not w.notice.isVisibleTo(w)
+
+
+# -- 8j. a Regenerate on each reply -----------------------------------------------------------------
+def test_each_reply_has_its_own_regenerate_that_regenerates_that_reply(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    from PySide6.QtCore import Qt
+
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "one")
+    first = replies(w)[-1]
+    send(qtbot, w, "two")
+    assert w.chat.selected.id != first.id  # the last reply is the one the button under the chat acts on
+    started: list[Any] = []
+    w.chat.subscribe(ops.PENDING, lambda p: p is not None and started.append((p.action, p.previous_id)))
+    user = w.chat_view.widget_for(w.chat.vms[0].id)
+    assert not user.regen_button.isVisibleTo(user)  # a user message has Edit instead
+    widget = w.chat_view.widget_for(first.id)
+    assert widget.regen_button.isVisibleTo(widget) and widget.regen_button.text() == "↻"
+    qtbot.mouseClick(widget.regen_button, Qt.MouseButton.LeftButton)
+    assert started == [("regenerate", first.id)]  # that reply, not the last one
+    wait_idle(qtbot, w)
+    widget = w.chat_view.widget_for(first.id)
+    assert widget.runs_button.text() == "2 runs"  # its own seed and settings: the same tokens again

@@ -193,6 +193,7 @@ class MainWindow(QMainWindow):
         self.chat_view.editSubmitted.connect(lambda mid, text: ops.edit(self.chat, mid, text))
         self.chat_view.deleteRequested.connect(lambda mid: self.delete_message(mid, confirm=True))
         self.chat_view.continueRequested.connect(lambda mid: ops.continue_reply(self.chat, mid))
+        self.chat_view.regenerateRequested.connect(self.regenerate_reply)
         self.chat_view.copied.connect(lambda msg: self.statusBar().showMessage(msg, 2000))
         col.addWidget(self.chat_view, 1)
 
@@ -486,6 +487,11 @@ class MainWindow(QMainWindow):
         if ops.send(self.chat, self.composer.toPlainText()):
             self.drafts.forget(was)  # sent: no longer a draft (the new chat's too)
             self.composer.clear()
+
+    def regenerate_reply(self, reply_id: int) -> None:
+        """A reply's own ↻: that reply selected and regenerated (as Regenerate does the selected one)."""
+        self.chat.select(reply_id)
+        ops.regenerate(self.chat, fresh=False)
 
     def delete_message(self, message_id: int, confirm: bool = True) -> None:
         if self.chat.generating:
