@@ -107,3 +107,28 @@ def test_each_reply_has_its_own_regenerate_that_regenerates_that_reply(
     wait_idle(qtbot, w)
     widget = w.chat_view.widget_for(first.id)
     assert widget.runs_button.text() == "2 runs"  # its own seed and settings: the same tokens again
+
+
+# -- 8i. disabled buttons drawn disabled -------------------------------------------------------------
+def _ink(button: Any) -> int:
+    """How far the button's text stands out from its face: the lightness range of its pixels,
+    inside the border (grabbed as drawn)."""
+    image = button.grab().toImage()
+    inset = 4
+    values = [image.pixelColor(x, y).lightness() for x in range(inset, image.width() - inset)
+              for y in range(inset, image.height() - inset)]  # fmt: skip
+    return max(values) - min(values)
+
+
+def test_disabled_regenerate_and_new_variant_are_drawn_disabled(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window(max_tokens=4)
+    buttons = (w.regenerate_button, w.new_variant_button)
+    assert not any(b.isEnabled() for b in buttons)  # an empty chat: nothing to regenerate
+    disabled = [_ink(b) for b in buttons]
+    send(qtbot, w, "one")
+    assert all(b.isEnabled() for b in buttons)
+    enabled = [_ink(b) for b in buttons]
+    for off, on in zip(disabled, enabled):
+        assert off < on * 0.5, (off, on)  # faint text on a flat face, not the enabled look
