@@ -132,3 +132,33 @@ def test_disabled_regenerate_and_new_variant_are_drawn_disabled(
     enabled = [_ink(b) for b in buttons]
     for off, on in zip(disabled, enabled):
         assert off < on * 0.5, (off, on)  # faint text on a flat face, not the enabled look
+
+
+# -- 8c. one model label, attached to a server ---------------------------------------------------------
+def test_attached_to_a_server_every_reply_has_one_model_label_and_a_regenerate_keeps_it(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    from engine.models.resolve import DEMO_NAME
+    from tests.cluster import running
+    from tests.test_app_remote import SERVER, connect
+
+    w = open_window(model="demo", max_tokens=4)  # the demo, as a new user has it
+    send(qtbot, w, "Why is the sky blue?")  # made here
+    here = replies(w)[-1]
+    assert here.model_name == DEMO_NAME
+    w.chat.link_interval = 0.2
+    with running("demo", 1, tmp_path) as server:  # the same model, served: its id there is "demo"
+        connect(qtbot, w, server.url)
+        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        send(qtbot, w, "And the sunset?", wait=False)  # made on the server
+        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        assert [vm.model_name for vm in replies(w)] == [DEMO_NAME, DEMO_NAME]
+        shown: list[str] = []
+        w.chat.subscribe(ops.STREAM, lambda *a: shown.append(w.chat_view.widget_for(w.chat.pending.reply_id)
+                                                             .role_label.text()))
+        w.chat.select(here.id)
+        ops.regenerate(w.chat, fresh=False)  # the first reply, again, on the server
+        shown.append(w.chat_view.widget_for(w.chat.pending.reply_id).role_label.text())
+        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        widget = w.chat_view.widget_for(w.chat.selected.id)  # the reply again (or its new variant)
+        assert set(shown) == {DEMO_NAME} and widget.role_label.text() == DEMO_NAME  # the header never flips

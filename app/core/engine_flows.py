@@ -124,8 +124,11 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
     info: ModelInfo = engine.info
     link = ServerLink(url, api_key, engine.placement, dict(engine.environment))
     chat.attached(link)
-    chat.model_loaded(url, info.name, info, engine.chunk)  # the server's chunk (None: one that does not say)
-    chat.emit(MODEL, "loaded", url, info.name, info)
+    # Named as here ("demo" -> "SmolLM2-135M-Instruct (demo)"): one label for the model's replies,
+    # made here or on the server, and no header that changes when a regenerate runs on the other.
+    name = model_label(info.name)
+    chat.model_loaded(url, name, info, engine.chunk)  # the server's chunk (None: one that does not say)
+    chat.emit(MODEL, "loaded", url, name, info)
     chat.emit(LINK, link)
     chat.recount()  # the server's tokenizer and context
     chat.spawn(chat.refresh_stats())
