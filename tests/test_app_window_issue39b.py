@@ -162,3 +162,20 @@ def test_attached_to_a_server_every_reply_has_one_model_label_and_a_regenerate_k
         qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
         widget = w.chat_view.widget_for(w.chat.selected.id)  # the reply again (or its new variant)
         assert set(shown) == {DEMO_NAME} and widget.role_label.text() == DEMO_NAME  # the header never flips
+
+
+# -- 8e. a restore of 0 with a matched prefix says why ----------------------------------------------------
+def test_a_new_chat_that_matched_a_prefix_but_restored_none_says_why(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "Why is the sky blue?")
+    w.new_conversation()
+    send(qtbot, w, "Name three rivers.")  # the template's head is shared with the first chat, no more
+    r = replies(w)[-1].report
+    assert r is not None and r.matched > 0 and r.restored == 0 and not r.declines, (r.matched, r.restored)
+    w.debug_panel.show()
+    assert w.debug_panel.value("restored") == (f"0 / {r.prompt_tokens} (no exact cut inside the {r.matched} "
+                                               "matched tokens: exact mode restores only where a cold prefill "
+                                               "of this prompt cuts too)")
+    assert w.debug_panel.declines.text() == "none"

@@ -223,6 +223,16 @@ def restored_of(r: Any) -> str:
     return f"{r.restored} / {r.prompt_tokens}"
 
 
+def no_restore_reason(r: Any) -> str:
+    """Why a run that matched a stored prefix restored none of it, when no snapshot was declined
+    ('' otherwise): exact mode restores only at a point where a cold prefill of this prompt
+    would cut too (engine/cache/planner.py, reuse_point), and none lay inside the match."""
+    if r.restored or not r.matched or r.declines or getattr(r, "mode", "exact") != "exact":
+        return ""
+    return (f"no exact cut inside the {r.matched} matched tokens: exact mode restores only where a cold "
+            "prefill of this prompt cuts too")
+
+
 def can_continue(status: str, finish_reason: Optional[str], n_tokens: int) -> bool:
     """Whether Continue applies (app/core/continuing.py): a reply with tokens that was stopped, or that ended at max tokens."""
     return n_tokens > 0 and (status == "interrupted" or (status == "complete" and finish_reason == "length"))
@@ -442,7 +452,8 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
     rows = {
         "prompt_tokens": str(r.prompt_tokens),
         "matched": str(r.matched),
-        "restored": restored_of(r),  # one meaning everywhere: of the prompt (and a Continue's reply so far)
+        # One meaning everywhere: of the prompt (and a Continue's reply so far); 0 of a match says why.
+        "restored": restored_of(r) + (f" ({why})" if (why := no_restore_reason(r)) else ""),
         "snapshot_length": "none" if r.stored is None else str(r.stored),
         "partial": "yes (cut back)" if r.partial else "no",
         "source": r.source or "none (cold prefill)",
