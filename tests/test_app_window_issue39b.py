@@ -179,3 +179,20 @@ def test_a_new_chat_that_matched_a_prefix_but_restored_none_says_why(
                                                "matched tokens: exact mode restores only where a cold prefill "
                                                "of this prompt cuts too)")
     assert w.debug_panel.declines.text() == "none"
+
+
+# -- 8g. a prefill with no rate says why ------------------------------------------------------------------
+def test_a_regenerate_that_ran_a_few_tokens_says_why_its_prefill_has_no_rate(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "Why is the sky blue?")
+    ops.regenerate(w.chat, fresh=False)  # the prompt but its last token restored: one token run
+    wait_idle(qtbot, w)
+    reply = w.chat.selected
+    r = reply.runs[-1].report
+    assert r.prefill_tokens < 16 and r.restored > 0
+    w.debug_panel.show()
+    text = w.debug_panel.value("prefill_tps")
+    assert text.startswith(f"no rate: {r.prefill_tokens} token") and f"({r.restored:,} restored)" in text
+    assert text.endswith("too few (under 16) to measure prefill speed")

@@ -268,9 +268,11 @@ def world_size_note(sizes: Optional[tuple[int, int]], long: bool) -> str:
 def prefill_rate_text(r: CacheReport) -> str:
     """The prefill rate, only where it measures a prefill: a regenerate runs one or a few
     tokens (the rest restored), whose 'rate' is a forward's latency, not a slow prefill."""
-    if r.prefill_tokens < PREFILL_RATE_MIN_TOKENS:
+    if r.prefill_tokens < PREFILL_RATE_MIN_TOKENS:  # the reason there is no rate, and what was timed
         n = r.prefill_tokens
-        return f"– ({n} token{'s' if n != 1 else ''} run, {r.restored:,} restored)"
+        took = f" in {format_seconds(n / r.prefill_tps)}" if n and r.prefill_tps else ""
+        return (f"no rate: {n} token{'s' if n != 1 else ''} run{took} ({r.restored:,} restored), too few "
+                f"(under {PREFILL_RATE_MIN_TOKENS}) to measure prefill speed")
     return f"{r.prefill_tps or 0:.1f} tok/s"
 
 
