@@ -196,3 +196,18 @@ def test_a_regenerate_that_ran_a_few_tokens_says_why_its_prefill_has_no_rate(
     text = w.debug_panel.value("prefill_tps")
     assert text.startswith(f"no rate: {r.prefill_tokens} token") and f"({r.restored:,} restored)" in text
     assert text.endswith("too few (under 16) to measure prefill speed")
+
+
+# -- 8h. plain English for a model imported before ---------------------------------------------------------
+def test_loading_a_gguf_imported_before_says_so_in_plain_english(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    from app.core import engine_flows as flows
+
+    w = open_window(model="demo", max_tokens=4)  # the demo is a GGUF: imported by now
+    shown: list[str] = []
+    w.chat.subscribe(flows.MODEL, lambda what, *a: what == "progress" and shown.append(w.model_status.text()))
+    w.load_model("demo")  # again: its content was converted already
+    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
+    assert "imported before: using the converted copy" in shown, shown
+    assert not any("already imported" in s or "100%" in s for s in shown), shown

@@ -37,7 +37,7 @@ def show_model(w: MainWindow, what: str, *args: Any) -> None:
         fraction, message = args
         w.progress.setVisible(True)
         w.progress.setValue(int(fraction * 1000))
-        w.model_status.setText(f"{message} {fraction:.0%}")
+        w.model_status.setText(f"{message} {fraction:.0%}" if fraction < 1 else message)  # no "done 100%"
     elif what == "loaded":
         _loaded(w, *args)
     else:
