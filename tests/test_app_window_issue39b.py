@@ -211,3 +211,26 @@ def test_loading_a_gguf_imported_before_says_so_in_plain_english(
     qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
     assert "imported before: using the converted copy" in shown, shown
     assert not any("already imported" in s or "100%" in s for s in shown), shown
+
+
+# -- 8f. the run picked is remembered at restart ---------------------------------------------------------
+def test_the_run_picked_in_the_runs_menu_is_shown_again_after_a_restart(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    data = tmp_path / "kept"
+    w = open_window(data_dir=data, max_tokens=4)
+    send(qtbot, w, "Why is the sky blue?")
+    reply = replies(w)[-1]
+    ops.regenerate(w.chat, fresh=False)  # the same tokens: a second run of the reply
+    wait_idle(qtbot, w)
+    widget = w.chat_view.widget_for(reply.id)
+    assert widget.runs_button.text() == "2 runs"
+    widget.runs_button.menu().actions()[0].trigger()  # the first run picked
+    assert w.chat_view.widget_for(reply.id).footer.text().startswith("run 1 of 2 · ")
+    w.close()
+    again = open_window(data_dir=data, max_tokens=4)
+    widget = again.chat_view.widget_for(reply.id)
+    assert widget is not None and widget.footer.text().startswith("run 1 of 2 · ")
+    assert [a.isChecked() for a in widget.runs_button.menu().actions()] == [True, False]
+    again.debug_panel.show()
+    assert "run 1 of 2" in again.debug_panel.title.text()

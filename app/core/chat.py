@@ -59,6 +59,7 @@ DRAFT = "draft"  # (ContextBudget or None): the next prompt (the path shown + th
 LINK = "link"  # (ServerLink or None): attached to a server / its reachability changed / detached
 RETURNED = "returned"  # (text): a send the engine refused was taken back: its text goes back to the composer
 REPLAY = "replay"  # (reply_id, Replay): a regenerate expected to repeat its reply, as verified so far
+RUNS = "runs"  # (dict reply id -> run index): the runs picked changed (the window keeps them for the next start)
 NOTICE = "notice"  # (text): an explanation that stays in view, wrapped, until the next reply or conversation ('' clears)
 
 
@@ -239,8 +240,7 @@ class ChatModel(Evented):
         if conv_id != self.conv_id:
             self.tell("")
         self.conv_id = conv_id
-        self.selected_id = None
-        self.runs_shown.clear()
+        self.selected_id = None  # the runs picked stay picked (reply ids are unique): reopened, shown
         self.reload()
 
     def select(self, message_id: Optional[int]) -> None:
@@ -251,6 +251,10 @@ class ChatModel(Evented):
         self.selected_id = vm.id
         self.emit(SELECTED, vm)
 
+    def remember_runs(self, picked: dict[int, int]) -> None:
+        """The runs picked in an earlier session (the window keeps them): shown as picked then."""
+        self.runs_shown.update(picked)
+
     def show_run(self, reply_id: int, index: int) -> None:
         """Show one of a reply's runs (0: the first): the reply is selected, and its footer,
         badge and the debug panel all show that run until another is picked or a new run ends."""
@@ -259,6 +263,7 @@ class ChatModel(Evented):
             return
         self.runs_shown[reply_id] = index
         self.selected_id = reply_id
+        self.emit(RUNS, dict(self.runs_shown))
         self.reload()
 
     # ----------------------------------------------------------------------------------- draft
@@ -317,8 +322,11 @@ class ChatModel(Evented):
         self._cancel = self.cancel_token()
         self.conv_id = pending.conversation_id
         self.selected_id = pending.reply_id  # the new reply is the one shown and acted on
+        picked = len(self.runs_shown)
         for rid in (pending.reply_id, pending.previous_id):  # a new run: the latest is shown
             self.runs_shown.pop(rid, None)  # type: ignore[arg-type]
+        if len(self.runs_shown) != picked:
+            self.emit(RUNS, dict(self.runs_shown))
         self.spawn(self._generate(pending, self._cancel))
         self.emit(PENDING, pending)
         self.emit(CONVERSATIONS)
