@@ -234,3 +234,26 @@ def test_the_run_picked_in_the_runs_menu_is_shown_again_after_a_restart(
     assert [a.isChecked() for a in widget.runs_button.menu().actions()] == [True, False]
     again.debug_panel.show()
     assert "run 1 of 2" in again.debug_panel.title.text()
+
+
+# -- 8a. Export starts in Documents, never the working directory -------------------------------------------
+def test_export_starts_in_documents_or_home_when_there_is_none_never_the_working_directory(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import platformdirs
+
+    from app.qt import dialogs
+
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "Why is the sky blue?")
+    suggested: list[str] = []
+    monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName",
+                        lambda parent, caption, name, filters: (suggested.append(name), ("", ""))[1])
+    docs = tmp_path / "Documents"
+    monkeypatch.setattr(platformdirs, "user_documents_dir", lambda: str(docs))
+    docs.mkdir()
+    w.export_conversation(w.conv_id)
+    assert Path(suggested[-1]).parent == docs  # the user's Documents (as the other dialogs)
+    docs.rmdir()  # a system with no Documents folder (a fresh account, a container): Qt would open the cwd
+    w.export_conversation(w.conv_id)
+    assert Path(suggested[-1]).parent == Path.home() and Path(suggested[-1]).parent.is_dir()
