@@ -257,3 +257,35 @@ def test_export_starts_in_documents_or_home_when_there_is_none_never_the_working
     docs.rmdir()  # a system with no Documents folder (a fresh account, a container): Qt would open the cwd
     w.export_conversation(w.conv_id)
     assert Path(suggested[-1]).parent == Path.home() and Path(suggested[-1]).parent.is_dir()
+
+
+# -- 8b. the system prompt placeholder says what the model gets -------------------------------------------
+def _placeholder_shown(qtbot: Any, w: MainWindow) -> str:
+    """Settings opened from the window; the system prompt field's placeholder, then closed."""
+    from PySide6.QtCore import QTimer
+
+    from app.qt.widgets.settings_dialog import SettingsDialog
+
+    seen: list[str] = []
+
+    def look() -> None:
+        dlg = next(d for d in w.findChildren(SettingsDialog, "settingsDialog") if d.isVisible())
+        seen.append(dlg.system_prompt.placeholderText())
+        dlg.reject()
+
+    QTimer.singleShot(0, look)
+    w.open_settings()
+    return seen[0]
+
+
+@pytest.mark.parametrize("model", ["demo", "tiny"])
+def test_the_system_prompt_placeholder_shows_what_the_model_gets(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, model: str
+) -> None:
+    w = open_window(model="demo" if model == "demo" else str(tiny_model), max_tokens=4)
+    qtbot.waitUntil(lambda: w.chat.template_system is not None, timeout=LONG)  # rendered on the engine thread
+    if model == "demo":  # SmolLM2's template puts its own in when there is no system message
+        assert _placeholder_shown(qtbot, w) == ("None set: the model's chat template adds its own: “You are a "
+                                                "helpful AI assistant named SmolLM, trained by Hugging Face”")
+    else:
+        assert _placeholder_shown(qtbot, w) == "None set: the model gets no system prompt (its chat template adds none)"

@@ -148,6 +148,9 @@ class ChatModel(Evented):
         self.model_name = ""
         self.model_info: Optional[ModelInfo] = None
         self.model_ready = False
+        # The loaded model's template's own system prompt ('' none; None not known yet): what the
+        # model gets when the conversation sets none (app/core/template_default.py).
+        self.template_system: Optional[str] = None
         self.cache_stats: dict[str, Any] = {}
         self.mlx_memory = 0
         self.verifying = False
@@ -436,6 +439,11 @@ class ChatModel(Evented):
     def model_loading(self, spec: str, name: str) -> None:
         """A load (or a connection) began: no model answers until it ends."""
         self.model_spec, self.model_name, self.model_ready = spec, name, False
+        self.template_system = None
+
+    def set_template_system(self, text: Optional[str]) -> None:
+        """The loaded model's template's own system prompt, once rendered ('' when it adds none)."""
+        self.template_system = text
 
     def model_lost(self) -> None:
         """A load failed or was cancelled: nothing is loaded."""

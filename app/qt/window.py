@@ -542,7 +542,7 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> None:
         from app.qt.widgets.settings_dialog import SettingsDialog
 
-        dlg = SettingsDialog(self.current_settings(), self)
+        dlg = SettingsDialog(self.current_settings(), self, self.chat.template_system)
         try:
             if dlg.exec():
                 self.apply_settings(dlg.value(), dlg.as_default.isChecked())
