@@ -41,7 +41,7 @@ from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.drafts import Drafts
 from app.core.view_models import MessageVM, context_marker, settings_summary
-from app.qt import conversation_actions, dialogs, jobs, menus, model_actions
+from app.qt import conversation_actions, dialogs, jobs, menus, model_actions, runs_memory
 from app.qt.dock_width import DockWidth
 from app.qt.gc_pacer import GcPacer
 from app.qt.inspector import Inspector
@@ -111,7 +111,7 @@ class MainWindow(QMainWindow):
         self.theme_option = os.environ.get("VERBATIM_THEME") or theme or str(self.qsettings.value("view/theme", "system"))
         self.theme: Theme = theme_named(self.theme_option)
 
-        self.chat.remember_runs(self._picked_runs())  # the runs picked before the last quit
+        self.chat.remember_runs(runs_memory.picked_runs(self.qsettings))  # the runs picked before the last quit
         self._build_ui()
         self.inspector = Inspector(self)  # compare view, per-token view, receipts (app/qt/inspector.py)
         menus.build_menus(self)
@@ -306,21 +306,6 @@ class MainWindow(QMainWindow):
         if isinstance(split, QByteArray) and not split.isEmpty():
             self.splitter.restoreState(split)
 
-    RUNS_KEPT = 500  # runs picks remembered (the latest): a view setting, not the conversation's data
-
-    def _picked_runs(self) -> dict[int, int]:
-        """The run picked in each reply's runs menu, as the last session left them."""
-        try:
-            raw = json.loads(str(self.qsettings.value("view/runs_shown", "{}")))
-            return {int(k): int(v) for k, v in raw.items()}
-        except (ValueError, TypeError, AttributeError):
-            return {}
-
-    def _keep_picked_runs(self, runs: dict[int, int]) -> None:
-        if not self.read_only:
-            kept = dict(list(runs.items())[-self.RUNS_KEPT:])
-            self.qsettings.setValue("view/runs_shown", json.dumps({str(k): v for k, v in kept.items()}))
-
     def _save_geometry(self) -> None:
         self.qsettings.setValue("window/geometry", self.saveGeometry())
         self.qsettings.setValue("window/state", self.saveState())
@@ -344,7 +329,7 @@ class MainWindow(QMainWindow):
         c.subscribe(ops.ERROR, self._show_error)
         c.subscribe(ops.BANNER, self.banner_text)
         c.subscribe(ops.NOTICE, self.notice.show_text)
-        c.subscribe(ops.RUNS, self._keep_picked_runs)
+        c.subscribe(ops.RUNS, lambda runs: self.read_only or runs_memory.keep_picked_runs(self.qsettings, runs))
         c.subscribe(ops.CONVERSATIONS, self.refresh_conversations)
         c.subscribe(ops.STATS, lambda stats, memory: (self.debug_panel.show_stats(stats), self.update_memory()))
         c.subscribe(flows.MODEL, lambda what, *args: model_actions.show_model(self, what, *args))
