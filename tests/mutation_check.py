@@ -506,6 +506,17 @@ MUTATIONS: list[Mutation] = [
           "    return Replay(expected, verified=len(expected.tokens), seen=len(expected.tokens), ended=True)\n"),),
         ("tests/test_app_window_replay.py::test_a_regenerate_shows_the_reply_at_once_and_verifies_it_as_it_is_recomputed",),
     ),
+    # issue 39: a search hit in the open conversation is scrolled to
+    Mutation(
+        "search hit not scrolled into view",
+        (("app/qt/widgets/chat_view.py",
+          "        self._revealing = message_id  # the messages above may still grow as they lay out: follow it\n"
+          "        self.widget().layout().activate()  # geometry up to date before scrolling to it\n"
+          "        self.ensureWidgetVisible(w, 0, 40)\n",
+          "        self.widget().layout().activate()  # geometry up to date before scrolling to it\n"),),
+        ("tests/test_app_window_issue39.py::"
+         "test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_the_next_action",),
+    ),
     # issue 38: documents read once
     Mutation(
         "a document placed after the first user message (not shared)",

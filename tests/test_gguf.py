@@ -122,7 +122,7 @@ def test_import_is_cached_by_content(tiny_gguf: Path, tmp_path: Path) -> None:
     shutil.copy(tiny_gguf, copy)
     msgs: list[str] = []
     again = import_gguf(copy, models, progress=lambda f, m: msgs.append(m))
-    assert again == first and "already imported" in msgs and "writing tokenizer" not in msgs
+    assert again == first and "imported before: using the converted copy" in msgs and "writing tokenizer" not in msgs
     st2 = (again / "model.safetensors").stat()
     assert (st2.st_ino, st2.st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
     assert [p.name for p in models.iterdir()] == [first.name]  # no temp folders left

@@ -23,6 +23,10 @@ from PySide6.QtWidgets import QLabel, QMessageBox, QWidget  # noqa: E402
 from app.core import chat as ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.test_app_window import LONG, open_window, send  # noqa: E402,F401 (open_window: a fixture)
+# Issue 39's layout checks, under a real window system as well (1200 px with the dock open).
+from tests.test_app_window_issue39b import (  # noqa: E402,F401
+    test_a_branch_explained_at_1200_px_with_the_dock_open_is_shown_whole_until_the_next_reply,
+)
 
 pytestmark = pytest.mark.gui
 

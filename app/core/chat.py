@@ -42,6 +42,7 @@ from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEv
 PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text and tokens are written to the store
 DRAFT_DEBOUNCE_S = 0.3  # a draft is counted once typing pauses this long
 LINK_INTERVAL_S = 2.0  # how often a window attached to a server asks whether it still answers
+NOT_SENT = "Not sent: "  # how the explanation of a send the unreachable server stopped begins
 COLD_RUNS_KEPT = 4  # the last cold runs (Verify's, Compare's): the other one reuses them
 
 # Events (emit name, arguments):
@@ -60,6 +61,8 @@ DRAFT = "draft"  # (ContextBudget or None): the next prompt (the path shown + th
 LINK = "link"  # (ServerLink or None): attached to a server / its reachability changed / detached
 RETURNED = "returned"  # (text): a send the engine refused was taken back: its text goes back to the composer
 REPLAY = "replay"  # (reply_id, Replay): a regenerate expected to repeat its reply, as verified so far
+RUNS = "runs"  # (dict reply id -> run index): the runs picked changed (the window keeps them for the next start)
+NOTICE = "notice"  # (text): an explanation that stays in view, wrapped, until the next reply or conversation ('' clears)
 
 
 @dataclass
@@ -147,6 +150,9 @@ class ChatModel(Evented):
         self.model_name = ""
         self.model_info: Optional[ModelInfo] = None
         self.model_ready = False
+        # The loaded model's template's own system prompt ('' none; None not known yet): what the
+        # model gets when the conversation sets none (app/core/template_default.py).
+        self.template_system: Optional[str] = None
         self.cache_stats: dict[str, Any] = {}
         self.mlx_memory = 0
         self.verifying = False
@@ -168,6 +174,7 @@ class ChatModel(Evented):
         # of the other conversations' composers while another is open (kept until quit).
         self.attachments = Attachments(loop, self._document_tokens, self.recount)
         self._stashed: dict[Optional[int], tuple[Document, ...]] = {}
+        self.notice = ""  # the explanation in view (NOTICE): never only in the status bar, which elides
         self.closed = False
         self._cancel = CancelToken()  # the pending reply's
         self._tokens: "weakref.WeakSet[CancelToken]" = weakref.WeakSet()  # every live engine job's
@@ -230,16 +237,23 @@ class ChatModel(Evented):
         self.recount()  # the meter counts this path + the draft
         return self.vms
 
+    def tell(self, text: str) -> None:
+        """An explanation the user must be able to read whole (why a send did not go, where a
+        regenerate put the later turns): it stays until the next reply or conversation ('' clears)."""
+        if text != self.notice:
+            self.notice = text
+            self.emit(NOTICE, text)
+
     def open(self, conv_id: Optional[int]) -> None:
         """Show a conversation (None: a new, empty one, made by its first message); the files
         attached in the composer stay with the conversation they were attached in."""
         if conv_id != self.conv_id:
+            self.tell("")
             self._stashed[self.conv_id] = self.attachments.documents
             self.attachments.set(self._stashed.pop(conv_id, ()))
             self.spawn(self.attachments.recount())
         self.conv_id = conv_id
-        self.selected_id = None
-        self.runs_shown.clear()
+        self.selected_id = None  # the runs picked stay picked (reply ids are unique): reopened, shown
         self.reload()
 
     def select(self, message_id: Optional[int]) -> None:
@@ -250,6 +264,10 @@ class ChatModel(Evented):
         self.selected_id = vm.id
         self.emit(SELECTED, vm)
 
+    def remember_runs(self, picked: dict[int, int]) -> None:
+        """The runs picked in an earlier session (the window keeps them): shown as picked then."""
+        self.runs_shown.update(picked)
+
     def show_run(self, reply_id: int, index: int) -> None:
         """Show one of a reply's runs (0: the first): the reply is selected, and its footer,
         badge and the debug panel all show that run until another is picked or a new run ends."""
@@ -258,6 +276,7 @@ class ChatModel(Evented):
             return
         self.runs_shown[reply_id] = index
         self.selected_id = reply_id
+        self.emit(RUNS, dict(self.runs_shown))
         self.reload()
 
     # ----------------------------------------------------------------------------------- draft
@@ -323,6 +342,7 @@ class ChatModel(Evented):
     def _start(self, pending: PendingReply) -> None:
         pending.model_key = self.model_info.key if self.model_info is not None else ""
         pending.chunk = self.engine_chunk or self.chunk  # what the engine prefills with: receipts name it
+        self.tell("")  # the next action: an earlier explanation is over
         self.pending = pending
         earlier, _ = earlier_of(pending)  # a Continue streams on from the reply so far
         self.stream = StreamState(pending.earlier_text, len(earlier))
@@ -331,8 +351,11 @@ class ChatModel(Evented):
         self._cancel = self.cancel_token()
         self.conv_id = pending.conversation_id
         self.selected_id = pending.reply_id  # the new reply is the one shown and acted on
+        picked = len(self.runs_shown)
         for rid in (pending.reply_id, pending.previous_id):  # a new run: the latest is shown
             self.runs_shown.pop(rid, None)  # type: ignore[arg-type]
+        if len(self.runs_shown) != picked:
+            self.emit(RUNS, dict(self.runs_shown))
         self.spawn(self._generate(pending, self._cancel))
         self.emit(PENDING, pending)
         self.emit(CONVERSATIONS)
@@ -392,6 +415,9 @@ class ChatModel(Evented):
         self.emit(FINISHED, pending, result)
         note = f" · {hidden_note(pending.hidden)}" if pending.hidden else ""
         self.emit(STATUS, finished_text(result, pending.outcome or pending.message.outcome) + note, 8000)  # type: ignore[union-attr]
+        if pending.hidden:  # a branch: said where it stays, not only in the status bar (which elides)
+            hidden = hidden_note(pending.hidden)
+            self.tell(f"{hidden[0].upper()}{hidden[1:]}.")
         if result.report.warnings:  # the engine hands each disk problem over once: keep it in view
             self.emit(BANNER, "Prompt cache: " + "; ".join(result.report.warnings)
                       + " Replies still work; the cache is kept in memory only.")  # fmt: skip
@@ -453,6 +479,11 @@ class ChatModel(Evented):
     def model_loading(self, spec: str, name: str) -> None:
         """A load (or a connection) began: no model answers until it ends."""
         self.model_spec, self.model_name, self.model_ready = spec, name, False
+        self.template_system = None
+
+    def set_template_system(self, text: Optional[str]) -> None:
+        """The loaded model's template's own system prompt, once rendered ('' when it adds none)."""
+        self.template_system = text
 
     def model_lost(self) -> None:
         """A load failed or was cancelled: nothing is loaded."""
@@ -484,6 +515,8 @@ class ChatModel(Evented):
         """The server at `link` answers again (with the model the window knows)."""
         if self.link is link:
             link.up, link.error = True, ""
+            if self.notice.startswith(NOT_SENT):  # it answers again: that explanation is stale
+                self.tell("")
             self.emit(LINK, link)
 
     def set_verifying(self, verifying: bool) -> None:
@@ -680,7 +713,9 @@ def reachable(chat: ChatModel) -> bool:
     link = chat.link
     if link is None or link.up:
         return True
-    chat.emit(STATUS, f"Not sent: {link.error or 'the server is not reachable'}. What you typed is kept.", 6000)
+    why = f"{NOT_SENT}{link.error or 'the server is not reachable'}. What you typed is kept."
+    chat.emit(STATUS, why, 6000)
+    chat.tell(why + " Send works again as soon as the server answers.")  # whole, where it stays
     return False
 
 

@@ -20,6 +20,7 @@ from app.core import server_link
 from app.core.chat import ERROR, LINK, STATUS, ChatModel, ServerLink, mlx_memory, stop, user_message
 from app.core.models import model_label
 from app.core.session import ModelIdentity
+from app.core.template_default import default_system_prompt
 from app.core.store import StoreError
 from app.core.view_models import verify_text
 from engine.engine import ModelInfo
@@ -76,7 +77,19 @@ async def _load(chat: ChatModel, spec: str) -> None:
     gc.freeze()
     chat.emit(MODEL, "loaded", spec, chat.model_name, info)
     chat.recount()  # the new model's tokenizer and context
+    chat.spawn(find_template_system(chat))
     chat.show_stats(stats, memory)
+
+
+async def find_template_system(chat: ChatModel) -> None:
+    """Render the loaded model's template without a system message (engine thread): its own
+    default system prompt, what Settings' placeholder shows the model gets."""
+    try:
+        text = await chat.call(default_system_prompt)
+    except Exception:
+        text = None
+    if not chat.closed and chat.model_ready:
+        chat.set_template_system(text)
 
 
 async def _detach(chat: ChatModel) -> None:
@@ -124,10 +137,14 @@ async def _connect(chat: ChatModel, url: str, api_key: Optional[str],
     info: ModelInfo = engine.info
     link = ServerLink(url, api_key, engine.placement, dict(engine.environment))
     chat.attached(link)
-    chat.model_loaded(url, info.name, info, engine.chunk)  # the server's chunk (None: one that does not say)
-    chat.emit(MODEL, "loaded", url, info.name, info)
+    # Named as here ("demo" -> "SmolLM2-135M-Instruct (demo)"): one label for the model's replies,
+    # made here or on the server, and no header that changes when a regenerate runs on the other.
+    name = model_label(info.name)
+    chat.model_loaded(url, name, info, engine.chunk)  # the server's chunk (None: one that does not say)
+    chat.emit(MODEL, "loaded", url, name, info)
     chat.emit(LINK, link)
     chat.recount()  # the server's tokenizer and context
+    chat.spawn(find_template_system(chat))
     chat.spawn(chat.refresh_stats())
     chat.spawn(server_link.watch(chat, link))
 
@@ -201,7 +218,9 @@ async def _run_cold(chat: ChatModel, reply_id: int, request: GenerationRequest
 
 def clear_cache(chat: ChatModel) -> None:
     if chat.link is not None:
-        chat.emit(STATUS, "The prompt cache of a server is managed on that server", 5000)
+        why = "The prompt cache of a server is managed on that server: this window cannot clear it."
+        chat.emit(STATUS, why, 5000)
+        chat.tell(why)
         return
     chat.spawn(chat.refresh_stats(clear=True))
     chat.emit(STATUS, "Prompt cache cleared", 3000)

@@ -227,6 +227,16 @@ def restored_of(r: Any) -> str:
     return f"{r.restored} / {r.prompt_tokens}"
 
 
+def no_restore_reason(r: Any) -> str:
+    """Why a run that matched a stored prefix restored none of it, when no snapshot was declined
+    ('' otherwise): exact mode restores only at a point where a cold prefill of this prompt
+    would cut too (engine/cache/planner.py, reuse_point), and none lay inside the match."""
+    if r.restored or not r.matched or r.declines or getattr(r, "mode", "exact") != "exact":
+        return ""
+    return (f"no exact cut inside the {r.matched} matched tokens: exact mode restores only where a cold "
+            "prefill of this prompt cuts too")
+
+
 def can_continue(status: str, finish_reason: Optional[str], n_tokens: int) -> bool:
     """Whether Continue applies (app/core/continuing.py): a reply with tokens that was stopped, or that ended at max tokens."""
     return n_tokens > 0 and (status == "interrupted" or (status == "complete" and finish_reason == "length"))
@@ -262,9 +272,11 @@ def world_size_note(sizes: Optional[tuple[int, int]], long: bool) -> str:
 def prefill_rate_text(r: CacheReport) -> str:
     """The prefill rate, only where it measures a prefill: a regenerate runs one or a few
     tokens (the rest restored), whose 'rate' is a forward's latency, not a slow prefill."""
-    if r.prefill_tokens < PREFILL_RATE_MIN_TOKENS:
+    if r.prefill_tokens < PREFILL_RATE_MIN_TOKENS:  # the reason there is no rate, and what was timed
         n = r.prefill_tokens
-        return f"– ({n} token{'s' if n != 1 else ''} run, {r.restored:,} restored)"
+        took = f" in {format_seconds(n / r.prefill_tps)}" if n and r.prefill_tps else ""
+        return (f"no rate: {n} token{'s' if n != 1 else ''} run{took} ({r.restored:,} restored), too few "
+                f"(under {PREFILL_RATE_MIN_TOKENS}) to measure prefill speed")
     return f"{r.prefill_tps or 0:.1f} tok/s"
 
 
@@ -447,7 +459,8 @@ def debug_vm(vm: MessageVM, run: Optional[Run] = None) -> DebugVM:
     rows = {
         "prompt_tokens": str(r.prompt_tokens),
         "matched": str(r.matched),
-        "restored": restored_of(r),  # one meaning everywhere: of the prompt (and a Continue's reply so far)
+        # One meaning everywhere: of the prompt (and a Continue's reply so far); 0 of a match says why.
+        "restored": restored_of(r) + (f" ({why})" if (why := no_restore_reason(r)) else ""),
         "snapshot_length": "none" if r.stored is None else str(r.stored),
         "partial": "yes (cut back)" if r.partial else "no",
         "source": r.source or "none (cold prefill)",

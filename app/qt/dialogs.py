@@ -46,7 +46,9 @@ def start_dir(settings: QSettings) -> Path:
     last = settings.value("files/last_dir")
     if isinstance(last, str) and last and Path(last).is_dir():
         return Path(last)
-    return documents_dir()
+    docs = documents_dir()
+    # A folder that does not exist makes Qt's dialog open in the working directory: home instead.
+    return docs if docs.is_dir() else Path.home()
 
 
 def _used(settings: QSettings, path: str) -> Optional[str]:

@@ -157,6 +157,8 @@ class Inspector(QObject):
             self.w.show_error("Cannot export a receipt", str(e))
             return None
         note = "" if receipt.model.spec else " (the model that made it is not loaded: verify needs --model)"
-        self.w.status(f"Receipt written to {path}{note}: python -m engine verify {Path(path).name}", 8000)
+        said = f"Receipt written to {path}{note}: python -m engine verify {Path(path).name}"
+        self.w.status(said, 8000)
+        self.w.chat.tell(said)  # how to check it, whole: not only in the status bar, which elides
         self.receiptWritten.emit(path)
         return path

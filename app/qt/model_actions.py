@@ -37,7 +37,7 @@ def show_model(w: MainWindow, what: str, *args: Any) -> None:
         fraction, message = args
         w.progress.setVisible(True)
         w.progress.setValue(int(fraction * 1000))
-        w.model_status.setText(f"{message} {fraction:.0%}")
+        w.model_status.setText(f"{message} {fraction:.0%}" if fraction < 1 else message)  # no "done 100%"
     elif what == "loaded":
         _loaded(w, *args)
     else:
@@ -88,6 +88,7 @@ def show_link(w: MainWindow, link: Optional[ServerLink]) -> None:
         w.model_label.setText(where)
         w.model_label.setToolTip(f"The model runs on the Verbatim server at {link.url}")
         w.banner_text("")
+        w.debug_panel.forget_failure()  # "Cold run: failed: cannot reach the server" is stale now
     else:
         w.model_label.setText(f"{where} · not reachable")
         w.model_label.setToolTip(link.error)

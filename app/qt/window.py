@@ -41,7 +41,7 @@ from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore, StoreError, open_app_store
 from app.core.drafts import Drafts
 from app.core.view_models import MessageVM, context_marker, settings_summary
-from app.qt import conversation_actions, dialogs, jobs, menus, model_actions
+from app.qt import conversation_actions, dialogs, jobs, menus, model_actions, runs_memory
 from app.qt.attach import AttachControls
 from app.qt.dock_width import DockWidth
 from app.qt.gc_pacer import GcPacer
@@ -53,6 +53,7 @@ from app.qt.widgets.context_meter import ContextMeter
 from app.qt.widgets.debug_panel import DebugPanel
 from app.qt.widgets.elided_label import ElidedLabel
 from app.qt.widgets.model_picker import ModelPicker
+from app.qt.widgets.notice import Notice
 from app.qt.widgets.sidebar import Sidebar
 from engine.engine import Engine
 from engine.executor import EngineExecutor
@@ -111,6 +112,7 @@ class MainWindow(QMainWindow):
         self.theme_option = os.environ.get("VERBATIM_THEME") or theme or str(self.qsettings.value("view/theme", "system"))
         self.theme: Theme = theme_named(self.theme_option)
 
+        self.chat.remember_runs(runs_memory.picked_runs(self.qsettings))  # the runs picked before the last quit
         self._build_ui()
         self.inspector = Inspector(self)  # compare view, per-token view, receipts (app/qt/inspector.py)
         menus.build_menus(self)
@@ -193,6 +195,7 @@ class MainWindow(QMainWindow):
         self.chat_view.editSubmitted.connect(lambda mid, text: ops.edit(self.chat, mid, text))
         self.chat_view.deleteRequested.connect(lambda mid: self.delete_message(mid, confirm=True))
         self.chat_view.continueRequested.connect(lambda mid: ops.continue_reply(self.chat, mid))
+        self.chat_view.regenerateRequested.connect(self.regenerate_reply)
         self.chat_view.copied.connect(lambda msg: self.statusBar().showMessage(msg, 2000))
         col.addWidget(self.chat_view, 1)
 
@@ -201,6 +204,8 @@ class MainWindow(QMainWindow):
         bl = QVBoxLayout(bottom)
         bl.setContentsMargins(16, 8, 16, 12)
         bl.setSpacing(6)
+        self.notice = Notice()  # an explanation, whole and wrapped, until the next reply (NOTICE)
+        bl.addWidget(self.notice)
         actions = QHBoxLayout()
         self.regenerate_button = QPushButton("↻ Regenerate")
         self.regenerate_button.setObjectName("regenerateButton")
@@ -327,6 +332,8 @@ class MainWindow(QMainWindow):
         c.subscribe(ops.STATUS, self.status)
         c.subscribe(ops.ERROR, self._show_error)
         c.subscribe(ops.BANNER, self.banner_text)
+        c.subscribe(ops.NOTICE, self.notice.show_text)
+        c.subscribe(ops.RUNS, lambda runs: self.read_only or runs_memory.keep_picked_runs(self.qsettings, runs))
         c.subscribe(ops.CONVERSATIONS, self.refresh_conversations)
         c.subscribe(ops.STATS, lambda stats, memory: (self.debug_panel.show_stats(stats), self.update_memory()))
         c.subscribe(flows.MODEL, lambda what, *args: model_actions.show_model(self, what, *args))
@@ -490,6 +497,11 @@ class MainWindow(QMainWindow):
             self.composer.clear()
             self.attach.sent()
 
+    def regenerate_reply(self, reply_id: int) -> None:
+        """A reply's own ↻: that reply selected and regenerated (as Regenerate does the selected one)."""
+        self.chat.select(reply_id)
+        ops.regenerate(self.chat, fresh=False)
+
     def delete_message(self, message_id: int, confirm: bool = True) -> None:
         if self.chat.generating:
             self.status("Stop the current reply first", 3000)
@@ -522,7 +534,7 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> None:
         from app.qt.widgets.settings_dialog import SettingsDialog
 
-        dlg = SettingsDialog(self.current_settings(), self)
+        dlg = SettingsDialog(self.current_settings(), self, self.chat.template_system)
         try:
             if dlg.exec():
                 self.apply_settings(dlg.value(), dlg.as_default.isChecked())

@@ -55,6 +55,7 @@ class ChatView(QScrollArea):
     tokensToggled = Signal(int, bool)
     receiptRequested = Signal(int)
     continueRequested = Signal(int)
+    regenerateRequested = Signal(int)
 
     MAX_WIDTH = 860
 
@@ -229,6 +230,7 @@ class ChatView(QScrollArea):
             w.tokensToggled.connect(self.tokensToggled)
             w.receiptRequested.connect(self.receiptRequested)
             w.continueRequested.connect(self.continueRequested)
+            w.regenerateRequested.connect(self.regenerateRequested)
             self.widgets[vm.id] = w
             if self.mark is not None and self.mark[0] == vm.id:  # rebuilt (the window moved): still marked
                 w.set_flash(True)

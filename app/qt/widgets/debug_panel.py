@@ -254,6 +254,11 @@ class DebugPanel(QDockWidget):
         if reply_id == self.reply_id:
             self.values["verify"].setText(text)
 
+    def forget_failure(self) -> None:
+        """The server answers again: a cold run that failed while it was away is no news now."""
+        if self.values["verify"].text().startswith("failed: "):
+            self.values["verify"].setText("–")
+
     def show_stats(self, stats: dict[str, Any]) -> None:
         """The cache store's numbers; attached to a server, each row names what it holds there
         (no "Memory" row holding an address) and there is no Clear cache: the server's is its own."""

@@ -136,6 +136,7 @@ class MessageWidget(QFrame):
     tokensToggled = Signal(int, bool)
     receiptRequested = Signal(int)
     continueRequested = Signal(int)  # a stopped reply (or one at max tokens): go on with it
+    regenerateRequested = Signal(int)  # this reply, regenerated (its own seed and settings)
 
     def __init__(self, vm: MessageVM, palette: Palette, assistant_name: str = "Assistant") -> None:
         super().__init__()
@@ -171,9 +172,12 @@ class MessageWidget(QFrame):
             head.addWidget(w)
         head.addStretch(1)
         self.edit_button = _tool("Edit", "Edit this message as a new branch", "editButton")
+        # A reply's own Regenerate, where Edit is on a user message (the row is as wide).
+        self.regen_button = _tool("↻", "Regenerate this reply: its own seed and settings, so it comes out "
+                                  "the same (the button under the chat acts on the selected reply)", "replyRegenerate")
         self.copy_button = _tool("Copy", "Copy this message", "copyButton")
         self.delete_button = _tool("Delete", "Delete this message and everything after it", "deleteButton")
-        for w in (self.edit_button, self.copy_button, self.delete_button):
+        for w in (self.edit_button, self.regen_button, self.copy_button, self.delete_button):
             head.addWidget(w)
         lay.addLayout(head)
 
@@ -254,6 +258,7 @@ class MessageWidget(QFrame):
         self.receipt_button.clicked.connect(lambda: self.receiptRequested.emit(self.vm.id))
         self.delete_button.clicked.connect(lambda: self.deleteRequested.emit(self.vm.id))
         self.edit_button.clicked.connect(self.start_edit)
+        self.regen_button.clicked.connect(lambda: self.regenerateRequested.emit(self.vm.id))
         self.cancel_edit.clicked.connect(self.stop_edit)
         self.save_edit.clicked.connect(self._submit_edit)
         self.update_vm(vm, force=True)
@@ -281,7 +286,7 @@ class MessageWidget(QFrame):
         spacing = max(self._head.spacing(), 0)
         row = sum(w.sizeHint().width() + spacing
                   for w in (self.prev_button, self.nav_label, self.next_button, self.edit_button,
-                            self.copy_button, self.delete_button) if not w.isHidden())  # fmt: skip
+                            self.regen_button, self.copy_button, self.delete_button) if not w.isHidden())  # fmt: skip
         need, room = self._need(self.role_label, spacing), self._room()
         inline = need + row <= room
         if (inline, need > room) != self._name_inline:
@@ -347,6 +352,7 @@ class MessageWidget(QFrame):
             self._docs_shown = digests
             self.doc_chips.set_chips(document_chips(vm.documents))
         is_reply = vm.role == "assistant"
+        self.regen_button.setVisible(is_reply and vm.status != "generating")
         self.footer.setVisible(is_reply and bool(vm.footer))
         self.footer.setText(vm.footer)
         self.footer.setToolTip(vm.settings_note)

@@ -280,7 +280,8 @@ class ModelManager(QDialog):
         if not isValid(self):
             return
         self.progress.setValue(int(fraction * 1000))
-        self.status.setText(f"Importing: {message} ({fraction:.0%})" if self._importing else message)
+        busy = self._importing and fraction < 1  # at the end the message says it all (no "(100%)")
+        self.status.setText(f"Importing: {message} ({fraction:.0%})" if busy else message)
         self.progressed.emit(fraction, message)
 
     # -- common -----------------------------------------------------------------------------------

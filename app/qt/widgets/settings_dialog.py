@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.session import ChatSettings
+from app.core.template_default import placeholder
 
 MODE_HELP = {
     "exact": "Exact: every reply is bit-identical to a run with no cache (the previous reply is re-read).",
@@ -36,7 +37,9 @@ def _dspin(lo: float, hi: float, step: float, decimals: int = 2) -> QDoubleSpinB
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: ChatSettings, parent: Optional[QWidget] = None) -> None:
+    def __init__(self, settings: ChatSettings, parent: Optional[QWidget] = None,
+                 template_system: Optional[str] = None) -> None:  # fmt: skip
+        """`template_system`: the model's template's own system prompt ('' none, None unknown)."""
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Conversation settings")
@@ -45,7 +48,7 @@ class SettingsDialog(QDialog):
         form = QFormLayout()
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setObjectName("systemPrompt")
-        self.system_prompt.setPlaceholderText("You are a helpful assistant.")
+        self.system_prompt.setPlaceholderText(placeholder(template_system))  # what the model gets meanwhile
         self.system_prompt.setFixedHeight(90)
         form.addRow("System prompt", self.system_prompt)
         self.temperature = _dspin(0.0, 2.0, 0.05)

@@ -231,9 +231,12 @@ def import_gguf(path: Path | str, models_dir: Path | str, progress: Optional[Pro
     digest = cached_file_hash(path, lambda f, m: report(0.3 * f, m), cancel)
     out = Path(models_dir) / f"{digest[:24]}-v{CONVERTER_VERSION}"
     if (out / "config.json").is_file():
-        report(1.0, "already imported")
+        report(1.0, IMPORTED_BEFORE)
         return out
     return convert(path, out, lambda f, m: report(0.3 + 0.7 * f, m), cancel, info)
+
+
+IMPORTED_BEFORE = "imported before: using the converted copy"  # this file's content was converted already
 
 
 def model_config(g: GGUFFile) -> dict[str, Any]:
