@@ -34,7 +34,7 @@ def main() -> int:
 
     from shots import ready_window, settle, wait_until  # docs/shots.py, beside this script
 
-    from app.core import chat as ops
+    from app.core import ops
     from engine.types import GenerationRequest, SamplerSettings
 
     try:

@@ -29,7 +29,7 @@ def main() -> int:
 
     from shots import ready_window, wait_until  # docs/shots.py, beside this script
 
-    from app.core import chat as ops
+    from app.core import ops
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings
 

@@ -32,7 +32,7 @@ def main() -> int:
 
     from shots import ready_window, wait_until  # docs/shots.py, beside this script
 
-    from app.core import chat as ops
+    from app.core import ops
     from engine.types import SamplerSettings
 
     try:

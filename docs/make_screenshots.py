@@ -47,7 +47,7 @@ def main() -> int:
     from shots import settle, wait_until  # docs/shots.py, beside this script
 
     from app import build_main_window
-    from app.core import chat as ops
+    from app.core import ops
     from app.core.session import ChatSettings
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings

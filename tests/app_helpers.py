@@ -7,7 +7,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from app.core import chat as ops
+from app.core import ops
 
 
 @dataclass

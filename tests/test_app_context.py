@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from app.core import chat as ops
+from app.core import ops
 from app.qt.window import MainWindow
 from tests.app_helpers import watch
 from tests.test_app_window import open_window, replies, send, wait_idle  # noqa: F401,F811 (a fixture)

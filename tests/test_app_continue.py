@@ -15,7 +15,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QToolButton  # noqa: E402
 
-from app.core import chat as ops  # noqa: E402
+from app.core import ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.app_helpers import watch  # noqa: E402
 from tests.test_app_window import open_window, replies, send, settings, wait_idle  # noqa: E402,F401

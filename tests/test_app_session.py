@@ -339,7 +339,7 @@ def test_sending_is_one_commit(tmp_path: Path) -> None:
 
 CHILD = r"""
 import sys
-from app.core.chat import ReplyRecorder
+from app.core.reply_recorder import ReplyRecorder
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore
 from engine.engine import Engine

@@ -19,7 +19,7 @@ from PySide6.QtGui import QAction  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QPushButton  # noqa: E402
 
 from app import build_main_window  # noqa: E402
-from app.core import chat as ops  # noqa: E402
+from app.core import ops  # noqa: E402
 from app.core.session import ChatSettings  # noqa: E402
 from app.core.store import ConversationStore  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402

@@ -19,7 +19,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDropEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication, QFileDialog, QToolButton, QWidget  # noqa: E402
 
-from app.core import chat as ops  # noqa: E402
+from app.core import ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
 from tests.test_documents import docx_bytes, pdf_bytes  # noqa: E402

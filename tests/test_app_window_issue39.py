@@ -41,7 +41,7 @@ def test_restored_means_of_the_prompt_in_footer_status_and_debug_panel(
 
 
 def test_no_runs_button_where_there_are_no_runs(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
-    from app.core import chat as ops
+    from app.core import ops
 
     w = open_window()
     send(qtbot, w, "Why is the sky blue?", wait=False)

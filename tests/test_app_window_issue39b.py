@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from app.core import chat as ops  # noqa: E402
+from app.core import ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
 

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from app.core import chat as ops  # noqa: E402
+from app.core import ops  # noqa: E402
 from app.core.markdown import render  # noqa: E402
 from app.core.replay import REGENERATE_TIP, Replay  # noqa: E402
 from app.qt.widgets.message_widget import MessageBody  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from app.core import chat as ops  # noqa: E402
+from app.core import ops  # noqa: E402
 from tests.app_helpers import watch  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from engine.engine import Engine  # noqa: E402

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from app.core import chat as ops
+from app.core import ops
 from app.core import engine_flows as flows
 from app.core.chat import ChatModel
 from app.core.session import ChatSession, ChatSettings

@@ -20,7 +20,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
 from PySide6.QtWidgets import QLabel, QMessageBox, QWidget  # noqa: E402
 
-from app.core import chat as ops  # noqa: E402
+from app.core import ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from tests.test_app_window import LONG, open_window, send  # noqa: E402,F401 (open_window: a fixture)
 # Issue 39's layout checks, under a real window system as well (1200 px with the dock open).

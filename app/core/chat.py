@@ -1,5 +1,5 @@
-"""The chat's state in one Qt-free model, and the operations on it (send, regenerate, new
-variant, edit, stop, select), each a function over the model and the engine bridge.
+"""The chat's state in one Qt-free model, the events it tells, and the flows that wait on the
+engine (the operations the widgets call on it, send, regenerate, edit, stop…, are in ops.py).
 
 `ChatModel` holds what the window shows: the open conversation and its active path (as view
 models, with each reply's runs), the *selected reply* (what Regenerate, Compare and Receipt act
@@ -9,7 +9,7 @@ It emits what changed (app/core/evented.py); widgets subscribe and send intents;
 read back from a widget. Its fields are written by its own methods only (the flows in
 engine_flows.py and the window call them), so every writer of a field is in the class. One reply:
 
-    send(chat, text)      session.begin_send (user message + placeholder committed first)
+    ops.send(chat, text)  session.begin_send (user message + placeholder committed first)
     -> _generate          engine_batches(executor, request, observe=ReplyRecorder)
                             engine thread: ReplyRecorder saves text + tokens every few seconds,
                             then the reply and its run (session.finish)
@@ -19,27 +19,26 @@ engine_flows.py and the window call them), so every writer of a field is in the 
 from __future__ import annotations
 
 import asyncio
-import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional
 
 from app.core.attachments import Attachments, token_cost
-from app.core.continuing import begin_continue, earlier_of, whole_result
+from app.core.continuing import earlier_of, whole_result
 from app.core.context_budget import ContextBudget, budget_requests, measure_budget, refusal_text
 from app.core.evented import Evented
 from app.core.replay import Replay, expect
+from app.core.reply_recorder import ReplyRecorder
 from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import StoreError
 from app.core.view_models import MessageVM, finished_text, progress_text, run_shown
-from engine.bridge import Done, Failed, engine_batches, engine_call
+from engine.bridge import Done, engine_batches, engine_call
 from engine.documents.extract import Document
 from engine.engine import ModelInfo
 from engine.errors import ContextLengthError, ServerUnreachable
 from engine.executor import EngineExecutor
 from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEvent
 
-PARTIAL_SAVE_S = 5.0  # how often a long reply's streamed text and tokens are written to the store
 DRAFT_DEBOUNCE_S = 0.3  # a draft is counted once typing pauses this long
 LINK_INTERVAL_S = 2.0  # how often a window attached to a server asks whether it still answers
 NOT_SENT = "Not sent: "  # how the explanation of a send the unreachable server stopped begins
@@ -85,37 +84,6 @@ class StreamState:
     tokens: int = 0
     prefill: Optional[tuple[int, int]] = None
 
-
-class ReplyRecorder:
-    """Saves one reply on the engine thread (an `engine.bridge` observer): the text with its
-    tokens every PARTIAL_SAVE_S, then the reply and its run; what streamed if the engine raised.
-    On the engine thread so a reply is saved even when the window closes mid-reply."""
-
-    def __init__(self, session: ChatSession, pending: PendingReply, every: float = PARTIAL_SAVE_S) -> None:
-        self.session, self.pending, self.every = session, pending, every
-        # A Continue saves the whole reply: the reply so far, then what streams (continuing.py).
-        self.tokens, self.logprobs = earlier_of(pending)
-        self.offset = len(self.tokens)  # event indices count the new tokens only
-        self.pieces: list[str] = [pending.earlier_text] if self.offset else []
-        self.saved = time.perf_counter()
-
-    def __call__(self, event: Any) -> None:
-        if isinstance(event, TokenEvent):
-            self.pieces.append(event.text)
-            if self.offset + event.index >= len(self.logprobs):  # a new token (not text released late)
-                self.logprobs.append(event.logprob)
-                self.tokens.append(event.token)
-            now = time.perf_counter()
-            if now - self.saved >= self.every:
-                self.saved = now
-                # An id the stream did not name (-1: a server that does not send ids): keep none.
-                known = all(t >= 0 for t in self.tokens)
-                self.session.save_partial(self.pending, "".join(self.pieces), self.tokens if known else [],
-                                          self.logprobs if known else [])
-        elif isinstance(event, Done):
-            self.session.finish(self.pending, whole_result(self.pending, event.result))
-        elif isinstance(event, Failed):
-            self.session.fail(self.pending, "".join(self.pieces))
 
 
 class ChatModel(Evented):
@@ -255,6 +223,20 @@ class ChatModel(Evented):
         self.conv_id = conv_id
         self.selected_id = None  # the runs picked stay picked (reply ids are unique): reopened, shown
         self.reload()
+
+    def follow_variant(self, message_id: int) -> None:
+        """A sibling was made active: a picked reply follows it; the path is read again."""
+        if self.selected_id is not None:
+            self.selected_id = message_id
+        self.reload()
+
+    def begin_send(self, text: str) -> PendingReply:
+        """Save `text` as a user message with the files attached to it (they leave the composer)
+        and the reply's placeholder (session.begin_send; StoreError: nothing saved, nothing left)."""
+        pending = self.session.begin_send(self.conv_id, text, self.model_name, self.default_settings(),
+                                          documents=self.attachments.documents)
+        self.attachments.clear()
+        return pending
 
     def select(self, message_id: Optional[int]) -> None:
         """Pick the reply Regenerate / Compare / Receipt act on (a user message: ignored)."""
@@ -616,136 +598,7 @@ def user_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-# ---------------------------------------------------------------------------------- operations
-# Each operation is a function over the model: it checks it may run, changes the store through
-# the session, and starts the flow; it returns whether it did.
-
-
-def send(chat: ChatModel, text: str) -> bool:
-    """Send what the user typed (True if a reply started)."""
-    if not text.strip() or chat.generating:
-        return False
-    if chat.read_only:
-        chat.emit(ERROR, "Read-only", "Another Verbatim window owns this data folder.")
-        return False
-    if not reachable(chat):
-        return False
-    why = chat.refusal(text)
-    if why:  # the meter counted this very text: nothing is saved, the draft stays
-        chat.emit(STATUS, why, 8000)
-        return False
-    try:  # one transaction: the conversation (if new), the message and the reply's row
-        pending = chat.session.begin_send(chat.conv_id, text, chat.model_name, chat.default_settings(),
-                                          documents=chat.attachments.documents)
-    except StoreError as e:
-        chat.emit(ERROR, "Cannot save the message", str(e))
-        return False
-    chat.attachments.clear()  # saved with the message
-    chat._start(pending)
-    return True
-
-
-def regenerate(chat: ChatModel, fresh: bool = False) -> bool:
-    """Regenerate the selected reply (its own seed and settings: it must come out the same) or,
-    `fresh`, make a new variant of it (a fresh seed, the current settings). A trailing user message
-    that has no reply (its generation failed) is answered instead, unless a reply was picked."""
-    if chat.generating or chat.conv_id is None or chat.read_only or not reachable(chat):
-        return False
-    target = chat.selected
-    try:
-        if chat.vms and chat.vms[-1].role == "user" and (target is None or target.id != chat.selected_id):
-            pending = chat.session.begin_reply_to(chat.vms[-1].id, chat.model_name)
-        elif target is not None:
-            pending = chat.session.begin_regenerate(target.id, fresh=fresh, model_name=chat.model_name)
-            ids = [vm.id for vm in chat.vms]  # a middle reply: the turns after it stay with it
-            pending.hidden = len(ids) - ids.index(target.id) - 1 if target.id in ids else 0
-        else:
-            return False
-    except StoreError as e:
-        chat.emit(ERROR, "Cannot regenerate", str(e))
-        return False
-    chat._start(pending)
-    return True
-
-
-def continue_reply(chat: ChatModel, reply_id: Optional[int] = None) -> bool:
-    """Continue a reply that was stopped or ended at max tokens (the selected one by default), in
-    place: with its own seed and settings it goes on as the reply that was never stopped."""
-    if chat.generating or chat.conv_id is None or chat.read_only or not reachable(chat):
-        return False
-    rid = reply_id if reply_id is not None else chat.selected_id
-    if rid is None:
-        return False
-    try:
-        pending = begin_continue(chat.session, rid, chat.model_name)
-    except StoreError as e:
-        chat.emit(ERROR, "Cannot continue", str(e))
-        return False
-    chat._start(pending)
-    return True
-
-
-def edit(chat: ChatModel, user_id: int, text: str) -> bool:
-    """Edit a user message as a branch and answer the edit."""
-    if chat.generating or chat.read_only:
-        chat.emit(STATUS, "Stop the current reply first", 3000)
-        return False
-    if not reachable(chat):
-        return False
-    try:
-        pending = chat.session.begin_edit(user_id, text, chat.model_name)
-    except StoreError as e:
-        chat.emit(ERROR, "Cannot edit", str(e))
-        return False
-    chat._start(pending)
-    return True
-
-
 def hidden_note(n: int) -> str:
     """What a regenerate or new variant of a middle reply did to the turns after it."""
     return (f"the {n} later message{'s' if n != 1 else ''} stay with the previous variant"
             " (‹ › on the reply shows them again)")
-
-
-def reachable(chat: ChatModel) -> bool:
-    """Whether a reply can start: not while the server the window is attached to is unreachable
-    (nothing is sent, so nothing typed is lost; the status bar says why)."""
-    link = chat.link
-    if link is None or link.up:
-        return True
-    why = f"{NOT_SENT}{link.error or 'the server is not reachable'}. What you typed is kept."
-    chat.emit(STATUS, why, 6000)
-    chat.tell(why + " Send works again as soon as the server answers.")  # whole, where it stays
-    return False
-
-
-def stop(chat: ChatModel) -> bool:
-    """Stop the reply being generated: it ends with what it has, saved as interrupted."""
-    if chat.pending is None:
-        return False
-    chat._cancel.cancel()
-    chat.emit(STATUS, "Stopping…", 2000)
-    return True
-
-
-def switch_variant(chat: ChatModel, message_id: int) -> bool:
-    """Make a sibling (a reply variant or an edit branch) the active one; a picked reply follows."""
-    if chat.generating:
-        chat.emit(STATUS, "Stop the current reply before switching variants", 3000)
-        return False
-    chat.session.show_variant(message_id)
-    if chat.selected_id is not None:
-        chat.selected_id = message_id
-    chat.reload()
-    return True
-
-
-def delete_message(chat: ChatModel, message_id: int) -> bool:
-    """Delete a message and everything below it."""
-    if chat.generating:
-        chat.emit(STATUS, "Stop the current reply first", 3000)
-        return False
-    chat.session.delete_message(message_id)
-    chat.reload()
-    chat.emit(CONVERSATIONS)
-    return True

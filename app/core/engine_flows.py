@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from app.core import server_link
-from app.core.chat import ERROR, LINK, STATUS, ChatModel, ServerLink, mlx_memory, stop, user_message
+from app.core.chat import ERROR, LINK, STATUS, ChatModel, ServerLink, mlx_memory, user_message
+from app.core.ops import stop
 from app.core.models import model_label
 from app.core.session import ModelIdentity
 from app.core.template_default import default_system_prompt

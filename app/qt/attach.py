@@ -11,7 +11,7 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QFileDialog, QToolButton, QWidget
 
 from app.core import attachments as att
-from app.core import chat as ops
+from app.core import ops
 from app.core.chat import ChatModel
 from app.core.context_budget import ContextBudget, short_count
 from app.qt import dialogs

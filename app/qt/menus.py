@@ -7,7 +7,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
-from app.core import chat as ops
+from app.core import ops
 from app.core.replay import REGENERATE_TIP
 from app.qt import model_actions
 from app.qt.server_toggle import ServerToggle

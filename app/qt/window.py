@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import chat as ops
+from app.core import ops
 from app.core import engine_flows as flows
 from app.core.cache_move import move_prompt_cache
 from app.core.chat import ChatModel
