@@ -305,3 +305,46 @@ def test_every_debug_panel_value_shows_all_its_lines(
     values = [v for v in w.debug_panel.values.values() if v.isVisibleTo(w) and v.text()]
     cut = [c for v in values if (c := _cut_text(v))]
     assert not cut, "\n".join(cut)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{a}x{b}" for a, b in SIZES])
+def test_attached_files_and_their_note_fit_at_every_size_with_the_dock_open(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """Chips with long names, a refusal and the mid-conversation note above the composer, the
+    files then sent: no chip or note cut, the composer and Send still usable, the sent message's
+    chips inside the conversation."""
+    from tests.test_app_window_documents import counted, drop
+    from tests.test_documents import pdf_bytes
+
+    long_name = tmp_path / ("quarterly-results-and-the-board-minutes-" * 3 + "final.md")
+    long_name.write_text("Revenue grew by twelve percent.\n")
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(pdf_bytes(["One page of text about the weather."]))
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(bytes(range(256)) * 64)
+    w = open_window()
+    w.resize(*size)
+    w.debug_panel.show()
+    send(qtbot, w, "Hello there")
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    w.composer.setPlainText("What do these say?")
+    drop(w.composer, long_name, pdf, blob)
+    qtbot.waitUntil(counted(w, 2), timeout=LONG)
+    qtbot.waitUntil(lambda: "reads the conversation's" in w.attach.bar.note.text(), timeout=LONG)
+    _settle(qtbot, w)
+    labels = [c.label for c in w.attach.bar.chips.chips] + [w.attach.bar.note]
+    assert [cut for c in labels if (cut := _cut_text(c))] == []
+    assert "blob.bin" in w.attach.bar.note.text()
+    root = w.centralWidget()
+    for part in (w.composer, w.send_button, w.attach.button, *w.attach.bar.chips.chips):
+        r = _visible_rect(part, root)
+        assert r.left() >= 0 and r.right() < root.width() and r.bottom() < root.height(), part.objectName()
+    assert w.composer.width() >= 200
+    send(qtbot, w, "What do these say?")
+    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    _settle(qtbot, w)
+    assert _problems(w) == []
+    user = [vm for vm in w.chat.vms if vm.role == "user"][-1]
+    chips = w.chat_view.widget_for(user.id).doc_chips
+    assert len(chips.chips) == 2 and [cut for c in chips.chips if (cut := _cut_text(c.label))] == []

@@ -106,10 +106,11 @@ class DamagedFile(ValueError):
     """A cache file that is not safe to read: a link, a FIFO, a device, too large, too deep."""
 
 
-def read_regular(path: Path, max_bytes: int) -> bytes:
+def read_regular(path: Path, max_bytes: int) -> bytearray:
     """The bytes of `path` if it is a regular file of at most `max_bytes`, opened without
     following a symlink and without blocking (a FIFO opens at once and is refused); else
-    `DamagedFile`. FileNotFoundError passes through: a missing file is no damage."""
+    `DamagedFile`. FileNotFoundError passes through: a missing file is no damage. Read straight
+    into one buffer of the file's size (no chunks joined: a pack is hundreds of MB)."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -125,18 +126,25 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
             raise DamagedFile(f"{path.name} is not a regular file (a FIFO, device or folder)")
         if st.st_size > max_bytes:
             raise DamagedFile(f"{path.name} is {st.st_size} bytes, over the bound of {max_bytes}")
-        chunks: list[bytes] = []
-        left = max_bytes + 1  # one byte more shows a file that grew past the bound meanwhile
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
+        # One byte more than the size shows a file that grew meanwhile (up to the bound).
+        buf = bytearray(min(st.st_size, max_bytes) + 1)
+        view, n = memoryview(buf), 0
+        while n < len(buf):
+            got = os.readv(fd, [view[n:]])
+            if not got:
                 break
-            chunks.append(b)
-            left -= len(b)
-        data = b"".join(chunks)
-        if len(data) > max_bytes:
+            n += got
+        view.release()
+        while n == len(buf) and n <= max_bytes:  # it grew since fstat: read on, up to the bound
+            more = os.read(fd, min(max_bytes + 1 - n, 1 << 20))
+            if not more:
+                break
+            buf += more
+            n += len(more)
+        if n > max_bytes:
             raise DamagedFile(f"{path.name} is over the bound of {max_bytes} bytes")
-        return data
+        del buf[n:]
+        return buf
     finally:
         os.close(fd)
 

@@ -13,10 +13,12 @@ that fails makes exactly the snapshots that use one of its blocks (or its whole 
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import io
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -183,8 +185,25 @@ def decode_pack(data: bytes, row: PackRow, env: str) -> LoadedPack:
     """Check a pack file's bytes against its index row and read its layers' states."""
     if len(data) != row.file_bytes:
         raise SnapshotError(f"pack {row.id}: size {len(data)} != {row.file_bytes} (truncated or replaced)")
-    if hashlib.sha256(data).hexdigest() != row.sha256:
+    # The checksum runs on another core while the header is checked and the tensors are read
+    # (hashlib lets go of the GIL); nothing read is used unless it matches.
+    digest = concurrent.futures.Future()  # type: concurrent.futures.Future[str]
+    threading.Thread(target=lambda: digest.set_result(hashlib.sha256(data).hexdigest()),
+                     name="verbatim-pack-sha", daemon=True).start()
+    error: Optional[SnapshotError] = None
+    try:
+        loaded = _decode_checked(data, row, env)
+    except SnapshotError as e:  # a damaged file says so by its checksum first, as before
+        error = e
+    if digest.result() != row.sha256:  # always waited for: the thread reads `data`
         raise SnapshotError(f"pack {row.id}: checksum mismatch")
+    if error is not None:
+        raise error
+    return loaded
+
+
+def _decode_checked(data: bytes, row: PackRow, env: str) -> LoadedPack:
+    """decode_pack's checks of the header against the row, then its tensors."""
     try:
         md = read_header(data).get("__metadata__")
         if not isinstance(md, dict) or md.get("format") != FORMAT or md.get("version") != str(FORMAT_VERSION):
