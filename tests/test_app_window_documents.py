@@ -275,7 +275,7 @@ def test_attached_in_the_middle_of_a_conversation_the_window_says_what_it_costs(
     qtbot.waitUntil(counted(w, 1), timeout=LONG)
     w.composer.setPlainText("And this file?")
     qtbot.waitUntil(lambda: "reads the conversation's" in w.attach.bar.note.text(), timeout=LONG)
-    assert re.search(r"conversation's [\d,.k]+ earlier tokens again \(once\)", w.attach.bar.note.text())
+    assert re.search(r"conversation's [\d,.k]+ earlier tokens again, once", w.attach.bar.note.text())
     # The file stays with the conversation it was attached in.
     w.new_conversation()
     qtbot.waitUntil(lambda: chips(w) == [], timeout=LONG)

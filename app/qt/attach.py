@@ -83,7 +83,7 @@ class AttachControls:
         turns = budget.used - budget.draft if budget is not None and budget.draft else 0
         if chat.attachments.items and chat.vms and turns > 0:
             self.bar.show_cost(
-                f"Documents go with the system prompt, before the conversation: this reply reads the"
-                f" conversation's {short_count(turns)} earlier tokens again (once); later questions start at once.")
+                f"Documents go before the conversation: this reply reads the conversation's {short_count(turns)}"
+                " earlier tokens again, once; later questions start at once.")
         else:
             self.bar.show_cost("")
