@@ -1,5 +1,6 @@
-"""Regenerate docs/screenshot-replay.png: a regenerate shown at once from the previous run and
-being verified as it is recomputed (issue 39), at 1000x700 with the debug dock open.
+"""Regenerate docs/screenshot-replay.png and screenshot-replay-small.png: a regenerate shown at
+once from the previous run and being verified as it is recomputed (issue 39), at 1000x700 and
+then at 800x600, the debug dock open.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python docs/make_replay_screenshot.py [--model demo]
@@ -30,7 +31,7 @@ def main() -> int:
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-    from shots import ready_window, wait_until  # docs/shots.py, beside this script
+    from shots import ready_window, settle, wait_until  # docs/shots.py, beside this script
 
     from app.core import ops
     from engine.types import SamplerSettings
@@ -52,13 +53,20 @@ def main() -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     w.grab().save(str(args.out / "screenshot-replay.png"))
+    # The same replay at the smallest window (the dock still open), while it is still verifying.
+    w.resize(*w.MIN_SIZE)
+    settle(0.4)
+    if not w.chat.generating:
+        print("the replay ended before the small grab", file=sys.stderr)
+        return 1
+    w.grab().save(str(args.out / "screenshot-replay-small.png"))
     wait_until(lambda: not w.chat.generating)
     badge = w.chat_view.message_widgets()[-1].identity.text()
     if "identical" not in badge:
         print(f"the replay did not end identical ({badge!r})", file=sys.stderr)
         return 1
     w.close()
-    print(f"wrote screenshot-replay.png to {args.out} (ended: {badge})")
+    print(f"wrote screenshot-replay.png and screenshot-replay-small.png to {args.out} (ended: {badge})")
     return 0
 
 

@@ -103,6 +103,10 @@ class EngineAPI(Protocol):
         of ordinary turns under eviction (None: every document's)."""
         ...
 
+    def preload_documents(self) -> int:
+        """Read the kept documents' states from the disk into memory (after a restart); how many."""
+        ...
+
     def token_texts(self, tokens: list[int]) -> list[str]:
         """The text each token adds (display only)."""
         ...

@@ -18,6 +18,7 @@ from typing import Any, Callable, Generator, Iterable, Optional
 from engine.cache.disk.tier import DiskCache
 from engine.cache.eviction import DocumentsKept
 from engine.cache.families import class_names
+from engine.cache.namespace import cache_key
 from engine.cache.prompt_cache import PromptCache
 from engine.constraint import check_tool_results
 from engine.documents.placement import DocumentSpan, block, document_spans, place
@@ -207,6 +208,15 @@ class Engine:
         ahead of ordinary turns under eviction, a document no conversation has any more goes as
         an ordinary snapshot does. None: keep every document's state ahead (the default)."""
         self.eviction.in_use = None if digests is None else frozenset(digests)
+
+    def preload_documents(self) -> int:
+        """Read the documents' states that are kept warm (keep_documents) from the disk into
+        memory while they fit: after a restart the first question about a document restores it
+        from memory. The window runs this once a model is loaded, before anything is asked; the
+        number of snapshots read."""
+        lm = self._lm()
+        return len(self.cache.preload(cache_key(lm.key, None),
+                                      lambda m: m.kind == "document" and self.eviction.keep_priority(m) > 0))
 
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the

@@ -166,6 +166,10 @@ class RemoteEngine:
         """Nothing to do: the server's cache is its own, and it keeps every document's state ahead
         (its clients' conversations are not known to it)."""
 
+    def preload_documents(self) -> int:
+        """Nothing to do: a server preloads its own at start (`engine serve`)."""
+        return 0
+
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of a chat request in tokens (the server's tokenizer and template) and
         the limit in force: the request's own, never past the served model's context."""

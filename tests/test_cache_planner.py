@@ -86,3 +86,16 @@ def test_plan_prefers_the_longest_usable_restore_then_memory():
     assert plan.declines == ["end snapshot: cache cannot be cut back: 31 -> 28"]
     again = meta(PROMPT[:24], (5, 8, 16, 24), trimmable=False, kind="boundary", sid="b2")
     assert plan_restore([(boundary, "disk"), (again, "memory")], PROMPT, "exact", CUTS).meta is again
+
+
+def test_a_memory_snapshot_nearly_as_long_wins_over_the_disk_but_not_for_a_regenerate():
+    """A document's state read ahead into memory (16 tokens) against a conversation's end on disk
+    that matches a little further (24): a few tokens are cheaper to forward than the disk is to
+    read. A disk snapshot that restores all but the last token (a regenerate) still wins."""
+    doc = meta(PROMPT[:16], (5, 8, 16), kind="document", sid="doc")
+    longer = meta(PROMPT[:24] + [77, 78], CUTS[:3] + (24,), sid="end")
+    plan = plan_restore([(longer, "disk"), (doc, "memory")], PROMPT, "exact", CUTS)
+    assert (plan.meta, plan.source, plan.reuse) == (doc, "memory", 16)
+    whole = meta(PROMPT + [90], CUTS, sid="whole")
+    plan = plan_restore([(whole, "disk"), (doc, "memory")], PROMPT, "exact", CUTS)
+    assert (plan.meta, plan.source, plan.reuse) == (whole, "disk", 28)

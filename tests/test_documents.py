@@ -225,6 +225,38 @@ def test_after_a_restart_a_new_conversation_restores_the_document_from_disk(llam
         eng.close()
 
 
+def test_after_a_restart_the_documents_states_are_preloaded_and_the_first_question_reads_no_disk(
+    llama: Path, tmp_path: Path
+) -> None:
+    """preload_documents (the window runs it once a model is loaded) reads the kept document's
+    state from the disk into memory: the first question after the restart loads nothing more from
+    the disk, still says its state came from there, and equals its cold run. A document no
+    conversation has is not read ahead."""
+    d, other_doc = doc(), doc(APPENDIX, "appendix.md")
+    eng = Engine(cache_dir=tmp_path / "cache", chunk=16)
+    eng.load(str(llama))
+    end = eng.generate(ask("Why is the sky blue?", (d,))).report.documents[0]["end"]
+    eng.generate(ask("Why is the sky blue?", (other_doc,)))
+    eng.close()
+    eng = Engine(cache_dir=tmp_path / "cache", chunk=16)
+    eng.load(str(llama))
+    try:
+        eng.keep_documents({d.digest})  # the appendix is in no conversation any more
+        assert eng.preload_documents() == 1
+        assert [m.documents for m in eng.cache.memory.metas()] == [(d.digest,)]
+        loads = eng.cache.disk.stats()["loads"]
+        question = ask("What is the capital of France?", (d,))
+        r = eng.generate(question)
+        assert eng.cache.disk.stats()["loads"] == loads  # nothing read from the disk when asked
+        assert r.report.restored >= end and r.report.documents[0]["source"] == "disk"
+        cold = eng.generate(dataclasses.replace(question, use_cache=False))
+        assert (r.tokens, r.logprobs) == (cold.tokens, cold.logprobs)
+        again = eng.generate(ask("And of Italy?", (d,)))
+        assert again.report.documents[0]["source"] == "memory"  # read ahead once; from memory since
+    finally:
+        eng.close()
+
+
 def test_eviction_keeps_the_document_ahead_of_ordinary_turns(llama: Path) -> None:
     """A memory budget that holds the document's state and a few turns: twenty conversations
     without it later, a new question about the document still restores it."""

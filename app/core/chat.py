@@ -305,6 +305,18 @@ class ChatModel(Evented):
         """The documents of the conversation shown, in the order the engine places them."""
         return tuple(d for vm in self.vms for d in vm.documents)
 
+    async def preload_documents(self) -> int:
+        """After a load: the states of the documents this store's conversations have are read
+        from the disk into memory (engine thread), so the first question about one after a
+        restart restores it from memory; how many were read."""
+        in_use = self.session.store.document_digests()
+        if not in_use:
+            return 0
+        try:
+            return int(await self.call(lambda engine: (engine.keep_documents(in_use), engine.preload_documents())[1]))
+        except Exception:  # another model, or no disk tier: nothing read ahead, nothing lost
+            return 0
+
     async def _document_tokens(self, document: Document) -> Optional[int]:
         system = self.settings().system_prompt
         try:

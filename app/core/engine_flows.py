@@ -71,6 +71,7 @@ async def _load(chat: ChatModel, spec: str) -> None:
     if chat.closed:
         return
     chat.model_loaded(spec, chat.model_name, info, chunk)
+    chat.spawn(chat.preload_documents())  # the documents' states from disk, while nothing is asked yet
     # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
     # reach, so the full collections the GC pacer runs between replies stay short. Collect first
     # (once, while nothing is streaming) so the loader's garbage is freed rather than frozen.

@@ -126,6 +126,9 @@ def reuse_point(meta: SnapshotMeta, matched: int, mode: str, cuts: Sequence[int]
     return max((c for c in (matched, *meta.exact_cuts) if c <= matched and exact_at(meta, c, cuts)), default=0)
 
 
+DISK_SLACK = 64  # tokens a disk restore must add over a memory one to be read (forwarding them costs less)
+
+
 def plan_restore(
     candidates: Sequence[tuple[SnapshotMeta, str]],
     prompt: Sequence[int],
@@ -155,6 +158,13 @@ def plan_restore(
         return plan
     options.sort(key=lambda o: (o[0], o[1], -o[2].length), reverse=True)
     best = options[0]
+    if best[3] == "disk" and best[0] < limit:
+        # A few tokens more from the disk are not worth reading it: a memory snapshot nearly as
+        # long wins (a document's state, read ahead at start, against a conversation's end a
+        # header longer). Never for a regenerate: a restore of all but the last token stays one.
+        near = [o for o in options if o[1] == 1 and o[0] > 0 and best[0] - o[0] <= DISK_SLACK]
+        if near:
+            best = near[0]
     if best[0] > 0:
         plan.meta, plan.source, plan.reuse = best[2], best[3], best[0]
     plan.matched = max(o[4] for o in options)

@@ -11,7 +11,7 @@ which engine/distributed/serve.py builds around the engine's own disk tier)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from engine.cache.families import rules_of
 from engine.cache.blocks import in_blocks
@@ -56,6 +56,7 @@ class PromptCache:
         # at most one, kept until the next fetch, which uses it or drops it
         self._spare: Optional[tuple[str, list[Any]]] = None
         self.spares = True  # False: no spares, every restore copies first (bench/regen_spare.py's "before")
+        self.preloaded: set[str] = set()  # read from the disk ahead of a restore (preload), not used yet
 
     @property
     def budget_bytes(self) -> int:
@@ -153,6 +154,9 @@ class PromptCache:
                     self.memory.drop(plan.meta.id)
                 continue
             self.hits += 1
+            if plan.meta.id in self.preloaded:  # read from the disk ahead of time: its state came from there
+                self.preloaded.discard(plan.meta.id)
+                plan.source = "disk"
             return plan, cache
 
     def _restore(self, meta: SnapshotMeta, source: Optional[str], upto: int,
@@ -170,6 +174,26 @@ class PromptCache:
                 return self.memory.restore(snap.meta.id, upto)
             return restore_copy(snap.full_cache(), upto)  # over the memory budget: restored, not kept
         raise SnapshotError("evicted")
+
+    def preload(self, model_key: str, wanted: Callable[[SnapshotMeta], bool]) -> list[str]:
+        """Read into memory the disk snapshots of `model_key` that `wanted` picks and that fit in
+        the memory tier's room (each read and checked as a restore would): after a restart, what
+        every conversation about a document restores is then in memory before it is asked for.
+        The ids read; a snapshot that fails its checks is skipped (the disk tier drops it)."""
+        if self.disk is None:
+            return []
+        have = {m.id for m in self.memory.metas(model_key)}
+        out = []
+        for meta in self.disk.entries(model_key):
+            if meta.id in have or not wanted(meta) or meta.nbytes > self.memory.room():
+                continue
+            try:
+                self.memory.adopt(self.disk.load(meta))
+            except SnapshotError:
+                continue
+            out.append(meta.id)
+        self.preloaded.update(out)
+        return out
 
     # -- housekeeping ---------------------------------------------------------------------------
     def pop_warnings(self) -> list[str]:

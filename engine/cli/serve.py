@@ -111,6 +111,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         progress = lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr)  # noqa: E731
         info = executor.submit(lambda eng: eng.load(args.model, progress=progress)).result()
         limit = executor.submit(lambda eng: eng.context_limit).result()
+        preloaded = executor.submit(lambda eng: eng.preload_documents()).result()  # documents' states: disk -> memory
+        if preloaded:
+            print(f"read {preloaded} documents' states from the prompt cache into memory", file=sys.stderr)
         model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk)
         serve(executor, model, args.host, args.port, keys, args.queue_limit,
               allow_origins=args.allow_origin, mode=args.mode, max_body=args.max_body_mb << 20)
