@@ -11,12 +11,11 @@ engine thread (`count`, given by the chat model).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
+from app.core.daemon_thread import on_daemon_thread
 from app.core.evented import Evented
 from engine.documents.extract import Document, DocumentError, read_document
 from engine.types import GenerationRequest
@@ -116,16 +115,7 @@ class Attachments(Evented):
 
     def _read(self, paths: list[str]) -> "asyncio.Future[tuple[list[Document], list[str]]]":
         """`read_files` on a daemon thread of its own (a stuck read must not hold up quitting)."""
-        fut: "concurrent.futures.Future[tuple[list[Document], list[str]]]" = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(read_files(paths))
-            except BaseException as e:  # handed to the awaiting coroutine
-                fut.set_exception(e)
-
-        threading.Thread(target=run, name="verbatim-read", daemon=True).start()
-        return asyncio.wrap_future(fut, loop=self.loop)
+        return on_daemon_thread(self.loop, read_files, paths, name="verbatim-read")
 
     async def _count_one(self, document: Document) -> None:
         tokens = await self._count(document)

@@ -4,8 +4,9 @@
   `await on_engine(executor, fn)` runs `fn(engine)` there (`engine.executor.EngineExecutor`),
   after every job submitted before it.
 - Work without MLX (model discovery, downloads) runs on a thread of its own: `await
-  in_thread(fn)`. Daemon threads, not the loop's default executor: a download stuck in the
-  network must not hold up the process's exit.
+  in_thread(fn)` (app/core/daemon_thread.py, which the core's file reading uses too). Daemon
+  threads, not the loop's default executor: a download stuck in the network must not hold up
+  the process's exit.
 
 Either way the coroutine resumes on the GUI thread, so code after an `await` may touch widgets,
 and there are no job ids to check: each flow awaits its own future. A generation's events come
@@ -21,12 +22,11 @@ this module names the loop explicitly and never calls asyncio.get_running_loop()
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import threading
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
 from app.core.chat import user_message  # noqa: F401 (the one wording, used by the widgets)
+from app.core.daemon_thread import on_daemon_thread
 from engine.bridge import engine_call
 from engine.engine import Engine
 from engine.errors import Cancelled
@@ -67,19 +67,8 @@ async def on_engine(executor: EngineExecutor, fn: Callable[[Engine], T]) -> T:
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run fn(*args) on a new daemon thread (work that never touches MLX)."""
-    fut: "concurrent.futures.Future[T]" = concurrent.futures.Future()
-
-    def run() -> None:
-        if not fut.set_running_or_notify_cancel():
-            return
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as e:  # handed to the awaiting coroutine
-            fut.set_exception(e)
-
-    threading.Thread(target=run, name="verbatim-task", daemon=True).start()
-    return await asyncio.wrap_future(fut, loop=gui_loop())
+    """Run fn(*args) on a new daemon thread (work that never touches MLX; app/core/daemon_thread.py)."""
+    return await on_daemon_thread(gui_loop(), fn, *args)
 
 
 def is_cancelled(e: BaseException) -> bool:
