@@ -96,6 +96,32 @@ def test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_t
     assert target.property("flash") is False and target.body.marked() == []
 
 
+def test_a_selected_search_result_is_drawn_readably_on_the_selection(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    """The style sheet gives a selected row a pale background and the text colour; the search
+    result's rich text must follow it, not the palette's highlighted text (white). Its title
+    (the first line, where the word found is not: the mark draws its own black on yellow) is
+    what is measured."""
+    from app.qt.widgets.sidebar import MARKED_ROLE
+
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "Which rivers cross Vienna? " + "It is a city on a river in Europe. " * 6 + "The Danube does.")
+    w.sidebar.search.setText("danube")
+    qtbot.waitUntil(lambda: w.sidebar.list.count() == 1 and bool(w.sidebar.list.item(0).data(MARKED_ROLE)), timeout=LONG)
+    item = w.sidebar.list.item(0)
+    assert w.sidebar.list.currentItem() is item and item.isSelected()
+    assert "Danube" not in item.data(MARKED_ROLE).split("<br>")[0]  # the title holds no mark
+    rect = w.sidebar.list.visualItemRect(item)
+    line = w.sidebar.list.fontMetrics().height()
+    image = w.sidebar.list.viewport().grab().toImage()
+    pixels = [image.pixelColor(x, y) for x in range(rect.left() + 3, rect.right() - 3)
+              for y in range(rect.top() + 3, rect.top() + 2 + line)]
+    lightness = [c.lightness() for c in pixels]
+    face, darkest = max(set(lightness), key=lightness.count), min(lightness)
+    assert face > 180 and darkest < 90, (face, darkest)  # dark text on the pale selection
+
+
 def test_too_long_advice_only_suggests_lowering_max_tokens_when_that_would_fit(
     qtbot: Any, open_window: Callable[..., MainWindow]
 ) -> None:

@@ -52,9 +52,10 @@ class MarkedDelegate(QStyledItemDelegate):
             style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
         doc = self._doc(opt, html)
         ctx = QAbstractTextDocumentLayout.PaintContext()
-        selected = bool(opt.state & QStyle.StateFlag.State_Selected)
-        role = QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text
-        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(role))
+        # The style sheet draws a selected row in the text colour on a pale selection
+        # (resources/styles/app.qss: ::item:selected), not in the palette's HighlightedText
+        # (white), which it does not change: the rich text follows the sheet.
+        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.Text))
         painter.save()
         painter.translate(opt.rect.topLeft())
         painter.setClipRect(opt.rect.translated(-opt.rect.topLeft()))
