@@ -70,6 +70,10 @@ class Prepared:
     reply_header_cuts: list[int] = field(default_factory=list)
     # Where each attached document lies in the prompt; its end is a cut (engine/documents/placement.py)
     documents: list[DocumentSpan] = field(default_factory=list)
+    # Where a "document" snapshot is taken -> the digests of the documents its state holds: each
+    # document's end that is a cut, and the system message's end after the last one
+    # (`_document_points`), where every conversation about them still agrees.
+    document_points: dict[int, tuple[str, ...]] = field(default_factory=dict)
     earlier: list[int] = field(default_factory=list)  # a Continue: the reply so far (token ids)
 
 
@@ -252,14 +256,16 @@ class Engine:
         starts = self._starts(fitted.messages, fitted.prompt, tools)
         headers = self._starts.reply_header_cuts(fitted.messages, fitted.prompt, tools)
         spans: list[DocumentSpan] = []
+        points: dict[int, tuple[str, ...]] = {}
         if request.documents:
             spans = document_spans(lm.tokenizer, fitted.messages, request.documents, fitted.prompt,
                                    render_prompt_text(lm.tokenizer, fitted.messages, tools))
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
+            points = _document_points(spans, self._starts(fitted.messages[:1], fitted.prompt, tools))
         # The request as it runs: its documents are now in its messages (placed once, never twice).
         return Prepared(replace(request, messages=fitted.messages, documents=()), fitted.prompt, starts,
                         ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers,
-                        documents=spans, earlier=earlier)
+                        documents=spans, document_points=points, earlier=earlier)
 
     def _earlier(self, request: GenerationRequest) -> list[int]:
         """A Continue's reply so far as token ids, checked: a reply that ended (an end token, a
@@ -322,7 +328,7 @@ class Engine:
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
             result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
                                        p.context.limit, self._guide(p), p.reply_header_cuts, p.earlier,
-                                       [d.end for d in p.documents if d.cut], _held(p.documents))
+                                       sorted(p.document_points), p.document_points)
         _describe_cuts(result, p)
         if self.cache.disk is not None:
             result.report.warnings = self.cache.pop_warnings()
@@ -418,9 +424,18 @@ def _describe_cuts(result: GenerationResult, p: Prepared) -> None:
          "source": source if source and restored >= s.end else "prefilled"} for s in p.documents]
 
 
-def _held(spans: list[DocumentSpan]) -> dict[int, tuple[str, ...]]:
-    """Each document end (a cut) -> the digests of the documents the state there holds."""
-    return {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
+def _document_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
+    """Each document end (a cut) -> the digests of the documents the state there holds; and the
+    system message's end (`system_end`: the start of the next message, when the system message
+    rendered alone is a prefix of the prompt) -> all of them. The documents end the system
+    message (placement.place), so what lies between the last one's end and there is the
+    template's own closing of the message, the same in every conversation about them: a new
+    conversation restores up to where its own first message starts (no forward of those few
+    tokens first, which at a long context costs about what the question's own forward does)."""
+    points = {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
+    if spans and system_end and system_end[0] > spans[-1].end:
+        points[system_end[0]] = tuple(d.digest for d in spans)
+    return points
 
 
 def _check_documents_fit(lm: LoadedModel, request: GenerationRequest, limit: Optional[int], tools: Any) -> None:

@@ -99,3 +99,17 @@ def test_a_memory_snapshot_nearly_as_long_wins_over_the_disk_but_not_for_a_regen
     whole = meta(PROMPT + [90], CUTS, sid="whole")
     plan = plan_restore([(whole, "disk"), (doc, "memory")], PROMPT, "exact", CUTS)
     assert (plan.meta, plan.source, plan.reuse) == (whole, "disk", 28)
+
+
+def test_a_tie_goes_to_the_snapshot_whose_copy_is_at_hand():
+    """Two memory snapshots restore the same 16 tokens: the smaller wins (less to copy), unless
+    the other's restored copy is ready (PromptCache's spare: nothing to copy at all)."""
+    doc = meta(PROMPT[:16], (5, 8, 16), kind="document", sid="doc")
+    turn = meta(PROMPT[:16] + [77, 78, 79], (5, 8, 16), sid="turn")
+    assert plan_restore([(turn, "memory"), (doc, "memory")], PROMPT, "exact", CUTS).meta is doc
+    plan = plan_restore([(turn, "memory"), (doc, "memory")], PROMPT, "exact", CUTS, ready="turn")
+    assert (plan.meta, plan.reuse) == (turn, 16)
+    on_disk = plan_restore([(turn, "disk"), (doc, "memory")], PROMPT, "exact", CUTS, ready="turn")
+    assert on_disk.meta is doc  # a copy at hand never makes the disk win over memory
+    longer = meta(PROMPT[:24] + [1], CUTS[:3] + (24,), sid="longer")
+    assert plan_restore([(turn, "memory"), (longer, "memory")], PROMPT, "exact", CUTS, ready="turn").meta is longer

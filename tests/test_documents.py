@@ -20,6 +20,7 @@ from engine.documents.extract import Document, DocumentError, document_from_byte
 from engine.documents.placement import block, place
 from engine.engine import Engine
 from engine.errors import RequestError
+from engine.generate.templating import render_prompt
 from engine.receipts import Receipt, ReceiptError, ReceiptModel, build
 from engine.types import GenerationRequest, SamplerSettings
 from tests.engine_helpers import model_dir
@@ -67,6 +68,12 @@ def ask(question: str, docs: tuple[Document, ...], mode: str = "exact", **kw: An
     return GenerationRequest([SYSTEM, {"role": "user", "content": question}],
                              SamplerSettings(max_tokens=kw.pop("max_tokens", 8), temperature=kw.pop("temperature", 1.0),
                                              seed=kw.pop("seed", 3)), mode=mode, documents=docs, **kw)
+
+
+def system_end(eng: Engine, docs: tuple[Document, ...]) -> int:
+    """Where the first message after the documents starts: the system message holding them,
+    rendered alone (SYSTEM is every test conversation's system prompt)."""
+    return len(render_prompt(eng.lm.tokenizer, place([SYSTEM], docs), add_generation_prompt=False))
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +172,24 @@ def test_a_new_conversation_about_the_same_document_restores_it_and_equals_a_col
     assert (second.tokens, second.logprobs) == (cold.tokens, cold.logprobs)
 
 
+def test_a_document_snapshot_is_kept_where_the_next_message_starts_too(engine: Engine) -> None:
+    """What lies between the last document's end and the next message is the template's closing
+    of the system message, the same in every conversation about the document: the state there is
+    kept as a document snapshot too (the one read ahead after a restart), so a new conversation
+    forwards from its own first message on, not those few tokens first."""
+    d = doc()
+    first = engine.generate(ask("Why is the sky blue?", (d,)))
+    end, at = first.report.documents[0]["end"], system_end(engine, (d,))
+    assert end < at < end + 8
+    assert [s["length"] for s in first.report.snapshots_stored if s["kind"] == "document"] == [end, at]
+    held = [m for m in engine.cache.memory.metas() if m.kind == "document"]
+    assert [(m.length, m.documents) for m in held] == [(at, (d.digest,))]  # it serves the end too (cut back)
+    for m in [m for m in engine.cache.memory.metas() if m.kind != "document"]:
+        engine.cache.memory.drop(m.id)  # the turn's own snapshots (they cut there too): only the document's left
+    second = engine.generate(ask("What is the capital of France?", (d,)))
+    assert second.report.restored == at and second.report.chunks[0][0] == at
+
+
 def test_a_regenerate_about_a_document_restores_all_but_the_last_token_and_is_identical(engine: Engine) -> None:
     req = ask("Why is the sky blue?", (doc(),))
     a = engine.generate(req)
@@ -199,7 +224,11 @@ def test_a_cache_that_cannot_be_cut_back_shares_the_document_through_its_snapsho
         end = first.report.documents[0]["end"]
         other = ask("What is the capital of France?", (d,))
         second = eng.generate(other)
-        assert second.report.restored == end and second.report.documents[0]["source"] == "memory"
+        # Up to where the system message rendered alone ends, past the document's end (the
+        # template's own closing of it, or Gemma's "\n\n" before the first user turn's text).
+        at = system_end(eng, (d,))
+        assert at > end and second.report.restored == at
+        assert second.report.documents[0]["source"] == "memory"
         cold = eng.generate(dataclasses.replace(other, use_cache=False))
         assert (second.tokens, second.logprobs) == (cold.tokens, cold.logprobs)
     finally:
@@ -244,11 +273,13 @@ def test_after_a_restart_the_documents_states_are_preloaded_and_the_first_questi
         eng.keep_documents({d.digest})  # the appendix is in no conversation any more
         assert eng.preload_documents() == 1
         assert [m.documents for m in eng.cache.memory.metas()] == [(d.digest,)]
-        loads = eng.cache.disk.stats()["loads"]
+        loads, spares = eng.cache.disk.stats()["loads"], eng.cache.stats()["spare_hits"]
         question = ask("What is the capital of France?", (d,))
         r = eng.generate(question)
         assert eng.cache.disk.stats()["loads"] == loads  # nothing read from the disk when asked
-        assert r.report.restored >= end and r.report.documents[0]["source"] == "disk"
+        # Restored up to the question's own message, from the copy made ahead (no copy when asked):
+        assert r.report.restored == system_end(eng, (d,)) > end and r.report.documents[0]["source"] == "disk"
+        assert eng.cache.stats()["spare_hits"] == spares + 1
         cold = eng.generate(dataclasses.replace(question, use_cache=False))
         assert (r.tokens, r.logprobs) == (cold.tokens, cold.logprobs)
         again = eng.generate(ask("And of Italy?", (d,)))

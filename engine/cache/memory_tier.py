@@ -199,6 +199,10 @@ class MemoryTier:
         with self._lock:
             return [e.meta for e in self._items.values() if model_key is None or e.meta.model_key == model_key]
 
+    def meta(self, sid: str) -> SnapshotMeta:
+        with self._lock:
+            return self._items[sid].meta
+
     def room(self) -> int:
         with self._lock:
             return self.budget_bytes - self._bytes

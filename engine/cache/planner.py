@@ -135,11 +135,14 @@ def plan_restore(
     mode: str,
     cuts: Sequence[int],
     singles_from: Optional[int] = None,
+    ready: Optional[str] = None,
 ) -> Plan:
-    """Pick the snapshot giving the longest usable restore; say why better-matching ones lost."""
+    """Pick the snapshot giving the longest usable restore; say why better-matching ones lost.
+    `ready`: the id of the snapshot whose restored copy is at hand (PromptCache's spare: no copy
+    to make), which wins a tie."""
     limit = len(prompt) - 1
     head = list(prompt[:limit])
-    options: list[tuple[int, int, SnapshotMeta, str, int, Optional[str]]] = []
+    options: list[tuple[int, int, int, SnapshotMeta, str, int, Optional[str]]] = []
     for meta, source in candidates:
         matched = common_prefix(meta.tokens, head)
         if matched == 0:
@@ -151,14 +154,16 @@ def plan_restore(
             usable = 0
         else:
             usable = reuse
-        # Ties: memory before disk, then the smallest snapshot (least to copy and cut).
-        options.append((usable, 1 if source == "memory" else 0, meta, source, matched, problem))
+        # Ties: memory before disk, then the copy at hand, then the smallest snapshot (least to
+        # copy and cut).
+        options.append((usable, 1 if source == "memory" else 0, 1 if meta.id == ready else 0, meta, source,
+                        matched, problem))
     plan = Plan()
     if not options:
         return plan
-    options.sort(key=lambda o: (o[0], o[1], -o[2].length), reverse=True)
+    options.sort(key=lambda o: (o[0], o[1], o[2], -o[3].length), reverse=True)
     best = options[0]
-    if best[3] == "disk" and best[0] < limit:
+    if best[4] == "disk" and best[0] < limit:
         # A few tokens more from the disk are not worth reading it: a memory snapshot nearly as
         # long wins (a document's state, read ahead at start, against a conversation's end a
         # header longer). Never for a regenerate: a restore of all but the last token stays one.
@@ -166,9 +171,9 @@ def plan_restore(
         if near:
             best = near[0]
     if best[0] > 0:
-        plan.meta, plan.source, plan.reuse = best[2], best[3], best[0]
-    plan.matched = max(o[4] for o in options)
-    for _, _, meta, _, matched, problem in options:
+        plan.meta, plan.source, plan.reuse = best[3], best[4], best[0]
+    plan.matched = max(o[5] for o in options)
+    for _, _, _, meta, _, matched, problem in options:
         if problem and matched > plan.reuse and meta is not plan.meta:
             plan.declines.append(problem)
     return plan

@@ -28,6 +28,7 @@ class DiskTier(Protocol):
     """What the prompt cache needs from a persistent tier (engine/cache/disk/)."""
 
     def entries(self, model_key: str) -> list[SnapshotMeta]: ...
+    def last_used(self, snapshot_id: str) -> float: ...  # when last written or read (0.0: unknown)
     def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> SharedSnapshot: ...  # SnapshotError if bad
     def save_async(self, snapshot: Snapshot) -> None: ...
     def remove(self, snapshot_id: str) -> None: ...
@@ -128,7 +129,8 @@ class PromptCache:
         excluded: set[str] = set()
         while True:
             cands = [c for c in self.candidates(model_key) if c[0].id not in excluded]
-            plan = plan_restore(cands, prompt, mode, cuts, singles_from)
+            plan = plan_restore(cands, prompt, mode, cuts, singles_from,
+                                self._spare[0] if self._spare is not None else None)
             plan.declines = declines + plan.declines
             if plan.meta is None:
                 self._spare = None  # a generation from scratch: nothing will regenerate from it
@@ -179,20 +181,28 @@ class PromptCache:
         """Read into memory the disk snapshots of `model_key` that `wanted` picks and that fit in
         the memory tier's room (each read and checked as a restore would): after a restart, what
         every conversation about a document restores is then in memory before it is asked for.
-        The ids read; a snapshot that fails its checks is skipped (the disk tier drops it)."""
+        The one used last is also restored ahead, as the spare (`keep_spare`): the first question
+        about it then starts with no copy at all, in buffers already touched. The ids read; a
+        snapshot that fails its checks is skipped (the disk tier drops it)."""
         if self.disk is None:
             return []
+        disk = self.disk
         have = {m.id for m in self.memory.metas(model_key)}
+        # Newest first, by when each was last used (a read below counts as a use).
+        metas = sorted((m for m in disk.entries(model_key) if m.id not in have and wanted(m)),
+                       key=lambda m: disk.last_used(m.id), reverse=True)
         out = []
-        for meta in self.disk.entries(model_key):
-            if meta.id in have or not wanted(meta) or meta.nbytes > self.memory.room():
+        for meta in metas:
+            if meta.nbytes > self.memory.room():
                 continue
             try:
-                self.memory.adopt(self.disk.load(meta))
+                self.memory.adopt(disk.load(meta))
             except SnapshotError:
                 continue
             out.append(meta.id)
         self.preloaded.update(out)
+        if out and self.memory.touch(out[0]):
+            self.keep_spare(out[0], self.memory.restore(out[0], self.memory.meta(out[0]).length))
         return out
 
     # -- housekeeping ---------------------------------------------------------------------------

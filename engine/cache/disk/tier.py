@@ -210,6 +210,11 @@ class DiskCache:
         forgotten = self._forgotten
         return [m for m in self._view().metas(model_key) if m.id not in forgotten]
 
+    def last_used(self, snapshot_id: str) -> float:
+        """When the snapshot was last written or read (0.0: not in the index)."""
+        entry = self._view().entries.get(snapshot_id)
+        return entry.last_used if entry is not None else 0.0
+
     def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> SharedSnapshot:
         """Read, verify and rebuild a snapshot (on the calling thread, which owns the arrays).
 
