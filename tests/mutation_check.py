@@ -563,6 +563,31 @@ MUTATIONS: list[Mutation] = [
         (("app/core/store/conversations.py", "            self._copy_documents(old.id, edited.id)", "            pass"),),
         (WD + "test_an_edit_keeps_the_documents_and_export_import_carries_them",),
     ),
+    Mutation(
+        "no document snapshot where the system message ends (a new conversation forwards its closing first)",
+        (("engine/engine.py", "        points[system_end[0]] = tuple(d.digest for d in spans)\n", "        pass\n"),),
+        (DO + "test_a_document_snapshot_is_kept_where_the_next_message_starts_too",
+         DO + "test_after_a_restart_the_documents_states_are_preloaded_and_the_first_question_reads_no_disk"),
+    ),
+    Mutation(
+        "the read-ahead keeps no restored copy at hand (the first question copies the state)",
+        (("engine/cache/prompt_cache.py",
+          "            self.keep_spare(out[0], self.memory.restore(out[0], self.memory.meta(out[0]).length))\n",
+          "            pass\n"),),
+        (DO + "test_after_a_restart_the_documents_states_are_preloaded_and_the_first_question_reads_no_disk",),
+    ),
+    Mutation(
+        "a tie ignores the copy at hand",
+        (("engine/cache/planner.py", "1 if meta.id == ready else 0", "0"),),
+        (PL + "test_a_tie_goes_to_the_snapshot_whose_copy_is_at_hand",),
+    ),
+    Mutation(
+        "a selected search result drawn in the palette's highlighted text (white on the pale selection)",
+        (("app/qt/widgets/sidebar.py",
+          "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.Text))\n",
+          "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.HighlightedText))\n"),),
+        ("tests/test_app_window_issue39.py::test_a_selected_search_result_is_drawn_readably_on_the_selection",),
+    ),
 ]
 
 
