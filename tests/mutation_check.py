@@ -572,13 +572,13 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "the read-ahead keeps no restored copy at hand (the first question copies the state)",
         (("engine/cache/prompt_cache.py",
-          "            self.keep_spare(out[0], self.memory.restore(out[0], self.memory.meta(out[0]).length))\n",
+          "            self.keep_spare(out[0], self.memory.cache_of(out[0]))\n",
           "            pass\n"),),
         (DO + "test_after_a_restart_the_documents_states_are_preloaded_and_the_first_question_reads_no_disk",),
     ),
     Mutation(
         "a tie ignores the copy at hand",
-        (("engine/cache/planner.py", "1 if meta.id == ready else 0", "0"),),
+        (("engine/cache/planner.py", "o.meta.id == ready", "False"),),
         (PL + "test_a_tie_goes_to_the_snapshot_whose_copy_is_at_hand",),
     ),
     Mutation(

@@ -199,10 +199,6 @@ class MemoryTier:
         with self._lock:
             return [e.meta for e in self._items.values() if model_key is None or e.meta.model_key == model_key]
 
-    def meta(self, sid: str) -> SnapshotMeta:
-        with self._lock:
-            return self._items[sid].meta
-
     def room(self) -> int:
         with self._lock:
             return self.budget_bytes - self._bytes
@@ -233,7 +229,8 @@ class MemoryTier:
         return out
 
     def cache_of(self, sid: str) -> list[Any]:
-        """A new copy of snapshot `sid`'s whole state (tests compare its bits before and after)."""
+        """A new copy of snapshot `sid`'s whole state: what the read-ahead hands to the first
+        question (PromptCache.preload), what tests compare bit for bit before and after."""
         with self._lock:
             n = self._items[sid].meta.length
         return self.restore(sid, n)

@@ -32,7 +32,7 @@ Snapshot kinds, taken per generation:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from engine.cache.families import cut_reason
 from engine.cache.meta import SnapshotMeta
@@ -142,7 +142,7 @@ def plan_restore(
     to make), which wins a tie."""
     limit = len(prompt) - 1
     head = list(prompt[:limit])
-    options: list[tuple[int, int, int, SnapshotMeta, str, int, Optional[str]]] = []
+    options: list[_Option] = []
     for meta, source in candidates:
         matched = common_prefix(meta.tokens, head)
         if matched == 0:
@@ -154,29 +154,37 @@ def plan_restore(
             usable = 0
         else:
             usable = reuse
-        # Ties: memory before disk, then the copy at hand, then the smallest snapshot (least to
-        # copy and cut).
-        options.append((usable, 1 if source == "memory" else 0, 1 if meta.id == ready else 0, meta, source,
-                        matched, problem))
+        options.append(_Option(usable, meta, source, matched, problem))
     plan = Plan()
     if not options:
         return plan
-    options.sort(key=lambda o: (o[0], o[1], o[2], -o[3].length), reverse=True)
+    # Ties: memory before disk, then the copy at hand, then the smallest snapshot (least to copy and cut).
+    options.sort(key=lambda o: (o.usable, o.source == "memory", o.meta.id == ready, -o.meta.length), reverse=True)
     best = options[0]
-    if best[4] == "disk" and best[0] < limit:
+    if best.source == "disk" and best.usable < limit:
         # A few tokens more from the disk are not worth reading it: a memory snapshot nearly as
         # long wins (a document's state, read ahead at start, against a conversation's end a
         # header longer). Never for a regenerate: a restore of all but the last token stays one.
-        near = [o for o in options if o[1] == 1 and o[0] > 0 and best[0] - o[0] <= DISK_SLACK]
+        near = [o for o in options if o.source == "memory" and o.usable > 0 and best.usable - o.usable <= DISK_SLACK]
         if near:
             best = near[0]
-    if best[0] > 0:
-        plan.meta, plan.source, plan.reuse = best[3], best[4], best[0]
-    plan.matched = max(o[5] for o in options)
-    for _, _, _, meta, _, matched, problem in options:
-        if problem and matched > plan.reuse and meta is not plan.meta:
-            plan.declines.append(problem)
+    if best.usable > 0:
+        plan.meta, plan.source, plan.reuse = best.meta, best.source, best.usable
+    plan.matched = max(o.matched for o in options)
+    for o in options:
+        if o.problem and o.matched > plan.reuse and o.meta is not plan.meta:
+            plan.declines.append(o.problem)
     return plan
+
+
+class _Option(NamedTuple):
+    """One candidate as plan_restore weighs it."""
+
+    usable: int  # tokens it may restore (0: it cannot be cut back to its reuse point)
+    meta: SnapshotMeta
+    source: str  # "memory" | "disk"
+    matched: int  # its common prefix with the prompt
+    problem: Optional[str]  # why it cannot be restored as far as it matches (a decline)
 
 
 def dominates(a: SnapshotMeta, b: SnapshotMeta) -> bool:

@@ -202,7 +202,7 @@ class PromptCache:
             out.append(meta.id)
         self.preloaded.update(out)
         if out and self.memory.touch(out[0]):
-            self.keep_spare(out[0], self.memory.restore(out[0], self.memory.meta(out[0]).length))
+            self.keep_spare(out[0], self.memory.cache_of(out[0]))
         return out
 
     # -- housekeeping ---------------------------------------------------------------------------
