@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
@@ -55,6 +55,7 @@ from app.qt.widgets.elided_label import ElidedLabel
 from app.qt.widgets.model_picker import ModelPicker
 from app.qt.widgets.notice import Notice
 from app.qt.widgets.sidebar import Sidebar
+from app.qt.window_state import restore_window_state, save_window_state
 from engine.engine import Engine
 from engine.executor import EngineExecutor
 
@@ -119,7 +120,7 @@ class MainWindow(QMainWindow):
         self._wire()
         self._apply_theme()
         QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _: self._apply_theme())
-        self._restore_geometry()
+        restore_window_state(self)
         self.refresh_conversations()
         recent = self.sidebar.ids()
         if recent:
@@ -286,7 +287,7 @@ class MainWindow(QMainWindow):
     def _dock_room(self) -> int:
         return self.width() - self.sidebar.width() - self.splitter.widget(1).minimumSizeHint().width() - 16
 
-    # ---------------------------------------------------------------------------- theme, geometry
+    # ------------------------------------------------------------------------------------ theme
     def set_theme(self, option: str) -> None:
         self.theme_option = option
         self.qsettings.setValue("view/theme", option)
@@ -298,23 +299,6 @@ class MainWindow(QMainWindow):
         if isinstance(app, QApplication):
             apply_theme(app, self.theme)
         self.chat_view.set_palette(self.theme.code)
-
-    def _restore_geometry(self) -> None:
-        geo = self.qsettings.value("window/geometry")
-        if isinstance(geo, QByteArray) and not geo.isEmpty():
-            self.restoreGeometry(geo)
-        state = self.qsettings.value("window/state")
-        if isinstance(state, QByteArray) and not state.isEmpty():
-            self.dock_width.sized = self.restoreState(state)  # the user's dock width, if any
-        split = self.qsettings.value("window/splitter")
-        if isinstance(split, QByteArray) and not split.isEmpty():
-            self.splitter.restoreState(split)
-
-    def _save_geometry(self) -> None:
-        self.qsettings.setValue("window/geometry", self.saveGeometry())
-        self.qsettings.setValue("window/state", self.saveState())
-        self.qsettings.setValue("window/splitter", self.splitter.saveState())
-        self.qsettings.sync()
 
     # ------------------------------------------------------------------- the chat model's events
     def _wire(self) -> None:
@@ -598,7 +582,7 @@ class MainWindow(QMainWindow):
         self.sidebar.stop()  # a search typed just before closing must not reach the closed store
         self.save_draft()  # what was typed and not sent is there at the next start
         try:
-            self._save_geometry()
+            save_window_state(self)
         except Exception:
             log.exception("cannot save the window geometry")
         if self._discovery is not None:
