@@ -32,6 +32,7 @@ from app.core.reply_recorder import ReplyRecorder
 from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import StoreError
 from app.core.view_models import MessageVM, finished_text, progress_text, run_shown
+from app.core.wording import hidden_note, user_message
 from engine.bridge import Done, engine_batches, engine_call
 from engine.documents.extract import Document
 from engine.engine import ModelInfo
@@ -304,18 +305,6 @@ class ChatModel(Evented):
     def path_documents(self) -> tuple[Document, ...]:
         """The documents of the conversation shown, in the order the engine places them."""
         return tuple(d for vm in self.vms for d in vm.documents)
-
-    async def preload_documents(self) -> int:
-        """After a load: the states of the documents this store's conversations have are read
-        from the disk into memory (engine thread), so the first question about one after a
-        restart restores it from memory; how many were read."""
-        in_use = self.session.store.document_digests()
-        if not in_use:
-            return 0
-        try:
-            return int(await self.call(lambda engine: (engine.keep_documents(in_use), engine.preload_documents())[1]))
-        except Exception:  # another model, or no disk tier: nothing read ahead, nothing lost
-            return 0
 
     async def _document_tokens(self, document: Document) -> Optional[int]:
         system = self.settings().system_prompt
@@ -599,18 +588,3 @@ def mlx_memory() -> int:
         return int(mx.get_active_memory())
     except Exception:
         return 0
-
-
-def user_message(e: BaseException) -> str:
-    """One line for the window: the errors users cause carry their own message."""
-    from engine.errors import VerbatimError
-
-    if isinstance(e, (VerbatimError, StoreError, OSError)):
-        return str(e) or type(e).__name__
-    return f"{type(e).__name__}: {e}"
-
-
-def hidden_note(n: int) -> str:
-    """What a regenerate or new variant of a middle reply did to the turns after it."""
-    return (f"the {n} later message{'s' if n != 1 else ''} stay with the previous variant"
-            " (‹ › on the reply shows them again)")

@@ -17,13 +17,14 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from app.core import server_link
-from app.core.chat import ERROR, LINK, STATUS, ChatModel, ServerLink, mlx_memory, user_message
+from app.core.chat import ERROR, LINK, STATUS, ChatModel, ServerLink, mlx_memory
 from app.core.ops import stop
 from app.core.models import model_label
 from app.core.session import ModelIdentity
 from app.core.template_default import default_system_prompt
 from app.core.store import StoreError
 from app.core.view_models import verify_text
+from app.core.wording import user_message
 from engine.engine import ModelInfo
 from engine import remote
 from engine.errors import Cancelled
@@ -71,7 +72,7 @@ async def _load(chat: ChatModel, spec: str) -> None:
     if chat.closed:
         return
     chat.model_loaded(spec, chat.model_name, info, chunk)
-    chat.spawn(chat.preload_documents())  # the documents' states from disk, while nothing is asked yet
+    chat.spawn(preload_documents(chat))  # the documents' states from disk, while nothing is asked yet
     # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's
     # reach, so the full collections the GC pacer runs between replies stay short. Collect first
     # (once, while nothing is streaming) so the loader's garbage is freed rather than frozen.
@@ -81,6 +82,19 @@ async def _load(chat: ChatModel, spec: str) -> None:
     chat.recount()  # the new model's tokenizer and context
     chat.spawn(find_template_system(chat))
     chat.show_stats(stats, memory)
+
+
+async def preload_documents(chat: ChatModel) -> int:
+    """After a load: the states of the documents this store's conversations have are read from
+    the disk into memory (engine thread), so the first question about one after a restart
+    restores it from memory; how many were read."""
+    in_use = chat.session.store.document_digests()
+    if not in_use:
+        return 0
+    try:
+        return int(await chat.call(lambda engine: (engine.keep_documents(in_use), engine.preload_documents())[1]))
+    except Exception:  # another model, or no disk tier: nothing read ahead, nothing lost
+        return 0
 
 
 async def find_template_system(chat: ChatModel) -> None:

@@ -11,7 +11,8 @@ answers again. A reply that fails because the server went away says so at once
 
 from __future__ import annotations
 
-from app.core.chat import ChatModel, ServerLink, user_message
+from app.core.chat import ChatModel, ServerLink
+from app.core.wording import user_message
 from engine.remote import probe
 
 

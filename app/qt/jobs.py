@@ -25,7 +25,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
-from app.core.chat import user_message  # noqa: F401 (the one wording, used by the widgets)
+from app.core.wording import user_message  # noqa: F401 (the one wording, used by the widgets)
 from app.core.daemon_thread import on_daemon_thread
 from engine.bridge import engine_call
 from engine.engine import Engine
