@@ -126,8 +126,11 @@ class WindowSoak:
         tokens, made = tokens + len(self.stored(second.id).tokens), made + 1
 
         self.send("Go on, please.", wait=False)  # stopped mid-stream
-        self.wait(lambda: len(w.chat.stream_text) > 20, LONG)
-        self.click("stopButton")
+        # A reply may also end on its own (an end token) before 20 characters: then there is
+        # nothing left to stop (Stop is disabled), and waiting for more text would never end.
+        self.wait(lambda: len(w.chat.stream_text) > 20 or not w.chat.generating, LONG)
+        if w.chat.generating:
+            self.click("stopButton")
         self.idle()
         stopped = self.stored(self.replies()[-1].id)
         # Interrupted, unless the reply ended on its own (end of text) before the stop reached the
