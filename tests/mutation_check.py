@@ -372,9 +372,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a manifest committed before its blocks are on disk",
-        (("engine/cache/disk/store.py", "            for row in rows:\n                size += self.files.write(snap, row, written)\n"
-          "            commit()\n",
-          "            commit()\n            for row in rows:\n                size += self.files.write(snap, row, written)\n"),),
+        (("engine/cache/disk/store.py", "            packs = [self.files.write(snap, row, written) for row in rows]\n"
+          "            commit(packs)\n",
+          "            commit(rows)\n            packs = [self.files.write(snap, row, written) for row in rows]\n"),),
         (DC + "test_sigkill_while_writing_leaves_consistent_cache",),
     ),
     # issue 27 (reply header cuts): each earlier reply's header is forwarded as its own turn did
