@@ -28,8 +28,9 @@ Invariants, and why they hold:
 - ``load()`` reads each pack a snapshot uses once, checks its size, sha256 and header against its
   row, and only then builds cache objects (reader.py): a flipped, truncated, swapped or missing
   pack raises ``SnapshotError``, and every snapshot using it is removed (exactly those). Nothing
-  partial is ever restored. A reader (another instance writes) that finds a pack gone restores
-  the longest prefix of blocks still there.
+  partial is ever restored. A reader (another instance writes) that finds a pack gone
+  (``packfiles.PackMissing``, never a pack that is there and fails its checks) restores the
+  longest prefix of blocks still there.
 - Only ids accepted by ``format.is_snapshot_id`` ever become paths, so no index content can
   reach outside the root.
 - Each pack and manifest records the compute environment (engine/cache/env.py): a state computed
@@ -38,23 +39,30 @@ Invariants, and why they hold:
   budget) but never returned; the environment also roots every block name.
 - A folder of an older format (format 2: one file a snapshot) is removed at the first open, with
   one log line: nothing is lost but speed.
-- Threads. Every write (packs, index, deletions after an eviction) runs on one writer thread
-  (writer.py), which alone changes the index (store.py); ``save_async``, ``remove`` and ``clear``
-  only queue a task. The engine thread reads: ``entries()`` and ``load()`` use the index view the
-  writer last published, and ``load()`` reads and checks pack files on the engine thread (it owns
-  the arrays it builds). A reader instance has no writer: it re-reads the index, and deletes
-  stray files when it takes over, on the engine thread. No lock the engine thread takes is ever
-  held while the writer evicts, rescans, serializes or writes. Snapshot arrays are already
-  evaluated (the memory tier's packs), so serialising them off the engine thread needs no MLX
-  stream (checked: ``mx.save_safetensors`` works there).
+- Threads. Every write (packs, index, deletions after an eviction) runs on one writer thread,
+  the store's (store.py), which alone changes the index; ``save_async``, ``remove``, ``clear``
+  and a load's "used now" only queue a task (writer.py). The engine thread reads: ``entries()``
+  and ``load()`` use the index view the writer last published, and ``load()`` reads and checks
+  pack files on the engine thread (it owns the arrays it builds). A reader instance has no
+  writer thread: its store re-reads the index and forgets it on a clear, and deletes stray files
+  when it takes over, on the engine thread. No lock the engine thread takes is ever held while
+  the writer evicts, rescans, serializes or writes (the store's own lock only makes a role
+  change or an index replacement one step: store.py). MLX on the writer thread: a pack write
+  slices the snapshot's arrays (lazy views, made on the writer thread, so on its own stream) and
+  ``mx.save_safetensors`` evaluates those slices there. The arrays sliced are already evaluated
+  (the memory tier's packs and whole clones: ``MemoryTier.add`` evaluates them) and nothing
+  writes into them again, so no graph built on the engine thread is ever evaluated on the writer
+  thread (MLX refuses that: "There is no Stream(cpu, 0) in current thread") and the engine
+  thread's arrays never change under it.
 - I/O errors (disk full, read-only dir) never reach the generation: they are counted, the first
   one becomes a user-facing warning (report.py), and the memory tier keeps working.
 
 The package, one idea a module: tier.py (this front, what the prompt cache calls), folder.py
-(opening a folder), index.py (the index: pure data), store.py (the index's owner: the writer's
-tasks), plan.py (what a save writes), writer.py (the thread, its queue and holds), packfiles.py
-(the files), reader.py (reading a snapshot back), pack.py and format.py (the file format),
-files.py (file primitives), report.py (counters, warnings), hooks.py (observation points).
+(opening a folder), index.py (the index and its views: pure data), store.py (the index's owner
+and its writer thread), plan.py (what a save writes), writer.py (the writer's queue and holds),
+packfiles.py (the files), reader.py (reading a snapshot back), pack.py and format.py (the file
+format), files.py (file primitives), report.py (counters, warnings), hooks.py (observation
+points). Each field is written by its own class (tests/test_disk_ownership.py checks it).
 """
 
 from __future__ import annotations
@@ -99,8 +107,9 @@ class DiskCache:
     """The persistent tier behind `PromptCache` (satisfies `prompt_cache.DiskTier`).
 
     The front: it queues the writer's work and reads the index view the writer publishes, so
-    `entries()` never touches the disk and never waits for the writer. Only the engine thread
-    calls `load()`."""
+    `entries()` never touches the disk and never waits for the writer. It changes nothing of
+    the store, the queue or the report but through their methods. Only the engine thread calls
+    `load()`."""
 
     def __init__(
         self,
