@@ -172,7 +172,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the server's cached_tokens reports the matched prefix, not what was restored",
-        (("engine/serve/responses.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
+        (("engine/serve/formats/chat.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
         (EP + "test_server_cached_tokens_is_what_was_restored_not_what_matched",),
     ),
     Mutation(
@@ -456,9 +456,9 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_server_agents.py::test_a_named_choice_is_exactly_one_call_even_with_parallel_calls_allowed",),
     ),
     Mutation(
-        "a call cut by max_tokens returned as content",
-        (("engine/serve/tools.py", '        if at >= 0 and result.finish_reason in ("length", "context"):\n',
-          "        if False:\n"),),
+        "a call cut by max_tokens before its name was whole returned as content (its markup)",
+        (("engine/serve/reply.py", '            self._end_open_call(out, cut=finish in ("length", "context"))\n',
+          "            self._end_open_call(out, cut=False)\n"),),
         ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
          "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
     ),

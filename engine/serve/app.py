@@ -24,28 +24,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
-from engine.bridge import Done, StreamEvent, engine_batches
-from engine.errors import ContextLengthError, EngineError, RequestError
-from engine.generate.constraints import ConstraintFailed
-from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, responses, schema, tools
-from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
+from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY
+from engine.serve.admission import ServerState
 from engine.serve.connections import ConnectionGuard
-from engine.serve.guard import BrowserGuard, RateLimitedLog
-from engine.serve.keys import Keys
 from engine.serve.engine_routes import add_engine_routes
-from engine.serve.quote import clip, quote
-from engine.serve.schema import APIError, ServedModel
-from engine.types import TokenEvent
-
-log = logging.getLogger(__name__)
-Batches = AsyncGenerator[list[StreamEvent], None]  # engine_batches: one list per wake-up of the loop
+from engine.serve.formats import chat
+from engine.serve.generation import Generation, log_once, stream
+from engine.serve.guard import BrowserGuard
+from engine.serve.keys import Keys
+from engine.serve.quote import quote
+from engine.serve.schema import APIError, Defaults, ServedModel
+from engine.types import GenerationRequest
 
 RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no model)
 
@@ -55,8 +49,6 @@ EXECUTOR_KEY: "web.AppKey[Any]" = web.AppKey("verbatim_executor")
 # Per request: its prompt-cache namespace (keys.py), and an allowed Origin to answer with CORS headers.
 NAMESPACE_KEY: "web.RequestKey[Optional[str]]" = web.RequestKey("verbatim_namespace", object)
 ORIGIN_KEY: "web.RequestKey[str]" = web.RequestKey("verbatim_origin", str)
-
-log_once = RateLimitedLog(log)  # one line per cause per minute
 
 
 @dataclass
@@ -68,35 +60,12 @@ class ServeConfig:
     browser: Optional[BrowserGuard] = None  # None: no Host/Origin checks (an app not served by ServerHandle)
     connections: Optional[ConnectionGuard] = None
     mode: str = "exact"  # for requests that do not ask for one
+    seed: Optional[int] = None  # for requests that name none (`serve --seed`); None: a fresh one each
 
 
 def error_response(e: APIError) -> web.Response:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status in (429, 503) else None
     return web.json_response(e.body(), status=e.status, headers=headers)
-
-
-def _cancelled() -> APIError:
-    return APIError(503, "the generation was cancelled: the server is stopping", "server_error", code="cancelled")
-
-
-def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
-    """An exception from the engine thread as an API error."""
-    if isinstance(e, ContextLengthError):
-        return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
-                        code="context_length_exceeded")
-    if isinstance(e, ConstraintFailed):  # while decoding: a 400 (clients do not retry it), short
-        return APIError(400, clip(str(e)), param=e.param, code="constraint_failed")
-    if isinstance(e, RequestError):
-        param = getattr(e, "param", None) or ("logit_bias" if str(e).startswith("logit_bias") else None)
-        return APIError(400, clip(str(e)), param=param)
-    if isinstance(e, ModelChanged):
-        return APIError(409, str(e), code="model_changed")
-    if isinstance(e, Withdrawn):  # cancelled while it waited, its client still here: the server stops
-        return _cancelled()
-    if isinstance(e, EngineError):
-        return APIError(503, responses.no_paths(str(e)), "server_error", code="engine_unavailable")
-    log_once(f"generation:{type(e).__name__}", "local server: generation failed", logging.ERROR, e)
-    return APIError(500, f"generation failed: {type(e).__name__}: {responses.no_paths(str(e))}", "server_error")
 
 
 @web.middleware
@@ -190,12 +159,13 @@ async def _read_json(request: web.Request) -> Any:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
 
-def _served(request: web.Request, parsed: schema.ParsedRequest) -> ServedModel:
+def served(request: web.Request, name: str) -> ServedModel:
+    """The model being served, if `name` names it (or is empty)."""
     model = request.app[CONFIG_KEY].model
     if model is None:
         raise APIError(503, "no model is loaded", "server_error", code="no_model")
-    if not model.matches(parsed.model):
-        raise APIError(404, f"the model {quote(parsed.model)} does not exist; this server serves {model.id!r}",
+    if not model.matches(name):
+        raise APIError(404, f"the model {quote(name)} does not exist; this server serves {model.id!r}",
                        param="model", code="model_not_found")
     return model
 
@@ -234,139 +204,39 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
+def _defaults(request: web.Request) -> Defaults:
+    config = request.app[CONFIG_KEY]
+    return Defaults(config.mode, config.seed)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    return await _generate(request, schema.parse_chat(body, mode=request.app[CONFIG_KEY].mode))
+    return await _chat(request, chat.parse_chat(body, _defaults(request)))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    return await _generate(request, schema.parse_completion(body, mode=request.app[CONFIG_KEY].mode))
+    return await _chat(request, chat.parse_completion(body, _defaults(request)))
 
 
-async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.StreamResponse:
-    model = _served(request, parsed)
+def start_generation(request: web.Request, model: ServedModel, gen: GenerationRequest, *, logprobs: bool = False,
+                     per_token: bool = False, prompt_param: str = "messages") -> Generation:
+    """The request's generation, admitted now (or refused: 429 when the queue is full, 503 while
+    the server stops), in the requester's own cache namespace (keys.py): it restores and stores
+    only there."""
+    return Generation(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
+                      replace(gen, cache_namespace=request.get(NAMESPACE_KEY)), logprobs=logprobs,
+                      per_token=per_token, prompt_param=prompt_param)
+
+
+async def _chat(request: web.Request, parsed: chat.ParsedRequest) -> web.StreamResponse:
+    model = served(request, parsed.model)
     name = parsed.model or model.id
-    # The requester's own cache namespace (keys.py): it restores and stores only there.
-    gen = replace(parsed.request, cache_namespace=request.get(NAMESPACE_KEY))
-    # Admitted now (or refused: 429 when the queue is full, 503 while the server stops).
-    ticket = Ticket(request.app[STATE_KEY], model.key, parsed.logprobs, per_token=parsed.stream)
-    # Through the engine bridge, as the window generates: the ticket's hooks run on the engine
-    # thread. Iterated at once (that submits the job). Closing the batches (the client left and
-    # aiohttp cancelled the handler, or anything failed) cancels the generation; a cancelled
-    # generation keeps only exact snapshots, so the cache stays consistent.
-    batches = engine_batches(request.app[EXECUTOR_KEY], gen, ticket.cancel, start=ticket.start,
-                             observe=ticket.observe)
-    async with aclosing(batches):
+    async with start_generation(request, model, parsed.request, logprobs=parsed.logprobs, per_token=parsed.stream,
+                                prompt_param=parsed.prompt_param) as gen:
         if parsed.stream:
-            return await _stream(request, parsed, name, ticket, batches)
-        try:
-            done = await _final(batches)
-        except Exception as e:  # the engine's error (or the ticket's: model changed, withdrawn)
-            raise _engine_error(e, parsed.kind) from None
-        if done.result.finish_reason == "cancelled":
-            raise _cancelled()
-        body = responses.full_response(parsed, name, done.result, ticket.entries, ticket.queue_info())
-        reader = tools.reader_for(model.tool_parser, parsed.request.constraint)
-        if reader is not None:  # the reply's tool calls, read with the model's mlx-lm parser
-            tools.shape_message(body["choices"][0], reader.read(done.result), done.result.finish_reason)
-        return web.json_response(body)
-
-
-async def _final(batches: Batches) -> Done:
-    async for batch in batches:
-        if isinstance(batch[-1], Done):
-            return batch[-1]
-    raise RuntimeError("the engine bridge ended without its final event")  # it never does: Done or raise
-
-
-def _sse(chunks: list[Any]) -> bytes:
-    return b"".join(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n" for obj in chunks)
-
-
-async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str, ticket: Ticket,
-                  batches: Batches) -> web.StreamResponse:
-    # Headers wait for the first event: an error found before prefill (context too long, bad
-    # template) is still answered with its status code rather than inside a 200 stream.
-    try:
-        batch = await anext(batches)
-    except Exception as e:
-        raise _engine_error(e, parsed.kind) from None
-    reader = tools.reader_for(request.app[CONFIG_KEY].model.tool_parser if request.app[CONFIG_KEY].model else None,
-                              parsed.request.constraint)
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Accel-Buffering": "no"})
-    await resp.prepare(request)
-    # With tools the reply may be only calls: the role chunk then carries no content, so a client
-    # that assembles the stream reads content null, as in the non-streamed reply.
-    out: list[Any] = ([responses.chunk(parsed, name, None if reader is not None else "", None, role=True)]
-                      if parsed.kind == "chat" else [])
-    text = ""  # everything the engine has decoded so far
-    sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
-    seen = 0  # tokens whose logprobs were sent
-    named = 0  # tokens whose ids were sent (verbatim.token_ids)
-    while True:
-        done: Optional[Done] = None
-        for event in batch:  # one chunk per token, one write per batch
-            if isinstance(event, TokenEvent):
-                text += event.text
-                entries = None
-                if parsed.logprobs and event.index >= seen:
-                    entry = ticket.entry(event.index)
-                    if entry is not None:
-                        entries, seen = [entry], event.index + 1
-                ids = [event.token] if parsed.token_ids and event.index >= named else None
-                # Tool calls are held back until the reply is whole (then sent as tool_calls deltas).
-                delta = (reader.visible(text) if reader is not None else text)[sent:]
-                if delta or entries or ids:
-                    c = responses.chunk(parsed, name, delta, entries, text_offset=sent)
-                    if ids:
-                        c["verbatim"] = {"token_ids": ids}
-                        named = event.index + 1
-                    out.append(c)
-                    sent += len(delta)
-            elif isinstance(event, Done):
-                done = event
-        if done is not None:
-            break
-        if out:
-            await resp.write(_sse(out))
-            out = []
-        try:
-            batch = await anext(batches)
-        except Exception as e:  # after the headers: the error goes inside the stream
-            await resp.write(_sse([*out, _engine_error(e, parsed.kind).body()]))  # clients raise it; no [DONE]
-            return resp
-    result = done.result
-    if result.finish_reason == "cancelled":  # the server is stopping (a client that left reads nothing)
-        await resp.write(_sse([*out, _cancelled().body()]))  # no [DONE]: the reply is not complete
-        return resp
-    reply = reader.read(result) if reader is not None else None
-    content = reply.content or "" if reply is not None else result.text
-    rest: Optional[str] = content[sent:] if content.startswith(text[:sent]) else ""
-    if reply is not None and reply.calls and not rest:
-        rest = None  # a tool-call reply ends without a content delta (content stays null, as non-streamed)
-    entries = ticket.entries[seen:] if ticket.entries is not None else None
-    finish = (tools.finish_reason(reply, result.finish_reason) if reply is not None else None) \
-        or responses.finish_reason(result)
-    if reply is not None and reply.calls:
-        calls = responses.chunk(parsed, name, None, None)
-        calls["choices"][0]["delta"]["tool_calls"] = tools.call_deltas(reply.calls)
-        out.append(calls)
-    last = responses.chunk(parsed, name, rest, entries if parsed.logprobs else None, finish=finish, text_offset=sent)
-    last["system_fingerprint"] = responses.fingerprint(result.report.model_key)
-    last["verbatim"] = responses.verbatim_report(result, ticket.queue_info())
-    if parsed.include_usage:
-        usage_chunk = responses.chunk(parsed, name, None, None)
-        usage_chunk["choices"] = []
-        usage_chunk["usage"] = responses.usage(result)
-        out += [last, usage_chunk]
-    else:
-        last["usage"] = responses.usage(result)
-        out.append(last)
-    await resp.write(_sse(out) + b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp
+            return await stream(request, gen, chat.ChatStream(parsed, name))
+        return web.json_response(chat.full_response(parsed, name, await gen.final()))
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
@@ -376,13 +246,14 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Keys] = None,
                max_body: int = MAX_BODY, queue_limit: int = DEFAULT_QUEUE_LIMIT,
                state: Optional[ServerState] = None, browser: Optional[BrowserGuard] = None,
-               connections: Optional[ConnectionGuard] = None, mode: str = "exact") -> web.Application:
+               connections: Optional[ConnectionGuard] = None, mode: str = "exact",
+               seed: Optional[int] = None) -> web.Application:
     """The server's application. `executor.submit(fn)` must run `fn(engine)` on the engine thread."""
     app = web.Application(middlewares=[_guarded], client_max_size=max_body)
     app[EXECUTOR_KEY] = executor
     app[STATE_KEY] = state if state is not None else ServerState(queue_limit)
     app[CONFIG_KEY] = ServeConfig(model, keys or Keys(), max_body, browser=browser, connections=connections,
-                                  mode=mode)
+                                  mode=mode, seed=seed)
     app.on_response_prepare.append(_cors)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{id:.+}", one_model)
