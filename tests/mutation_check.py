@@ -322,8 +322,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "tokenize bypasses the admission queue",
-        (("engine/serve/engine_routes.py", "        ticket = Ticket(request.app[state_key], served.key, False)\n",
-          "        ticket = Ticket(type(request.app[state_key])(1 << 20), served.key, False)\n"),),
+        (("engine/serve/generation.py", "    ticket = Ticket(state, served.key, False)\n",
+          "    ticket = Ticket(type(state)(1 << 20), served.key, False)\n"),),
         ("tests/test_server_hardening.py::test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow",),
     ),
     # issue 28: the window's truth (the run shown, Send against the meter, drafts, the GUI thread)

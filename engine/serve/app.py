@@ -7,13 +7,17 @@ loop is current, the CLI's own or the GUI's qasync loop. Routes:
     GET  /v1/models/{id}        the same, by name
     POST /v1/chat/completions   chat (stream with server-sent events, logprobs, top_logprobs)
     POST /v1/completions        raw text continuation (no chat template)
+    POST /v1/responses          OpenAI's Responses API (GET / DELETE /v1/responses/{id}: a stored one)
+    POST /v1/messages           Anthropic's Messages API (any query string: `?beta=true`)
+    POST /v1/messages/count_tokens
     GET  /verbatim/status       the model, the request queue and the connections
 
-Each response carries a `verbatim` object with the prompt-cache report and the seed used.
+Each reply carries a `verbatim` object with the prompt-cache report and the seed used. Errors
+are OpenAI error objects, or Anthropic's envelope on /v1/messages (formats/messages.py).
 
-Generations go through the engine bridge (engine/bridge.py, `engine_batches`), as the window's
-do, each with its `Ticket` in the bounded queue (admission.py). A stream's headers wait for the
-first event; then each batch of events (at most ~20 a second) is one write, one chunk per token.
+Each wire format (engine/serve/formats/) parses its body into the engine's request; the one
+generation path (generation.py) runs it: a `Ticket` in the bounded queue (admission.py), the
+engine bridge, a stream's headers once the first event came.
 
 Before any work, from the headers alone (the body is not read yet): the Host, Origin and
 Content-Type checks (guard.py), then the API key, which also picks the request's prompt-cache
@@ -33,8 +37,8 @@ from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY
 from engine.serve.admission import ServerState
 from engine.serve.connections import ConnectionGuard
 from engine.serve.engine_routes import add_engine_routes
-from engine.serve.formats import chat
-from engine.serve.generation import Generation, log_once, stream
+from engine.serve.formats import chat, messages, responses
+from engine.serve.generation import Generation, log_once, run_admitted, stream
 from engine.serve.guard import BrowserGuard
 from engine.serve.keys import Keys
 from engine.serve.quote import quote
@@ -46,6 +50,7 @@ RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no m
 STATE_KEY = web.AppKey("verbatim_state", ServerState)
 CONFIG_KEY: "web.AppKey[ServeConfig]" = web.AppKey("verbatim_config")
 EXECUTOR_KEY: "web.AppKey[Any]" = web.AppKey("verbatim_executor")
+RESPONSES_KEY = web.AppKey("verbatim_responses", responses.ResponseStore)  # previous_response_id, GET
 # Per request: its prompt-cache namespace (keys.py), and an allowed Origin to answer with CORS headers.
 NAMESPACE_KEY: "web.RequestKey[Optional[str]]" = web.RequestKey("verbatim_namespace", object)
 ORIGIN_KEY: "web.RequestKey[str]" = web.RequestKey("verbatim_origin", str)
@@ -63,9 +68,11 @@ class ServeConfig:
     seed: Optional[int] = None  # for requests that name none (`serve --seed`); None: a fresh one each
 
 
-def error_response(e: APIError) -> web.Response:
+def error_response(e: APIError, request: Optional[web.Request] = None) -> web.Response:
+    """The error in the envelope of the request's wire format (Anthropic's on /v1/messages)."""
     headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status in (429, 503) else None
-    return web.json_response(e.body(), status=e.status, headers=headers)
+    anthropic = request is not None and request.path.startswith("/v1/messages")
+    return web.json_response(messages.error_body(e) if anthropic else e.body(), status=e.status, headers=headers)
 
 
 @web.middleware
@@ -84,7 +91,7 @@ async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaita
                 return _preflight(request, origin)
             request[NAMESPACE_KEY] = config.keys.namespace(request.headers)
         except APIError as e:  # refused from the headers: the body is never read
-            resp = error_response(e)
+            resp = error_response(e, request)
             resp.force_close()
             return resp
         if conn is not None and request.method != "POST":
@@ -106,21 +113,21 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
     try:
         return await handler(request)
     except APIError as e:
-        return error_response(e)
+        return error_response(e, request)
     except web.HTTPRequestEntityTooLarge:
-        resp = error_response(_too_large(config.max_body))
+        resp = error_response(_too_large(config.max_body), request)
         resp.force_close()  # the rest of the body is not worth reading
         return resp
     except web.HTTPException as e:
         if e.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status)
-        return error_response(APIError(e.status, e.reason or "error", code=code))
+        return error_response(APIError(e.status, e.reason or "error", code=code), request)
     except RecursionError:  # a deeply nested body that got past json.loads
-        return error_response(APIError(400, "the request body is nested too deeply", code="invalid_json"))
-    except Exception as e:  # a bug: still an OpenAI error object, and the log says it once a minute
+        return error_response(APIError(400, "the request body is nested too deeply", code="invalid_json"), request)
+    except Exception as e:  # a bug: still an error object, and the log says it once a minute
         log_once(f"bug:{type(e).__name__}", "local server: unexpected error", logging.ERROR, e)
-        return error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error"))
+        return error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error"), request)
 
 
 def _preflight(request: web.Request, origin: Optional[str]) -> web.StreamResponse:
@@ -239,6 +246,56 @@ async def _chat(request: web.Request, parsed: chat.ParsedRequest) -> web.StreamR
         return web.json_response(chat.full_response(parsed, name, await gen.final()))
 
 
+async def create_response(request: web.Request) -> web.StreamResponse:
+    body = await _read_json(request)
+    parsed = responses.parse(body, _defaults(request))
+    store, namespace = request.app[RESPONSES_KEY], request.get(NAMESPACE_KEY)
+    previous = store.get(namespace, parsed.previous).conversation if parsed.previous else None
+    parsed = responses.resolve(parsed, previous)
+    model = served(request, parsed.model)
+    name = parsed.model or model.id
+    async with start_generation(request, model, parsed.request) as gen:
+        if parsed.stream:
+            return await stream(request, gen, responses.ResponseStream(parsed, name, store, namespace))
+        outcome = await gen.final()
+        obj = responses.final(parsed, name, outcome)
+        if parsed.store:
+            store.put(namespace, obj, responses.conversation(parsed, outcome))
+        return web.json_response(obj)
+
+
+async def get_response(request: web.Request) -> web.Response:
+    stored = request.app[RESPONSES_KEY].get(request.get(NAMESPACE_KEY), request.match_info["id"], "response_id")
+    return web.json_response(stored.response)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    ident = request.match_info["id"]
+    request.app[RESPONSES_KEY].delete(request.get(NAMESPACE_KEY), ident)
+    return web.json_response({"id": ident, "object": "response", "deleted": True})
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    body = await _read_json(request)
+    parsed = messages.parse(body, _defaults(request))
+    model = served(request, parsed.model)
+    name = parsed.model or model.id
+    async with start_generation(request, model, parsed.request) as gen:
+        if parsed.stream:
+            return await stream(request, gen, messages.MessageStream(parsed, name))
+        return web.json_response(messages.final(parsed, name, await gen.final()))
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt's tokens (the chat template applied, tools rendered), nothing generated."""
+    body = await _read_json(request)
+    name, gen = messages.parse_count(body)
+    model = served(request, name)
+    info = await run_admitted(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
+                              lambda engine: engine.measure(gen))
+    return web.json_response({"input_tokens": info.prompt_tokens})
+
+
 async def not_found(request: web.Request) -> web.StreamResponse:
     raise APIError(404, f"no route {quote(request.method)} {quote(request.path)}", code="not_found")
 
@@ -252,6 +309,7 @@ def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Ke
     app = web.Application(middlewares=[_guarded], client_max_size=max_body)
     app[EXECUTOR_KEY] = executor
     app[STATE_KEY] = state if state is not None else ServerState(queue_limit)
+    app[RESPONSES_KEY] = responses.ResponseStore()
     app[CONFIG_KEY] = ServeConfig(model, keys or Keys(), max_body, browser=browser, connections=connections,
                                   mode=mode, seed=seed)
     app.on_response_prepare.append(_cors)
@@ -259,6 +317,11 @@ def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Ke
     app.router.add_get("/v1/models/{id:.+}", one_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{id}", get_response)
+    app.router.add_delete("/v1/responses/{id}", delete_response)
+    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/verbatim/status", status)
     add_engine_routes(app, CONFIG_KEY, EXECUTOR_KEY, STATE_KEY, _read_json)  # what engine/remote.py needs (engine_routes.py)
     return app

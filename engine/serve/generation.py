@@ -17,16 +17,17 @@ Responses and Messages:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from aiohttp import web
 
 from engine.bridge import Done, StreamEvent, engine_batches
-from engine.errors import ContextLengthError, EngineError, RequestError
+from engine.errors import ContextLengthError, EngineError, RequestError, VerbatimError
 from engine.generate.constraints import ConstraintFailed
 from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
 from engine.serve.guard import RateLimitedLog
@@ -36,6 +37,7 @@ from engine.serve.report import TokenLogprob, no_paths
 from engine.serve.schema import APIError, ServedModel
 from engine.types import GenerationRequest, GenerationResult, TokenEvent
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 log_once = RateLimitedLog(log)  # one line per cause per minute
 Batches = AsyncGenerator[list[StreamEvent], None]  # engine_batches: one list per wake-up of the loop
@@ -68,6 +70,39 @@ def engine_error(e: BaseException, prompt_param: str = "messages") -> APIError:
     return APIError(500, f"generation failed: {type(e).__name__}: {no_paths(str(e))}", "server_error")
 
 
+async def run_admitted(executor: Any, state: ServerState, served: Optional[ServedModel],
+                       fn: Callable[[Any], T]) -> T:
+    """`fn(engine)` on the engine thread in its turn, as an admitted request (a Ticket: 429 when
+    the queue is full, 503 while stopping): what is not a generation (tokenize, count tokens)
+    waits its turn behind generations, never beside them."""
+    if served is None:
+        raise APIError(503, "no model is loaded", "server_error", code="no_model")
+    ticket = Ticket(state, served.key, False)
+
+    def job(engine: Any) -> T:
+        try:
+            ticket.start(engine)  # withdrawn (client gone, server stopping), or the model changed
+            return fn(engine)
+        finally:
+            ticket.finished()
+
+    fut = executor.submit(job)
+    try:
+        return await asyncio.wrap_future(fut)
+    except ModelChanged as e:
+        raise APIError(409, str(e), code="model_changed") from None
+    except Withdrawn:
+        raise APIError(503, "the request was cancelled: the server is stopping", "server_error",
+                       code="cancelled") from None
+    except VerbatimError as e:
+        raise APIError(400, clip(str(e))) from None
+    finally:
+        if fut.done():
+            ticket.finished()  # a job that never ran (the executor failed it) frees its place too
+        else:
+            ticket.cancel.cancel()  # the client left: the job, when its turn comes, does nothing
+
+
 def sse(obj: Any, event: Optional[str] = None) -> bytes:
     """One server-sent event: `data: <json>` (after `event: <name>` when named)."""
     head = f"event: {event}\n".encode() if event else b""
@@ -77,13 +112,15 @@ def sse(obj: Any, event: Optional[str] = None) -> bytes:
 @dataclass
 class Outcome:
     """A finished generation: the engine's result, the reply read from it, the logprob entries
-    (when asked), the request's place in the queue, and the stop string that ended it."""
+    (when asked), the request's place in the queue, the stop string that ended it, and the reply
+    events its end settled (all of them for a reply that was not streamed)."""
 
     result: GenerationResult
     reply: Reply
     entries: Optional[list[TokenLogprob]]
     queue: dict[str, Any]
     stop_string: Optional[str] = None
+    events: list[ReplyEvent] = field(default_factory=list)
 
 
 class Generation:
@@ -126,7 +163,8 @@ class Generation:
         if result.finish_reason == "cancelled":
             raise cancelled()
         events, reply = self.reader.finish(result.text, result.finish_reason)
-        return events, Outcome(result, reply, self.ticket.entries, self.ticket.queue_info(), self.ticket.stop_string)
+        return events, Outcome(result, reply, self.ticket.entries, self.ticket.queue_info(), self.ticket.stop_string,
+                               events)
 
     async def final(self) -> Outcome:
         """Run to the end (a non-streamed reply)."""
