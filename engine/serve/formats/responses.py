@@ -240,9 +240,13 @@ def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedResponse:
         raise bad("'truncation' must be 'auto' or 'disabled'", "truncation")
     limit = integer(body, "max_output_tokens", None, 1, 1 << 31)
     settings, _, max_given = sampler(body, defaults, max_tokens_given=limit)
-    constraint = checked(tools.constraint_of, {"tools": _tools(body), "tool_choice": _tool_choice(body),
-                                               "parallel_tool_calls": body.get("parallel_tool_calls"),
-                                               "response_format": fmt})
+    offered = _tools(body)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not offered:  # Responses clients send it with no tools: it changes nothing
+        skipped += ignored(body, {"parallel_tool_calls": "a boolean"})
+        parallel = None
+    constraint = checked(tools.constraint_of, {"tools": offered, "tool_choice": _tool_choice(body),
+                                               "parallel_tool_calls": parallel, "response_format": fmt})
     prev = body.get("previous_response_id")
     if prev is not None and (not isinstance(prev, str) or not prev):
         raise bad("'previous_response_id' must be a response id", "previous_response_id")
