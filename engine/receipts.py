@@ -126,6 +126,10 @@ class Receipt:
     # The attached documents as the model read them: each one's text, the digest of the file's
     # bytes and of the text (a replay checks the text against it and places it the same way).
     documents: tuple[Document, ...] = ()
+    # A server's reply: the request as its client sent it, {"api": "chat.completions" |
+    # "completions" | "responses" | "messages", "request": <the JSON body>} (engine verify checks
+    # that it still reads as this receipt's request). The request above is what it became.
+    wire: Optional[dict[str, Any]] = None
 
     def request(self, use_cache: bool = True) -> GenerationRequest:
         """The request that produced the reply."""
@@ -141,6 +145,8 @@ class Receipt:
         d["stop"] = list(self.stop)
         d.pop("constraint")
         d.pop("documents")
+        if self.wire is None:
+            d.pop("wire")
         version = RECEIPT_VERSION
         if self.constraint is not None:
             d["constraint"] = self.constraint.to_dict()
@@ -218,6 +224,10 @@ class Receipt:
         elif d["version"] == RECEIPT_VERSION_CONSTRAINED:
             raise ReceiptError("receipt version 2 records a constraint, and this one has none (the file was edited)")
         documents = _documents(d)
+        wire = d.get("wire")
+        if wire is not None and (not isinstance(wire, dict) or not isinstance(wire.get("api"), str)
+                                 or not isinstance(wire.get("request"), dict)):
+            raise ReceiptError("receipt field 'wire' must be {\"api\": ..., \"request\": {...}}")
         return cls(
             messages=messages if prompt is None else None,
             sampler=sampler,
@@ -240,6 +250,7 @@ class Receipt:
             created_at=str(d.get("created_at") or ""),
             constraint=constraint,
             documents=documents,
+            wire=wire,
         )
 
 

@@ -188,3 +188,30 @@ def test_the_store_evicts_the_least_recently_used() -> None:
         store.get("ns", "r0")
     assert e.value.status == 404
     assert store.get("ns", "r2").response == {"id": "r2"}
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_a_responses_or_messages_receipt_records_the_request_as_sent_and_verify_replays_it(
+        server: Server, folder: Path, tmp_path: Path, api: str) -> None:
+    import subprocess
+    import sys
+
+    path, body = three_ways("call_r")[api]
+    body = {**body, "temperature": 1.0, "verbatim": {"receipt": True}}
+    code, out = post(server, path, body, {"x-api-key": "k1"} if api == "messages" else None)
+    assert code == 200, out
+    receipt = out["verbatim"]["receipt"]
+    assert receipt["wire"] == {"api": api, "request": body} and receipt["sampler"]["seed"] == 11
+    file = tmp_path / "receipt.json"
+    file.write_text(json.dumps(receipt))
+    r = subprocess.run([sys.executable, "-m", "engine", "verify", str(file), "--model", str(folder), "--no-cache"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("OK:") and "note:" not in r.stderr, r.stderr
+    # An edited recorded request no longer reads as the receipt's: said, and the replay still runs.
+    edited = {**receipt, "wire": {"api": api, "request": {**body, "max_tokens" if api == "messages"
+                                                           else "max_output_tokens": 5, "temperature": 0.5}}}
+    file.write_text(json.dumps(edited))
+    r = subprocess.run([sys.executable, "-m", "engine", "verify", str(file), "--model", str(folder), "--no-cache"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "reads as another request here" in r.stderr, r.stderr

@@ -42,7 +42,7 @@ from engine.serve.generation import Generation, log_once, run_admitted, stream
 from engine.serve.guard import BrowserGuard
 from engine.serve.keys import Keys
 from engine.serve.quote import quote
-from engine.serve.schema import APIError, Defaults, ServedModel
+from engine.serve.schema import APIError, Defaults, ServedModel, receipt_wanted
 from engine.types import GenerationRequest
 
 RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no model)
@@ -218,29 +218,31 @@ def _defaults(request: web.Request) -> Defaults:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    return await _chat(request, chat.parse_chat(body, _defaults(request)))
+    return await _chat(request, chat.parse_chat(body, _defaults(request)), body)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    return await _chat(request, chat.parse_completion(body, _defaults(request)))
+    return await _chat(request, chat.parse_completion(body, _defaults(request)), body)
 
 
-def start_generation(request: web.Request, model: ServedModel, gen: GenerationRequest, *, logprobs: bool = False,
-                     per_token: bool = False, prompt_param: str = "messages") -> Generation:
+def start_generation(request: web.Request, model: ServedModel, gen: GenerationRequest, api: str, body: Any, *,
+                     logprobs: bool = False, per_token: bool = False, prompt_param: str = "messages") -> Generation:
     """The request's generation, admitted now (or refused: 429 when the queue is full, 503 while
     the server stops), in the requester's own cache namespace (keys.py): it restores and stores
-    only there."""
+    only there. `api` and `body`: the request as sent, for its receipt (`verbatim.receipt`)."""
     return Generation(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
                       replace(gen, cache_namespace=request.get(NAMESPACE_KEY)), logprobs=logprobs,
-                      per_token=per_token, prompt_param=prompt_param)
+                      per_token=per_token, prompt_param=prompt_param,
+                      wire=(api, body) if receipt_wanted(body) else None)
 
 
-async def _chat(request: web.Request, parsed: chat.ParsedRequest) -> web.StreamResponse:
+async def _chat(request: web.Request, parsed: chat.ParsedRequest, body: Any) -> web.StreamResponse:
     model = served(request, parsed.model)
     name = parsed.model or model.id
-    async with start_generation(request, model, parsed.request, logprobs=parsed.logprobs, per_token=parsed.stream,
-                                prompt_param=parsed.prompt_param) as gen:
+    api = "chat.completions" if parsed.kind == "chat" else "completions"
+    async with start_generation(request, model, parsed.request, api, body, logprobs=parsed.logprobs,
+                                per_token=parsed.stream, prompt_param=parsed.prompt_param) as gen:
         if parsed.stream:
             return await stream(request, gen, chat.ChatStream(parsed, name))
         return web.json_response(chat.full_response(parsed, name, await gen.final()))
@@ -254,7 +256,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     parsed = responses.resolve(parsed, previous)
     model = served(request, parsed.model)
     name = parsed.model or model.id
-    async with start_generation(request, model, parsed.request) as gen:
+    async with start_generation(request, model, parsed.request, "responses", body) as gen:
         if parsed.stream:
             return await stream(request, gen, responses.ResponseStream(parsed, name, store, namespace))
         outcome = await gen.final()
@@ -280,7 +282,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     parsed = messages.parse(body, _defaults(request))
     model = served(request, parsed.model)
     name = parsed.model or model.id
-    async with start_generation(request, model, parsed.request) as gen:
+    async with start_generation(request, model, parsed.request, "messages", body) as gen:
         if parsed.stream:
             return await stream(request, gen, messages.MessageStream(parsed, name))
         return web.json_response(messages.final(parsed, name, await gen.final()))

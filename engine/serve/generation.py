@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from aiohttp import web
@@ -121,6 +121,7 @@ class Outcome:
     queue: dict[str, Any]
     stop_string: Optional[str] = None
     events: list[ReplyEvent] = field(default_factory=list)
+    receipt: Optional[dict[str, Any]] = None  # when the request asked for one
 
 
 class Generation:
@@ -128,8 +129,11 @@ class Generation:
     `async with`: leaving the block closes the bridge, which cancels a generation still running."""
 
     def __init__(self, executor: Any, state: ServerState, model: ServedModel, request: GenerationRequest, *,
-                 logprobs: bool = False, per_token: bool = False, prompt_param: str = "messages") -> None:
+                 logprobs: bool = False, per_token: bool = False, prompt_param: str = "messages",
+                 wire: Optional[tuple[str, Any]] = None) -> None:
         self.request = request
+        self.model = model
+        self.wire = wire  # (the API, the body as sent): the reply carries a receipt recording them
         self.prompt_param = prompt_param
         self.ticket = Ticket(state, model.key, logprobs, per_token=per_token, stops=request.stop)
         self.key = request_key(request)  # what the reply's ids derive from (reply.py)
@@ -163,8 +167,23 @@ class Generation:
         if result.finish_reason == "cancelled":
             raise cancelled()
         events, reply = self.reader.finish(result.text, result.finish_reason)
+        receipt = self._receipt(result) if self.wire is not None else None
         return events, Outcome(result, reply, self.ticket.entries, self.ticket.queue_info(), self.ticket.stop_string,
-                               events)
+                               events, receipt)
+
+    def _receipt(self, result: GenerationResult) -> Optional[dict[str, Any]]:
+        """The reply's receipt (engine/receipts.py), recording the request as sent besides the
+        engine's request it became. The model's spec is its id here (never a path): `engine
+        verify --model` points a replay at the model's folder."""
+        from engine.receipts import ReceiptError, ReceiptModel, build
+
+        assert self.wire is not None
+        m = self.model
+        try:
+            r = build(self.request, result, ReceiptModel(m.id, m.key or "", m.id), result.report.chunk_size)
+        except ReceiptError:  # a reply without tokens: nothing to replay
+            return None
+        return replace(r, wire={"api": self.wire[0], "request": self.wire[1]}).to_dict()
 
     async def final(self) -> Outcome:
         """Run to the end (a non-streamed reply)."""

@@ -23,9 +23,9 @@ def no_paths(text: str) -> str:
 
 
 def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = None,
-                    ignored: Sequence[str] = ()) -> dict[str, Any]:
-    """The `verbatim` object: what the prompt cache did, the seed actually used, and the request's
-    fields that were accepted and changed nothing (`ignored`)."""
+                    ignored: Sequence[str] = (), receipt: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The `verbatim` object: what the prompt cache did, the seed actually used, the request's
+    fields that were accepted and changed nothing (`ignored`), and the receipt when asked for."""
     r = result.report
     offsets = list(r.layer_offsets)
     known = [o for o in offsets if o is not None]
@@ -76,6 +76,8 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         out["ranks"] = [dict(x) for x in r.ranks]
     if queue is not None:
         out["queue"] = queue
+    if receipt is not None:
+        out["receipt"] = receipt
     return out
 
 

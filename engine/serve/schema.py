@@ -225,11 +225,13 @@ def verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise bad("'verbatim' must be an object", "verbatim")
     out: dict[str, Any] = {}
-    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "continue"))
+    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "continue", "receipt"))
     if unknown:
         name = bare(unknown[0])
-        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids' and 'continue')",
-                  f"verbatim.{name}")
+        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids', 'continue' and "
+                  "'receipt')", f"verbatim.{name}")
+    if not isinstance(v.get("receipt", False), bool):
+        raise bad("'verbatim.receipt' must be a boolean", "verbatim.receipt")
     if "mode" in v:
         if v["mode"] not in ("exact", "fast"):
             raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
@@ -261,6 +263,13 @@ def continuation(body: dict[str, Any], messages: Optional[list[dict[str, Any]]])
             or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in c)):
         raise bad("'verbatim.continue' must be true or a non-empty list of token ids", "verbatim.continue")
     return Continuation(tuple(c))
+
+
+def receipt_wanted(body: Any) -> bool:
+    """`"verbatim": {"receipt": true}`: the reply's `verbatim` object carries its receipt, which
+    records the request as sent (`python -m engine verify` replays it)."""
+    v = body.get("verbatim") if isinstance(body, dict) else None
+    return isinstance(v, dict) and v.get("receipt") is True
 
 
 def token_ids_wanted(body: dict[str, Any]) -> bool:

@@ -311,7 +311,7 @@ def full_response(p: ParsedRequest, model: str, outcome: Outcome) -> dict[str, A
         "system_fingerprint": fingerprint(result.report.model_key),
         "choices": [choice],
         "usage": usage(result),
-        "verbatim": verbatim_report(result, outcome.queue, p.ignored),
+        "verbatim": verbatim_report(result, outcome.queue, p.ignored, outcome.receipt),
     }
 
 
@@ -412,7 +412,7 @@ class ChatStream:
         final = chunk(self.p, self.model, content, entries if self.p.logprobs else None,
                       finish=finish_reason(reply), text_offset=self.sent)
         final["system_fingerprint"] = fingerprint(result.report.model_key)
-        final["verbatim"] = verbatim_report(result, outcome.queue, self.p.ignored)
+        final["verbatim"] = verbatim_report(result, outcome.queue, self.p.ignored, outcome.receipt)
         if self.p.include_usage:
             usage_chunk = chunk(self.p, self.model, None, None)
             usage_chunk["choices"] = []

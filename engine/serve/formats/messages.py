@@ -363,7 +363,7 @@ def final(p: ParsedMessages, model: str, outcome: Outcome) -> dict[str, Any]:
     blocks.events(outcome.events)
     out = message(p, model, blocks.blocks, stop_reason(outcome.reply, outcome.stop_string), outcome.stop_string,
                   usage(outcome))
-    out["verbatim"] = verbatim_report(outcome.result, outcome.queue, p.ignored)
+    out["verbatim"] = verbatim_report(outcome.result, outcome.queue, p.ignored, outcome.receipt)
     return out
 
 
@@ -396,7 +396,7 @@ class MessageStream:
                  "delta": {"stop_reason": stop_reason(outcome.reply, outcome.stop_string),
                            "stop_sequence": outcome.stop_string},
                  "usage": usage(outcome),
-                 "verbatim": verbatim_report(outcome.result, outcome.queue, self.p.ignored)}
+                 "verbatim": verbatim_report(outcome.result, outcome.queue, self.p.ignored, outcome.receipt)}
         out += [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
         return self._sse(out)
 

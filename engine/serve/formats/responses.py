@@ -415,7 +415,7 @@ def response_object(p: ParsedResponse, model: str, status: str, output: list[dic
     }
     if outcome is not None:
         obj["usage"] = usage(outcome.result)
-        obj["verbatim"] = verbatim_report(outcome.result, outcome.queue, p.ignored)
+        obj["verbatim"] = verbatim_report(outcome.result, outcome.queue, p.ignored, outcome.receipt)
     return obj
 
 
