@@ -506,7 +506,7 @@ INSTRUCTOR_VERSION = "1.17.0"  # tests/clients/instructor.txt
 def test_the_versions_tried_are_the_pinned_ones() -> None:
     """docs/agents.md names the versions its table was made with: these."""
     doc = (ROOT / "docs" / "agents.md").read_text()
-    for dist in ("openai", "openai-agents", "pydantic-ai-slim", "langchain-openai", "litellm"):
+    for dist in ("openai", "openai-agents", "pydantic-ai-slim", "langchain-openai", "litellm", "anthropic"):
         version = importlib.metadata.version(dist)
         assert f"{dist} {version}" in doc, (dist, version)
     pins = (Path(__file__).parent / "clients" / "instructor.txt").read_text()
