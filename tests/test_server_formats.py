@@ -22,6 +22,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": [
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
            "required": ["city", "days"], "additionalProperties": False}
 SYSTEM, ASK, TOLD = "Answer briefly.", "What is the weather in Paris?", '{"sunny": true}'
+LOOK = "Let me look."  # an assistant's text before its call: one message with it in every format
 
 
 @pytest.fixture(scope="module")
@@ -51,24 +52,27 @@ def post(s: Server, path: str, body: dict[str, Any], headers: dict[str, str] | N
 
 
 def three_ways(call_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """One conversation (a system prompt, a question, a call, its result) in each wire format."""
+    """One conversation (a system prompt, a question, a reply's text and its call, the call's
+    result) in each wire format."""
     args = {"city": "Paris", "days": 2}
     tool = {"name": "get_weather", "description": "The weather.", "parameters": WEATHER}
     chat = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK},
-                         {"role": "assistant", "content": None, "tool_calls": [
+                         {"role": "assistant", "content": LOOK, "tool_calls": [
                              {"id": call_id, "type": "function",
                               "function": {"name": "get_weather", "arguments": json.dumps(args)}}]},
                          {"role": "tool", "tool_call_id": call_id, "content": TOLD}],
             "tools": [{"type": "function", "function": tool}]}
     responses = {"instructions": SYSTEM, "tools": [{"type": "function", **tool}],
                  "input": [{"role": "user", "content": ASK},
+                           {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": LOOK}]},
                            {"type": "function_call", "call_id": call_id, "name": "get_weather",
                             "arguments": json.dumps(args)},
                            {"type": "function_call_output", "call_id": call_id, "output": TOLD}]}
     messages = {"system": SYSTEM, "max_tokens": 6,
                 "tools": [{"name": "get_weather", "description": "The weather.", "input_schema": WEATHER}],
                 "messages": [{"role": "user", "content": ASK},
-                             {"role": "assistant", "content": [{"type": "tool_use", "id": call_id,
+                             {"role": "assistant", "content": [{"type": "text", "text": LOOK},
+                                                               {"type": "tool_use", "id": call_id,
                                                                 "name": "get_weather", "input": args}]},
                              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
                                                            "content": TOLD}]}]}
