@@ -244,7 +244,7 @@ class Engine:
         # And the constraint: the same prompt under another grammar is another request.
         constraint = request.constraint.digest() if request.constraint is not None else None  # not the schema itself
         k = (key, request.cache_namespace, tuple(prompt), json.dumps(settings, sort_keys=True), request.stop,
-             constraint)
+             constraint, request.template_options)
         prev = self._previous.get(k)
         if prev is not None:
             cmp = Comparison.of(prev[0], prev[1], tokens, logprobs)

@@ -88,7 +88,8 @@ class PromptBuilder:
         if request.prompt is not None:
             return ContextInfo(limit, len(render_text(self.lm.tokenizer, request.prompt)))
         messages = place(validate_messages(request.messages), request.documents)
-        return ContextInfo(limit, len(render(self.lm.tokenizer, messages, tools=_tools(request)).ids))
+        return ContextInfo(limit, len(render(self.lm.tokenizer, messages, tools=_tools(request),
+                                             options=request.template_options).ids))
 
     def prepare(self, request: GenerationRequest, limit: Optional[int]) -> Prepared:
         """`request` as it will run within `limit` tokens (None: no limit known): checked, its
@@ -102,23 +103,24 @@ class PromptBuilder:
             request = _fit_max_tokens(request, len(prompt), limit)
             fit_to_context(lambda m: Rendered(prompt, None), [], request.sampler.max_tokens, limit, "refuse")
             return Prepared(request, prompt, ContextInfo(limit, len(prompt)), earlier=earlier, grammar=grammar)
-        tools = _tools(request)
+        tools, options = _tools(request), request.template_options
         messages = place(validate_messages(request.messages), request.documents)
-        whole = render(tok, messages, tools=tools)
+        whole = render(tok, messages, tools=tools, options=options)
         request = _fit_max_tokens(request, len(whole.ids), limit)
         if request.documents:
             self._check_documents_fit(messages, request, limit, tools)
-        fitted = fit_to_context(lambda m: render(tok, m, tools=tools), messages, request.sampler.max_tokens, limit,
-                                request.context_policy, lambda m: len(tok.encode(m["content"])) + 4, whole=whole)
+        fitted = fit_to_context(lambda m: render(tok, m, tools=tools, options=options), messages,
+                                request.sampler.max_tokens, limit, request.context_policy,
+                                lambda m: len(tok.encode(m["content"])) + 4, whole=whole)
         prompt = fitted.rendered.ids
-        starts = self.starts(fitted.messages, prompt, tools)
-        headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools)
+        starts = self.starts(fitted.messages, prompt, tools, options)
+        headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools, options)
         spans: list[DocumentSpan] = []
         points: dict[int, tuple[str, ...]] = {}
         if request.documents:
             spans = document_spans(tok, fitted.messages, request.documents, prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
-            points = document_points(spans, self.starts(fitted.messages[:1], prompt, tools))
+            points = document_points(spans, self.starts(fitted.messages[:1], prompt, tools, options))
         # The request as it runs: its documents are now in its messages (placed once, never twice).
         return Prepared(replace(request, messages=fitted.messages, documents=()), prompt,
                         ContextInfo(limit, len(prompt), fitted.dropped), starts, headers, spans, points, earlier,
@@ -147,6 +149,8 @@ class PromptBuilder:
         c = request.constraint
         if request.prompt is None:
             check_tool_results(request.messages)
+        elif request.template_options:
+            raise RequestError("'template_options' need a chat (messages), not a raw prompt", "template_options")
         if c is None:
             return None
         if c.tools and tool_format(self.lm.tokenizer) is None:
@@ -194,9 +198,10 @@ class PromptBuilder:
         system message they end, rendered alone (the memoized render step 5 reads again)."""
         if not limit:
             return
-        ids = self.starts.rendered(placed[:1], tools, generation=False)
+        options = request.template_options
+        ids = self.starts.rendered(placed[:1], tools, generation=False, options=options)
         if ids is None:  # a template that will not render the system message alone: its own error
-            ids = render(self.lm.tokenizer, placed[:1], add_generation_prompt=False, tools=tools).ids
+            ids = render(self.lm.tokenizer, placed[:1], add_generation_prompt=False, tools=tools, options=options).ids
         n = len(ids)
         room = limit - request.sampler.max_tokens
         if n <= room:
