@@ -25,7 +25,7 @@ from engine.generate.constraints import tool_format
 from engine.generate.loop import drain, stream
 from engine.generate.model import LoadedModel
 from engine.generate.prepare import Prepared, PromptBuilder
-from engine.generate.templating import render_prompt, token_pieces
+from engine.generate.templating import control_tokens, render_prompt, token_pieces
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -140,6 +140,7 @@ class Engine:
             kv_bits=options.get("kv_bits"),
             kv_group_size=int(options.get("kv_group_size", 64)),
             eos_ids=eos,
+            controls=control_tokens(tokenizer, eos),
         )
         self._builder = PromptBuilder(self.lm)
         cache = self.lm.new_cache()

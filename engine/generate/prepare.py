@@ -30,6 +30,7 @@ from engine.errors import RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
 from engine.generate.model import LoadedModel
+from engine.generate.stops import reply_stops
 from engine.generate.templating import MessageStarts, Rendered, Tools, render, render_text
 from engine.types import (
     MAX_TOP_LOGPROBS,
@@ -97,7 +98,7 @@ class PromptBuilder:
         its schedule's cuts."""
         tok = self.lm.tokenizer
         grammar = self._check(request)
-        earlier = self._reply_so_far(request)
+        earlier = self._reply_so_far(request, grammar is not None)
         if request.prompt is not None:  # raw text: nothing to place or leave out, no message boundaries
             prompt = render_text(tok, request.prompt)
             request = _fit_max_tokens(request, len(prompt), limit)
@@ -161,9 +162,9 @@ class PromptBuilder:
         # Compiled grammars are cached per namespace: another API key's schema costs a compile.
         return self.grammars.grammar(c, request.cache_namespace)
 
-    def _reply_so_far(self, request: GenerationRequest) -> list[int]:
+    def _reply_so_far(self, request: GenerationRequest, constrained: bool) -> list[int]:
         """A Continue's reply so far as token ids, checked: a reply that ended (an end token, a
-        stop string) or already has max_tokens has nothing to continue."""
+        stop string in its free text) or already has max_tokens has nothing to continue."""
         c = request.continuation
         if c is None:
             return []
@@ -176,11 +177,13 @@ class PromptBuilder:
         bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"continue: {bad!r} is not a token id of this model", "continue")
-        if any(t in self.lm.eos_ids for t in tokens):
+        if any(t in self.lm.reply_ends for t in tokens):
             raise RequestError("continue: the reply ended (it holds an end token); nothing to continue", "continue")
-        text = tok.decode(tokens)
-        hit = next((s for s in request.stop if s and s in text), None)
-        if hit is not None:
+        silent = self.lm.no_text
+        text = tok.decode([t for t in tokens if t not in silent])
+        at = reply_stops(request, tok, constrained).find(text, final=True)
+        if at is not None:
+            hit = next(s for s in request.stop if s and text.startswith(s, at))
             raise RequestError(f"continue: the reply ended at the stop string {hit!r}; nothing to continue",
                                "continue")
         if len(tokens) >= request.sampler.max_tokens:

@@ -320,12 +320,77 @@ def render_text(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
+# -- control tokens a reply samples are never text (issue 47)
+
+
+@dataclass(frozen=True)
+class ControlTokens:
+    """What a reply's control tokens (the tokenizer's special tokens) do when the model samples
+    one: none is ever text. Its id and logprob stay in the reply like any token's.
+
+    `ends`: the reply ends there, as at an end token (finish "stop"): the end tokens, the
+    tokenizer's own end, padding and start-of-text tokens (`<|endoftext|>` used as padding), and
+    the token the template opens a turn with when its turns close with an end token (ChatML's
+    `<|im_start|>`: a model that opens the next turn is past its own). `hidden`: every other
+    special token, left out of the text while decoding goes on (a template whose messages end
+    without ending the turn, as gpt-oss's `<|end|>`, opens further messages within one reply).
+    The reply's own markup stays text whatever the tokenizer calls it: the tool-call and thinking
+    markers mlx-lm reads (the server parses calls out of the text)."""
+
+    ends: frozenset[int] = frozenset()
+    hidden: frozenset[int] = frozenset()
+
+
+def control_tokens(tokenizer: Any, eos_ids: set[int]) -> ControlTokens:
+    """The control tokens of `tokenizer` (see ControlTokens); its end tokens `eos_ids` end a reply
+    in any case. A tokenizer that is not a tokenizers-library one: only its end tokens."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(inner, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
+        return ControlTokens(frozenset(eos_ids))
+    special = {int(i): t.content for i, t in backend.get_added_tokens_decoder().items() if t.special}
+    markup: set[int] = set()
+    for name in ("tool_call_start", "tool_call_end", "think_start", "think_end"):
+        text = getattr(tokenizer, name, None)
+        if isinstance(text, str) and text:
+            markup.update(int(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    ends = set(eos_ids)
+    for name in ("eos_token", "pad_token", "bos_token"):
+        text = getattr(inner, name, None)
+        ends.update(i for i, t in special.items() if isinstance(text, str) and t == text)
+    opener = _turn_opener(tokenizer, special.keys() - markup, eos_ids)
+    if opener is not None:
+        ends.add(opener)
+    ends -= markup
+    return ControlTokens(frozenset(ends), frozenset(special.keys() - ends - markup))
+
+
+def _turn_opener(tokenizer: Any, special: set[int], eos_ids: set[int]) -> Optional[int]:
+    """The control token the chat template opens the reply's turn with, when the turn before it
+    closed with an end token (a user message rendered alone, then with the generation prompt: the
+    first control token the prompt adds, and the last one before it); None otherwise."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    user = [{"role": "user", "content": "?"}]
+    try:
+        before = render_prompt(tokenizer, user, add_generation_prompt=False)
+        after = render_prompt(tokenizer, user, add_generation_prompt=True)
+    except RequestError:
+        return None
+    if after[: len(before)] != before:
+        return None
+    opener = next((t for t in after[len(before):] if t in special), None)
+    closer = next((t for t in reversed(before) if t in special), None)
+    return opener if opener is not None and closer in eos_ids else None
+
+
 class TextStream:
     """Turns a growing token list into text deltas that never split a multi-byte character.
 
     Decodes the whole reply each step (fast tokenizers decode thousands of tokens in well under
     a decode step) so the deltas always concatenate to exactly `tokenizer.decode(tokens)`,
-    whatever the tokenizer does with spaces at segment starts.
+    whatever the tokenizer does with spaces at segment starts. The tokens in `skip` (the
+    control tokens: ControlTokens) are no text: left out of the decoded ids.
     """
 
     def __init__(self, tokenizer: Any, skip: set[int]) -> None:
