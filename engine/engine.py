@@ -185,10 +185,11 @@ class Engine:
         self.eviction.in_use = None if digests is None else frozenset(digests)
 
     def preload_documents(self) -> int:
-        """Read the documents' states that are kept warm (keep_documents) from the disk into
-        memory while they fit: after a restart the first question about a document restores it
-        from memory. The window runs this once a model is loaded, before anything is asked; the
-        number of snapshots read."""
+        """Read the states that are kept warm from the disk into memory while they fit: the
+        documents' (keep_documents) and long system turns' (a harness's system prompt and tools:
+        generate/prepare.py, kept_points): after a restart the first question about a document,
+        or a harness's first session, restores it from memory. The window runs this once a model
+        is loaded, before anything is asked, `engine serve` at start; the number of snapshots read."""
         lm = self._lm()
         return len(self.cache.preload(cache_key(lm.key, None),
                                       lambda m: m.kind == "document" and self.eviction.keep_priority(m) > 0))

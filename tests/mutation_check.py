@@ -59,6 +59,7 @@ HF = "tests/test_cache_files_hostile.py::"
 DF = "tests/test_disk_cache_faults.py::"
 CO = "tests/test_continue.py::"
 FT = "tests/test_free_text.py::"
+KP = "tests/test_kept_prefix.py::"
 DO = "tests/test_documents.py::"
 WD = "tests/test_app_window_documents.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
@@ -617,6 +618,14 @@ MUTATIONS: list[Mutation] = [
         "only the end tokens end a reply (a sampled <|endoftext|> or <|im_start|> goes on)",
         (("engine/generate/loop.py", "        if token in ends:", "        if token in lm.eos_ids:"),),
         (FT + "test_a_sampled_turn_token_ends_the_reply_as_no_text",),
+    ),
+    Mutation(
+        "a long system turn without documents is not kept (a harness's next session prefills it again)",
+        (("engine/generate/prepare.py",
+          "(system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN)",
+          "(system_end[0] > spans[-1].end if spans else False)"),),
+        (KP + "test_a_second_session_restores_the_system_turn",
+         KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),
 ]
 

@@ -55,9 +55,10 @@ class Prepared:
     reply_header_cuts: list[int] = field(default_factory=list)
     # Where each attached document lies in the prompt; its end is a cut (engine/documents/placement.py)
     documents: list[DocumentSpan] = field(default_factory=list)
-    # Where a "document" snapshot is taken -> the digests of the documents its state holds: each
-    # document's end that is a cut, and the system message's end after the last one
-    # (`document_points`), where every conversation about them still agrees.
+    # Where a kept ("document") snapshot is taken -> the digests of the documents its state holds:
+    # each document's end that is a cut, and the system message's end (after the last document,
+    # or a long system turn without any: a harness's prompt), where every conversation with the
+    # same system turn still agrees (`kept_points`).
     document_points: dict[int, tuple[str, ...]] = field(default_factory=dict)
     earlier: list[int] = field(default_factory=list)  # a Continue: the reply so far (token ids)
     grammar: Optional[str] = None  # the constraint's checked grammar (None: decoding is free)
@@ -117,11 +118,12 @@ class PromptBuilder:
         starts = self.starts(fitted.messages, prompt, tools, options)
         headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools, options)
         spans: list[DocumentSpan] = []
-        points: dict[int, tuple[str, ...]] = {}
         if request.documents:
             spans = document_spans(tok, fitted.messages, request.documents, prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
-            points = document_points(spans, self.starts(fitted.messages[:1], prompt, tools, options))
+        system_end = self.starts(fitted.messages[:1], prompt, tools, options) if (
+            fitted.messages[0].get("role") == "system") else []
+        points = kept_points(spans, system_end)
         # The request as it runs: its documents are now in its messages (placed once, never twice).
         return Prepared(replace(request, messages=fitted.messages, documents=()), prompt,
                         ContextInfo(limit, len(prompt), fitted.dropped), starts, headers, spans, points, earlier,
@@ -234,15 +236,25 @@ def _fit_max_tokens(request: GenerationRequest, n_prompt: int, limit: Optional[i
     return request
 
 
-def document_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
-    """Each document end (a cut) -> the digests of the documents the state there holds; and the
-    system message's end (`system_end`: the start of the next message, when the system message
-    rendered alone is a prefix of the prompt) -> all of them. The documents end the system
-    message (placement.place), so what lies between the last one's end and there is the
-    template's own closing of the message, the same in every conversation about them: a new
-    conversation restores up to where its own first message starts (no forward of those few
+# A system turn at least this long (tokens, the tools the template shows in it included) is kept
+# warm on its own, without documents: a harness's (Codex CLI, Claude Code) opens every session with
+# the same thousands of tokens. A shorter one costs less to prefill than to look up and keep.
+KEPT_SYSTEM_MIN = 512
+
+
+def kept_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
+    """Where a kept snapshot is taken (kind "document": what eviction keeps ahead of turns and a
+    restart reads ahead, engine/cache/eviction.py) -> the digests of the documents the state there
+    holds. Each document end (a cut) -> the documents up to it; and the system message's end
+    (`system_end`: the start of the next message, when the system message rendered alone is a
+    prefix of the prompt) -> all of them, after the last document, or none when the system turn is
+    KEPT_SYSTEM_MIN tokens or more. The cuts before the system message's end are the chunk
+    multiples alone, so its state is bit-identical in every conversation with the same system turn
+    (and tools, and template options): a new one restores up to where its own first message
+    starts. The documents end the system message (placement.place), so what lies between the last
+    one's end and there is the template's own closing of the message (no forward of those few
     tokens first, which at a long context costs about what the question's own forward does)."""
     points = {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
-    if spans and system_end and system_end[0] > spans[-1].end:
+    if system_end and (system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN):
         points[system_end[0]] = tuple(d.digest for d in spans)
     return points
