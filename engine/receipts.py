@@ -133,6 +133,10 @@ class Receipt:
     # bytes and of the text (a replay checks the text against it and places it the same way).
     documents: tuple[Document, ...] = ()
     template_options: TemplateOptions = ()  # keyword arguments the chat template was given
+    # A server's reply: the request as its client sent it, {"api": "chat.completions" |
+    # "completions" | "responses" | "messages", "request": <the JSON body>} (engine verify checks
+    # that it still reads as this receipt's request). The request above is what it became.
+    wire: Optional[dict[str, Any]] = None
 
     def request(self, use_cache: bool = True) -> GenerationRequest:
         """The request that produced the reply."""
@@ -150,6 +154,8 @@ class Receipt:
         d.pop("constraint")
         d.pop("documents")
         d.pop("template_options")
+        if self.wire is None:
+            d.pop("wire")
         version = RECEIPT_VERSION
         if self.constraint is not None:
             d["constraint"] = self.constraint.to_dict()
@@ -237,6 +243,10 @@ class Receipt:
         if not options and d["version"] == RECEIPT_VERSION_TEMPLATE_OPTIONS:
             raise ReceiptError("receipt version 4 records template options, and this one has none (the file was "
                                "edited)")
+        wire = d.get("wire")
+        if wire is not None and (not isinstance(wire, dict) or not isinstance(wire.get("api"), str)
+                                 or not isinstance(wire.get("request"), dict)):
+            raise ReceiptError("receipt field 'wire' must be {\"api\": ..., \"request\": {...}}")
         return cls(
             messages=messages if prompt is None else None,
             sampler=sampler,
@@ -260,6 +270,7 @@ class Receipt:
             constraint=constraint,
             documents=documents,
             template_options=options,
+            wire=wire,
         )
 
 

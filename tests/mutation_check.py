@@ -174,7 +174,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the server's cached_tokens reports the matched prefix, not what was restored",
-        (("engine/serve/responses.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
+        (("engine/serve/formats/chat.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
         (EP + "test_server_cached_tokens_is_what_was_restored_not_what_matched",),
     ),
     Mutation(
@@ -324,8 +324,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "tokenize bypasses the admission queue",
-        (("engine/serve/engine_routes.py", "        ticket = Ticket(request.app[state_key], served.key, False)\n",
-          "        ticket = Ticket(type(request.app[state_key])(1 << 20), served.key, False)\n"),),
+        (("engine/serve/generation.py", "    ticket = Ticket(state, served.key, False)\n",
+          "    ticket = Ticket(type(state)(1 << 20), served.key, False)\n"),),
         ("tests/test_server_hardening.py::test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow",),
     ),
     # issue 28: the window's truth (the run shown, Send against the meter, drafts, the GUI thread)
@@ -458,9 +458,9 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_server_agents.py::test_a_named_choice_is_exactly_one_call_even_with_parallel_calls_allowed",),
     ),
     Mutation(
-        "a call cut by max_tokens returned as content",
-        (("engine/serve/tools.py", '        if at >= 0 and result.finish_reason in ("length", "context"):\n',
-          "        if False:\n"),),
+        "a call cut by max_tokens before its name was whole returned as content (its markup)",
+        (("engine/serve/reply.py", '            self._end_open_call(out, cut=finish in ("length", "context"))\n',
+          "            self._end_open_call(out, cut=False)\n"),),
         ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
          "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
     ),
