@@ -58,6 +58,8 @@ RH = "tests/test_reply_header_cuts.py::"
 HF = "tests/test_cache_files_hostile.py::"
 DF = "tests/test_disk_cache_faults.py::"
 CO = "tests/test_continue.py::"
+FT = "tests/test_free_text.py::"
+KP = "tests/test_kept_prefix.py::"
 DO = "tests/test_documents.py::"
 WD = "tests/test_app_window_documents.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
@@ -607,6 +609,43 @@ MUTATIONS: list[Mutation] = [
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.Text))\n",
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.HighlightedText))\n"),),
         ("tests/test_app_window_issue39.py::test_a_selected_search_result_is_drawn_readably_on_the_selection",),
+    ),
+    Mutation(
+        "stop strings searched in a reply decoded under a grammar (they cut a forced call or a JSON value)",
+        (("engine/generate/stops.py", "    if constrained:\n        return StopStrings(())\n", "    pass\n"),),
+        (FT + "test_a_stop_string_never_cuts_a_forced_tool_call",
+         FT + "test_a_stop_string_never_cuts_a_constrained_value"),
+    ),
+    Mutation(
+        "stop strings searched inside an unforced tool call",
+        (("engine/generate/stops.py", "        calls = (tokenizer.tool_call_start, tokenizer.tool_call_end)\n",
+          "        calls = None\n"),),
+        (FT + "test_a_stop_string_inside_an_unforced_call_does_not_end_the_reply",),
+    ),
+    Mutation(
+        "a possible call marker's start is streamed before it is known (a stop string there cuts sent text)",
+        (("engine/generate/stops.py", "        keep = self._marker_start(text)\n", "        keep = 0\n"),),
+        (FT + "test_stop_strings_apply_around_calls",
+         FT + "test_stop_strings_outside_calls_match_a_plain_search_and_stream_whole"),
+    ),
+    Mutation(
+        "a sampled control token is decoded as text",
+        (("engine/generate/loop.py", "    text = TextStream(lm.tokenizer, set(lm.no_text))\n",
+          "    text = TextStream(lm.tokenizer, set(lm.eos_ids))\n"),),
+        (FT + "test_a_sampled_control_token_is_left_out_of_the_text_and_kept_in_the_tokens",),
+    ),
+    Mutation(
+        "only the end tokens end a reply (a sampled <|endoftext|> or <|im_start|> goes on)",
+        (("engine/generate/loop.py", "        if token in ends:", "        if token in lm.eos_ids:"),),
+        (FT + "test_a_sampled_turn_token_ends_the_reply_as_no_text",),
+    ),
+    Mutation(
+        "a long system turn without documents is not kept (a harness's next session prefills it again)",
+        (("engine/generate/prepare.py",
+          "(system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN)",
+          "(system_end[0] > spans[-1].end if spans else False)"),),
+        (KP + "test_a_second_session_restores_the_system_turn",
+         KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),
 ]
 

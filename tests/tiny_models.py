@@ -127,17 +127,19 @@ TOOL_FAMILY = {**_BASE, "model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta
                "vocab_size": VOCAB_SIZE + 8}  # room for the added tool tokens
 
 
-def build_tool_model(folder: Path | str, seed: int = 0) -> Path:
-    """A random-weight tiny Qwen2 whose chat template takes tools (mlx-lm's json_tools format)."""
+def build_tool_model(folder: Path | str, seed: int = 0, special: list[str] | None = None) -> Path:
+    """A random-weight tiny Qwen2 whose chat template takes tools (mlx-lm's json_tools format).
+    `special`: more special tokens, after the tool-call markers (ids from VOCAB_SIZE + 2)."""
     folder = build_model(folder, "llama", seed, _config=TOOL_FAMILY)
-    build_tokenizer(Path(folder), QWEN_TOOLS_TEMPLATE, TOOL_TOKENS, _CORPUS + _TOOL_CORPUS)
+    build_tokenizer(Path(folder), QWEN_TOOLS_TEMPLATE, TOOL_TOKENS, _CORPUS + _TOOL_CORPUS, special)
     return Path(folder)
 
 
 def build_tokenizer(folder: Path, template: str = CHATML_TEMPLATE, added: list[str] | None = None,
-                    corpus: list[str] | None = None) -> None:
+                    corpus: list[str] | None = None, special: list[str] | None = None) -> None:
     """Train a small byte-level BPE on a fixed corpus and write HF tokenizer files (`added`:
-    tokens added after training, not special, e.g. a template's tool-call markers)."""
+    tokens added after training, not special, e.g. a template's tool-call markers; `special`:
+    special tokens added after those)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -152,6 +154,8 @@ def build_tokenizer(folder: Path, template: str = CHATML_TEMPLATE, added: list[s
     tok.train_from_iterator((corpus or _CORPUS) * 4, trainer=trainer)
     if added:
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    if special:
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
