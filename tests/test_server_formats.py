@@ -144,7 +144,7 @@ def test_harness_fields_are_accepted_and_listed_as_ignored(server: Server) -> No
         "reasoning": {"effort": "low"}, "store": False, "client_metadata": {"a": "b"}, "parallel_tool_calls": False,
         "text": {"verbosity": "low"}})
     assert code == 200, out
-    assert set(out["verbatim"]["ignored"]) == {"include", "prompt_cache_key", "reasoning", "client_metadata",
+    assert set(out["verbatim"]["ignored"]) == {"include", "prompt_cache_key", "reasoning.effort", "client_metadata",
                                                "text.verbosity", "parallel_tool_calls"}
     code, out = post(server, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "prompt_cache_key": "p",
@@ -219,3 +219,28 @@ def test_a_responses_or_messages_receipt_records_the_request_as_sent_and_verify_
     r = subprocess.run([sys.executable, "-m", "engine", "verify", str(file), "--model", str(folder), "--no-cache"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "reads as another request here" in r.stderr, r.stderr
+
+
+def test_reasoning_effort_goes_to_a_template_that_reads_it_in_every_format(tmp_path: Path) -> None:
+    """gpt-oss's template reads `reasoning_effort`: chat's reasoning_effort, Responses'
+    reasoning.effort and Messages' output_config.effort go to it (not listed as ignored), and the
+    prompt says so; the tool model's template reads none (listed as ignored, above)."""
+    from tests.test_template_inputs import OPTIONS_TEMPLATE, _folder
+
+    s = Server(_folder(tmp_path, "reads", OPTIONS_TEMPLATE), None)
+    try:
+        asks = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                         "reasoning_effort": "high"},
+                "/v1/responses": {"input": "x", "max_output_tokens": 2, "reasoning": {"effort": "high"}},
+                "/v1/messages": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                 "output_config": {"effort": "high"}}}
+        prompts = []
+        for path, body in asks.items():
+            code, out = post(s, path, body, {})
+            assert code == 200 and out["verbatim"]["ignored"] == [], out
+            prompts.append(s.engine(lambda e: e.lm.tokenizer.decode(s.recording.results[-1].prompt_ids)))
+        assert all("Reasoning: high" in p for p in prompts) and len(set(prompts)) == 1, prompts
+        code, out = post(s, "/v1/chat/completions", {**asks["/v1/chat/completions"], "reasoning_effort": "low"}, {})
+        assert "Reasoning: low" in s.engine(lambda e: e.lm.tokenizer.decode(s.recording.results[-1].prompt_ids))
+    finally:
+        s.close()

@@ -213,7 +213,7 @@ async def status(request: web.Request) -> web.Response:
 
 def _defaults(request: web.Request) -> Defaults:
     config = request.app[CONFIG_KEY]
-    return Defaults(config.mode, config.seed)
+    return Defaults(config.mode, config.seed, config.model.template_reads if config.model is not None else ())
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -291,7 +291,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     """The prompt's tokens (the chat template applied, tools rendered), nothing generated."""
     body = await _read_json(request)
-    name, gen = messages.parse_count(body)
+    name, gen = messages.parse_count(body, _defaults(request))
     model = served(request, name)
     info = await run_admitted(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
                               lambda engine: engine.measure(gen))
