@@ -244,3 +244,24 @@ def test_reasoning_effort_goes_to_a_template_that_reads_it_in_every_format(tmp_p
         assert "Reasoning: low" in s.engine(lambda e: e.lm.tokenizer.decode(s.recording.results[-1].prompt_ids))
     finally:
         s.close()
+
+
+def test_a_reply_sent_back_as_model_dump_and_a_named_message_are_accepted(server: Server) -> None:
+    """The tutorial loop: `messages.append(r.choices[0].message.model_dump())` sends the reply back
+    with refusal, annotations, audio and function_call null (null is absent); LangChain names its
+    messages (kept for the chat template: this one renders no names, so the prompt is as without)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url, api_key="k1", max_retries=0)
+    ask = [{"role": "user", "content": ASK}]
+    r = client.chat.completions.create(model=server.model, messages=ask, max_tokens=4, seed=1)
+    dumped = r.choices[0].message.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call"} <= {k for k, v in dumped.items() if v is None}
+    again = client.chat.completions.create(model=server.model, messages=[*ask, dumped, *ask], max_tokens=2, seed=1)
+    assert again.choices[0].finish_reason in ("stop", "length")
+    plain = server.recording.results[-1].prompt_ids
+    named = client.chat.completions.create(model=server.model, max_tokens=2, seed=1,
+                                           messages=[*ask[:0], {**ask[0], "name": "alice"}, dumped,
+                                                     {**ask[0], "name": "alice"}])
+    assert named.choices[0].finish_reason in ("stop", "length")
+    assert server.recording.results[-1].prompt_ids == plain  # a template without names renders none
