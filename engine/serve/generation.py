@@ -161,6 +161,10 @@ class Generation:
         """The reply events a decoded token settles."""
         return self.reader.feed(event.text)
 
+    def feed_all(self, events: list[StreamEvent]) -> list[ReplyEvent]:
+        """The reply events a batch's decoded tokens settle (a format that does not write per token)."""
+        return [e for event in events if isinstance(event, TokenEvent) for e in self.feed(event)]
+
     def outcome(self, done: Done) -> tuple[list[ReplyEvent], Outcome]:
         """The last reply events and the outcome; APIError 503 when the server cancelled it."""
         result = done.result

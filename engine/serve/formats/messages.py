@@ -51,7 +51,7 @@ from engine.serve.schema import (
     text,
     verbatim_options,
 )
-from engine.types import GenerationRequest, TokenEvent
+from engine.types import GenerationRequest
 
 IGNORED = {"metadata": "an object", "thinking": "an object", "context_management": "an object",
            "cache_control": "an object", "service_tier": "a string", "inference_geo": "a string",
@@ -392,11 +392,7 @@ class MessageStream:
                           ("ping", {"type": "ping"})])
 
     def batch(self, gen: Generation, events: list[StreamEvent]) -> bytes:
-        out = []
-        for event in events:
-            if isinstance(event, TokenEvent):
-                out += self.blocks.events(gen.feed(event))
-        return self._sse(out)
+        return self._sse(self.blocks.events(gen.feed_all(events)))
 
     def end(self, gen: Generation, last: list[ReplyEvent], outcome: Outcome) -> bytes:
         out = self.blocks.events(last) + self.blocks.finish()

@@ -54,7 +54,7 @@ from engine.serve.schema import (
     text,
     verbatim_options,
 )
-from engine.types import GenerationRequest, GenerationResult, TokenEvent
+from engine.types import GenerationRequest, GenerationResult
 
 IGNORED = {"metadata": "an object of strings", "user": "a string", "include": "a list",
            "prompt_cache_key": "a string", "prompt_cache_retention": "a string", "safety_identifier": "a string",
@@ -467,11 +467,7 @@ class ResponseStream:
         return self._sse([created, self.output._event("response.in_progress", response=head)])
 
     def batch(self, gen: Generation, events: list[StreamEvent]) -> bytes:
-        out = []
-        for event in events:
-            if isinstance(event, TokenEvent):
-                out += self.output.events(gen.feed(event))
-        return self._sse(out)
+        return self._sse(self.output.events(gen.feed_all(events)))
 
     def end(self, gen: Generation, last: list[ReplyEvent], outcome: Outcome) -> bytes:
         out = self.output.events(last)
