@@ -135,9 +135,10 @@ class Generation:
         self.model = model
         self.wire = wire  # (the API, the body as sent): the reply carries a receipt recording them
         self.prompt_param = prompt_param
-        self.ticket = Ticket(state, model.key, logprobs, per_token=per_token, stops=request.stop)
         self.key = request_key(request)  # what the reply's ids derive from (reply.py)
         self.reader = ReplyReader(model.tool_parser, request.constraint, self.key)
+        # Admitted last: nothing after it may fail before the bridge's hooks free its place.
+        self.ticket = Ticket(state, model.key, logprobs, per_token=per_token, stops=request.stop)
         # Iterated at once (that submits the job); the ticket's hooks run on the engine thread.
         self._batches: Batches = engine_batches(executor, request, self.ticket.cancel, start=self.ticket.start,
                                                 observe=self.ticket.observe)
