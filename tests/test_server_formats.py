@@ -151,9 +151,14 @@ def test_harness_fields_are_accepted_and_listed_as_ignored(server: Server) -> No
         "safety_identifier": "s", "service_tier": "auto", "reasoning_effort": "low", "verbosity": "low"})
     assert code == 200 and set(out["verbatim"]["ignored"]) == {"prompt_cache_key", "safety_identifier",
                                                                "service_tier", "reasoning_effort", "verbosity"}
-    # What would change the reply and cannot be honoured is still refused, by name.
-    code, out = post(server, "/v1/responses", {"input": "x", "tools": [{"type": "web_search"}]})
+    # What would change the reply and cannot be honoured is still refused, by name; a web search
+    # (Codex CLI offers one by default) is left out: the model is offered no search.
+    code, out = post(server, "/v1/responses", {"input": "x", "tools": [{"type": "file_search",
+                                                                       "vector_store_ids": ["vs_1"]}]})
     assert code == 400 and out["error"]["param"] == "tools[0].type"
+    code, out = post(server, "/v1/responses", {"input": "x", "max_output_tokens": 3,
+                                               "tools": [{"type": "web_search", "external_web_access": False}]})
+    assert code == 200 and out["verbatim"]["ignored"] == ["tools[0]"] and out["tools"][0]["type"] == "web_search"
 
 
 def test_the_responses_store_per_key_delete_store_false_and_unknown_ids(folder: Path,

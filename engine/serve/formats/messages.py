@@ -21,6 +21,12 @@ creation = the prompt tokens this request newly stored), or its stream: message_
 content_block_start / content_block_delta (text_delta, input_json_delta: the arguments as they
 are decoded) / content_block_stop per block, message_delta (stop_reason, usage), message_stop.
 Errors use Anthropic's envelope: {"type": "error", "error": {"type": ..., "message": ...}}.
+
+Claude Code 2.1: a system block that is its billing header (`x-anthropic-billing-header: ...`,
+different in every request) is left out of the prompt and listed in `verbatim.ignored`; a `system`
+role inside `messages` (its environment, after the first user turn) is a system message there; a
+tool with `defer_loading` stays out of the prompt (as Anthropic's API keeps it until a tool search
+loads it).
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ FIELDS = set(IGNORED) | {"model", "messages", "system", "max_tokens", "stop_sequ
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
                 "context_management", "cache_control"}
 MAX_STOP_SEQUENCES = 16
+# Claude Code's first system block: a header its own API reads off the prompt, whose hash changes
+# with every request. Left in, it would make every prompt differ from its ~10th token: no prefix of
+# any other request's could be restored (vLLM and llama.cpp leave it out too).
+BILLING_HEADER = "x-anthropic-billing-header:"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
                 429: "rate_limit_error", 503: "overloaded_error"}
@@ -94,6 +104,9 @@ def _text_blocks(v: Any, where: str, skipped: list[str]) -> str:
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             kind = block.get("type") if isinstance(block, dict) else None
             raise bad(f"{where}[{j}]: {quote(kind)} blocks are not supported here (text blocks are)", f"{where}[{j}]")
+        if where == "system" and block["text"].startswith(BILLING_HEADER):
+            skipped.append(f"{where}[{j}]")  # a header for Anthropic's billing, not for the model
+            continue
         if block.get("cache_control") is not None:
             skipped.append(f"{where}[{j}].cache_control")
         out.append(block["text"])
@@ -172,13 +185,15 @@ def conversation(body: dict[str, Any], skipped: list[str]) -> list[dict[str, Any
         raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
             raise bad(f"{where} must be an object with role 'user' or 'assistant'", f"{where}.role")
         content = m.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise bad(f"{where}.content must be a string or a list of blocks", f"{where}.content")
-        if m["role"] == "user":
+        if m["role"] == "system":  # Claude Code 2.1 sends its environment so, after the first user turn
+            out.append({"role": "system", "content": _text_blocks(blocks, f"{where}.content", skipped)})
+        elif m["role"] == "user":
             out += _user(blocks, f"{where}.content", skipped)
         else:
             out.append(_assistant(blocks, f"{where}.content", skipped))
@@ -199,11 +214,13 @@ def _tools(body: dict[str, Any], skipped: list[str]) -> Optional[list[dict[str, 
             raise bad(f"tools[{i}]: {quote(kind)} tools are not supported by this server (client tools with an "
                       "input_schema are)", f"tools[{i}]")
         unknown = sorted(k for k in t if k not in ("type", "name", "description", "input_schema", "cache_control",
-                                                    "strict") and t[k] is not None)
+                                                    "strict", "defer_loading") and t[k] is not None)
         if unknown:
             raise bad(f"tools[{i}].{bare(unknown[0])} is not supported", f"tools[{i}].{bare(unknown[0])}")
         if t.get("cache_control") is not None:
             skipped.append(f"tools[{i}].cache_control")
+        if t.get("defer_loading") is True:  # not in the prompt until a tool search loads it (Anthropic's rule)
+            continue
         fn = {"name": t.get("name"), "parameters": t.get("input_schema")}
         for key in ("description", "strict"):
             if t.get(key) is not None:

@@ -8,8 +8,10 @@ json_object), `max_output_tokens`, `temperature`, `top_p`, `truncation` ("auto":
 are left out when the context is full), `stream`, `store`, `previous_response_id`. The same
 conversation renders the same messages as chat completions (an assistant's text and its calls are
 one message), so the prompt cache serves both. Fields harnesses send that change nothing here
-(`reasoning`, `include`, `prompt_cache_key`, ...) are listed in `verbatim.ignored`; a hosted tool
-(web search, file search, ...) or another field this server cannot honour is a 400 naming it.
+(`reasoning`, `include`, `prompt_cache_key`, ..., and a `web_search` tool: Codex CLI offers one by
+default) are listed in `verbatim.ignored`; a `namespace`'s function tools are offered by their
+qualified name; another hosted tool (file search, ...) or another field this server cannot honour is
+a 400 naming it.
 
 Out: a `response` object (`status` completed, or incomplete with `incomplete_details` when cut by
 max_output_tokens; `usage.input_tokens_details.cached_tokens` = tokens restored from the cache),
@@ -137,6 +139,8 @@ def input_messages(items: Any, documents: list[Document]) -> tuple[list[dict[str
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not name or not isinstance(call_id, str) or not call_id:
                 raise bad(f"{where} must name the function ('name') and the call ('call_id')", where)
+            if isinstance(item.get("namespace"), str) and item["namespace"]:
+                name = f"{item['namespace']}.{name}"  # a namespace's tool, as _tools offered it
             call = {"id": call_id, "type": "function",
                     "function": {"name": name, "arguments": _arguments(item.get("arguments", "{}"), where)}}
             last = out[-1] if out else None
@@ -158,8 +162,11 @@ def input_messages(items: Any, documents: list[Document]) -> tuple[list[dict[str
     return out, skipped
 
 
-def _tools(body: dict[str, Any]) -> Optional[list[dict[str, Any]]]:
-    """The flat function tools, in chat completions' shape (tools.py checks them)."""
+def _tools(body: dict[str, Any], skipped: list[str]) -> Optional[list[dict[str, Any]]]:
+    """The flat function tools, in chat completions' shape (tools.py checks them). A `namespace`'s
+    function tools are offered as `namespace.name` (a call to one comes back with its `namespace`,
+    as OpenAI's does); `web_search` (Codex CLI offers it by default) is listed in skipped: this
+    server searches nothing, so the model is offered no search."""
     v = body.get("tools")
     if v is None:
         return None
@@ -167,17 +174,39 @@ def _tools(body: dict[str, Any]) -> Optional[list[dict[str, Any]]]:
         raise bad("'tools' must be a list of function tools", "tools")
     out = []
     for i, t in enumerate(v):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else None
-            raise bad(f"tools[{i}]: {quote(kind)} tools are not supported by this server (function tools are)",
-                      f"tools[{i}].type")
-        unknown = sorted(k for k in t if k not in ("type", "name", "description", "parameters", "strict")
-                         and t[k] is not None)
-        if unknown:
-            raise bad(f"tools[{i}].{bare(unknown[0])} is not supported", f"tools[{i}].{bare(unknown[0])}")
-        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict")
-                                                     if t.get(k) is not None}})
-    return out
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "web_search":
+            skipped.append(f"tools[{i}]")
+            continue
+        if kind == "namespace" and isinstance(t.get("name"), str) and isinstance(t.get("tools"), list):
+            out += [_function(f, f"tools[{i}].tools[{j}]", t["name"] + ".") for j, f in enumerate(t["tools"])]
+            continue
+        out.append(_function(t, f"tools[{i}]"))
+    return out or None  # none left (only a web search): no tools, so tool_choice "auto" asks nothing
+
+
+def _function(t: Any, where: str, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(t, dict) or t.get("type") != "function":
+        kind = t.get("type") if isinstance(t, dict) else None
+        raise bad(f"{where}: {quote(kind)} tools are not supported by this server (function tools are)",
+                  f"{where}.type")
+    unknown = sorted(k for k in t if k not in ("type", "name", "description", "parameters", "strict")
+                     and t[k] is not None)
+    if unknown:
+        raise bad(f"{where}.{bare(unknown[0])} is not supported", f"{where}.{bare(unknown[0])}")
+    fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
+    if prefix and isinstance(fn.get("name"), str):
+        fn["name"] = prefix + fn["name"]
+    return {"type": "function", "function": fn}
+
+
+def _namespaced(name: str, body: dict[str, Any]) -> dict[str, str]:
+    """A call's `name` (and `namespace`, for a tool of a namespace the request offered)."""
+    for t in body.get("tools") or ():
+        if isinstance(t, dict) and t.get("type") == "namespace" and isinstance(t.get("name"), str) \
+                and name.startswith(t["name"] + "."):
+            return {"name": name[len(t["name"]) + 1:], "namespace": t["name"]}
+    return {"name": name}
 
 
 def _tool_choice(body: dict[str, Any]) -> Any:
@@ -250,7 +279,7 @@ def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedResponse:
         raise bad("'truncation' must be 'auto' or 'disabled'", "truncation")
     limit = integer(body, "max_output_tokens", None, 1, 1 << 31)
     settings, _, max_given = sampler(body, defaults, max_tokens_given=limit)
-    offered = _tools(body)
+    offered = _tools(body, skipped)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not offered:  # Responses clients send it with no tools: it changes nothing
         skipped += ignored(body, {"parallel_tool_calls": "a boolean"})
@@ -375,7 +404,7 @@ class Output:
             elif isinstance(e, CallStart):
                 index = self._calls[e.index] = len(self.items)
                 item = {"id": "fc_" + e.id, "type": "function_call", "status": "in_progress", "arguments": "",
-                        "call_id": "call_" + e.id, "name": e.name}
+                        "call_id": "call_" + e.id, **_namespaced(e.name, self.p.body)}
                 self.items.append(item)
                 out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
             elif isinstance(e, CallArguments):
