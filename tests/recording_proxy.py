@@ -134,7 +134,9 @@ class RecordingProxy:
             return len(self.exchanges)
 
     def since(self, mark: int, path_suffix: Optional[str] = "/chat/completions") -> list[Exchange]:
-        with self._lock:
+        """The exchanges recorded after `mark` (once every one in flight is), on that path."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._busy == 0, TIMEOUT)
             got = self.exchanges[mark:]
         return [x for x in got if path_suffix is None or x.path.split("?")[0].endswith(path_suffix)]
 
