@@ -26,7 +26,7 @@ from engine.generate.constraints import tool_format
 from engine.generate.loop import drain, stream
 from engine.generate.model import LoadedModel
 from engine.generate.prepare import Prepared, PromptBuilder
-from engine.generate.templating import render_prompt, token_pieces
+from engine.generate.templating import control_tokens, render_prompt, token_pieces
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -141,6 +141,7 @@ class Engine:
             kv_bits=options.get("kv_bits"),
             kv_group_size=int(options.get("kv_group_size", 64)),
             eos_ids=eos,
+            controls=control_tokens(tokenizer, eos),
         )
         self._builder = PromptBuilder(self.lm)
         cache = self.lm.new_cache()
@@ -185,10 +186,11 @@ class Engine:
         self.eviction.in_use = None if digests is None else frozenset(digests)
 
     def preload_documents(self) -> int:
-        """Read the documents' states that are kept warm (keep_documents) from the disk into
-        memory while they fit: after a restart the first question about a document restores it
-        from memory. The window runs this once a model is loaded, before anything is asked; the
-        number of snapshots read."""
+        """Read the states that are kept warm from the disk into memory while they fit: the
+        documents' (keep_documents) and long system turns' (a harness's system prompt and tools:
+        generate/prepare.py, kept_points): after a restart the first question about a document,
+        or a harness's first session, restores it from memory. The window runs this once a model
+        is loaded, before anything is asked, `engine serve` at start; the number of snapshots read."""
         lm = self._lm()
         return len(self.cache.preload(cache_key(lm.key, None),
                                       lambda m: m.kind == SnapshotKind.DOCUMENT and self.eviction.keep_priority(m) > 0))
@@ -245,7 +247,7 @@ class Engine:
         # And the constraint: the same prompt under another grammar is another request.
         constraint = request.constraint.digest() if request.constraint is not None else None  # not the schema itself
         k = (key, request.cache_namespace, tuple(prompt), json.dumps(settings, sort_keys=True), request.stop,
-             constraint)
+             constraint, request.template_options)
         prev = self._previous.get(k)
         if prev is not None:
             cmp = Comparison.of(prev[0], prev[1], tokens, logprobs)

@@ -38,7 +38,9 @@ from engine.types import (
     GenerationRequest,
     GenerationResult,
     SamplerSettings,
+    TemplateOptions,
     TokenEvent,
+    normalize_template_options,
     validate_messages,
 )
 
@@ -50,6 +52,10 @@ RECEIPT_VERSION_CONSTRAINED = 2
 # A receipt with documents (engine/documents) is version 3 (with or without a constraint): their
 # text is part of the prompt, and an engine that does not place them would replay another prompt.
 RECEIPT_VERSION_DOCUMENTS = 3
+# A receipt with template options (GenerationRequest.template_options) is version 4: an engine that
+# does not hand them to the chat template would replay another prompt.
+RECEIPT_VERSION_TEMPLATE_OPTIONS = 4
+RECEIPT_VERSION_NEWEST = RECEIPT_VERSION_TEMPLATE_OPTIONS
 ENVIRONMENT_KEYS = ("engine", "mlx", "mlx_lm", "blas", "device", "platform", "python")
 
 
@@ -126,6 +132,11 @@ class Receipt:
     # The attached documents as the model read them: each one's text, the digest of the file's
     # bytes and of the text (a replay checks the text against it and places it the same way).
     documents: tuple[Document, ...] = ()
+    template_options: TemplateOptions = ()  # keyword arguments the chat template was given
+    # A server's reply: the request as its client sent it, {"api": "chat.completions" |
+    # "completions" | "responses" | "messages", "request": <the JSON body>} (engine verify checks
+    # that it still reads as this receipt's request). The request above is what it became.
+    wire: Optional[dict[str, Any]] = None
 
     def request(self, use_cache: bool = True) -> GenerationRequest:
         """The request that produced the reply."""
@@ -133,6 +144,7 @@ class Receipt:
             messages=list(self.messages or []), sampler=self.sampler, mode=self.mode,  # type: ignore[arg-type]
             use_cache=use_cache, stop=self.stop, context_policy=self.context_policy,  # type: ignore[arg-type]
             prompt=self.prompt, constraint=self.constraint, documents=self.documents,
+            template_options=self.template_options,
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,6 +153,9 @@ class Receipt:
         d["stop"] = list(self.stop)
         d.pop("constraint")
         d.pop("documents")
+        d.pop("template_options")
+        if self.wire is None:
+            d.pop("wire")
         version = RECEIPT_VERSION
         if self.constraint is not None:
             d["constraint"] = self.constraint.to_dict()
@@ -148,6 +163,9 @@ class Receipt:
         if self.documents:
             d["documents"] = [{**doc.to_dict(), "text_sha256": doc.text_digest} for doc in self.documents]
             version = RECEIPT_VERSION_DOCUMENTS
+        if self.template_options:
+            d["template_options"] = dict(self.template_options)
+            version = RECEIPT_VERSION_TEMPLATE_OPTIONS
         return {"format": RECEIPT_FORMAT, "version": version, **d}
 
     def to_json(self) -> str:
@@ -158,9 +176,9 @@ class Receipt:
         """Validate and rebuild a receipt; ReceiptError says what is wrong."""
         if not isinstance(d, dict) or d.get("format") != RECEIPT_FORMAT:
             raise ReceiptError(f"not a Verbatim receipt (expected \"format\": \"{RECEIPT_FORMAT}\")")
-        if not isinstance(d.get("version"), int) or d["version"] > RECEIPT_VERSION_DOCUMENTS:
+        if not isinstance(d.get("version"), int) or d["version"] > RECEIPT_VERSION_NEWEST:
             raise ReceiptError(f"receipt version {d.get('version')!r} is newer than this engine reads "
-                               f"({RECEIPT_VERSION_DOCUMENTS})")
+                               f"({RECEIPT_VERSION_NEWEST})")
 
         def need(key: str, kind: Any, optional: bool = False) -> Any:
             value = d.get(key)
@@ -218,6 +236,17 @@ class Receipt:
         elif d["version"] == RECEIPT_VERSION_CONSTRAINED:
             raise ReceiptError("receipt version 2 records a constraint, and this one has none (the file was edited)")
         documents = _documents(d)
+        try:
+            options = normalize_template_options(d.get("template_options"))
+        except RequestError as e:
+            raise ReceiptError(f"receipt {e}") from None
+        if not options and d["version"] == RECEIPT_VERSION_TEMPLATE_OPTIONS:
+            raise ReceiptError("receipt version 4 records template options, and this one has none (the file was "
+                               "edited)")
+        wire = d.get("wire")
+        if wire is not None and (not isinstance(wire, dict) or not isinstance(wire.get("api"), str)
+                                 or not isinstance(wire.get("request"), dict)):
+            raise ReceiptError("receipt field 'wire' must be {\"api\": ..., \"request\": {...}}")
         return cls(
             messages=messages if prompt is None else None,
             sampler=sampler,
@@ -240,6 +269,8 @@ class Receipt:
             created_at=str(d.get("created_at") or ""),
             constraint=constraint,
             documents=documents,
+            template_options=options,
+            wire=wire,
         )
 
 
@@ -294,6 +325,7 @@ def build(request: GenerationRequest, result: GenerationResult, model: ReceiptMo
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         constraint=request.constraint,
         documents=tuple(request.documents),
+        template_options=request.template_options,
     )
 
 

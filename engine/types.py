@@ -7,6 +7,7 @@ renders them without knowing anything about MLX. JSON appears only at those edge
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Literal, Optional, Union
@@ -26,6 +27,21 @@ ROLES = ("system", "user", "assistant")  # what the app's conversations hold
 MESSAGE_ROLES = (*ROLES, "tool")  # what a request may send (tool results: engine/constraint.py)
 DEFAULT_CHUNK = 512
 MAX_TOP_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's limit)
+# Keyword arguments for the chat template beyond the conversation and its tools: (name, value)
+# pairs sorted by name (gpt-oss's `reasoning_effort`: "low" | "medium" | "high").
+TemplateOptions = tuple[tuple[str, str], ...]
+MAX_TEMPLATE_OPTIONS = 16
+MAX_TEMPLATE_OPTION_CHARS = 1024
+# What the template receives anyway (transformers' apply_chat_template parameters and the
+# tokenizer's special tokens): an option may not replace them.
+RESERVED_TEMPLATE_NAMES = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "raise_exception", "strftime_now",
+    "enable_thinking",  # mlx-lm sets it from the template (a string "false" would read as true)
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "additional_special_tokens"})
+_OPTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -131,11 +147,52 @@ class GenerationRequest:
     # holds only the new tokens, equal to what the reply that was never stopped decoded next.
     # max_tokens counts the whole reply (docs/design.md, "Continue").
     continuation: Optional[Continuation] = None
+    # Handed to the chat template as keyword arguments (a template that does not read one renders
+    # as without it). Part of the request's identity: receipts record them.
+    template_options: TemplateOptions = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "template_options", normalize_template_options(self.template_options))
+
+
+def normalize_template_options(options: Any) -> TemplateOptions:
+    """{"name": "value"} or [(name, value)] -> ((name, value), ...) sorted by name; RequestError
+    (naming `template_options`) when a name is not an identifier, is one the template gets anyway
+    (RESERVED_TEMPLATE_NAMES), repeats, or a value is not a string."""
+    if not options:
+        return ()
+    items = list(options.items()) if isinstance(options, dict) else options
+    if not isinstance(items, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in items):
+        raise RequestError("template_options must map names to strings", "template_options")
+    if len(items) > MAX_TEMPLATE_OPTIONS:
+        raise RequestError(f"template_options: at most {MAX_TEMPLATE_OPTIONS} options", "template_options")
+    out: dict[str, str] = {}
+    for name, value in items:
+        if not isinstance(name, str) or not _OPTION_NAME.match(name):
+            raise RequestError(f"template_options: {str(name)[:64]!r} is not a name (letters, digits, '_')",
+                               "template_options")
+        if name in RESERVED_TEMPLATE_NAMES:
+            raise RequestError(f"template_options: {name!r} is set by the engine, not by an option",
+                               "template_options")
+        if name in out:
+            raise RequestError(f"template_options: {name!r} is given twice", "template_options")
+        if not isinstance(value, str) or len(value) > MAX_TEMPLATE_OPTION_CHARS:
+            raise RequestError(f"template_options: {name!r} must be a string of at most "
+                               f"{MAX_TEMPLATE_OPTION_CHARS} characters", "template_options")
+        out[name] = value
+    return tuple(sorted(out.items()))
+
+
+MAX_NAME_CHARS = 64  # a message's `name` (OpenAI's limit)
+# OpenAI's pattern for a message's name: no whitespace and none of < | \ / > (so no control token's text)
+_MESSAGE_NAME = re.compile(r"^[^\s<|\\/>]+$")
 
 
 def validate_messages(messages: Any) -> list[Message]:
     """Check an OpenAI-style message list and return it normalised; raise RequestError if bad.
-    Tool calls and tool results keep their own keys (engine/constraint.py checks them)."""
+    Tool calls and tool results keep their own keys (engine/constraint.py checks them), and so
+    does a participant's `name` (the chat template gets it: one that renders names shows it,
+    others render the message as without it)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects")
     out: list[Message] = []
@@ -147,8 +204,19 @@ def validate_messages(messages: Any) -> list[Message]:
                                f"(expected one of {', '.join(MESSAGE_ROLES)})")
         if not isinstance(m["content"], str):
             raise RequestError(f"message {i} content must be a string")
-        out.append({"role": m["role"], "content": m["content"], **tool_message_keys(m, i)})
+        out.append({"role": m["role"], "content": m["content"], **_name(m, i), **tool_message_keys(m, i)})
     return out
+
+
+def _name(m: dict[str, Any], i: int) -> dict[str, Any]:
+    """{"name": ...} when message `i` names its participant (a null name is no name)."""
+    name = m.get("name")
+    if name is None:
+        return {}
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or not _MESSAGE_NAME.match(name):
+        raise RequestError(f"messages[{i}].name must be 1 to {MAX_NAME_CHARS} characters without whitespace "
+                           "or any of < | \\ / >", f"messages[{i}].name")
+    return {"name": name}
 
 
 FinishReason = Literal["stop", "length", "context", "cancelled", "error"]

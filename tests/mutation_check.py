@@ -58,6 +58,8 @@ RH = "tests/test_reply_header_cuts.py::"
 HF = "tests/test_cache_files_hostile.py::"
 DF = "tests/test_disk_cache_faults.py::"
 CO = "tests/test_continue.py::"
+FT = "tests/test_free_text.py::"
+KP = "tests/test_kept_prefix.py::"
 DO = "tests/test_documents.py::"
 WD = "tests/test_app_window_documents.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
@@ -172,7 +174,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the server's cached_tokens reports the matched prefix, not what was restored",
-        (("engine/serve/responses.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
+        (("engine/serve/formats/chat.py", '"cached_tokens": result.report.restored}', '"cached_tokens": result.report.matched}'),),
         (EP + "test_server_cached_tokens_is_what_was_restored_not_what_matched",),
     ),
     Mutation(
@@ -322,8 +324,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "tokenize bypasses the admission queue",
-        (("engine/serve/engine_routes.py", "        ticket = Ticket(request.app[state_key], served.key, False)\n",
-          "        ticket = Ticket(type(request.app[state_key])(1 << 20), served.key, False)\n"),),
+        (("engine/serve/generation.py", "    ticket = Ticket(state, served.key, False)\n",
+          "    ticket = Ticket(type(state)(1 << 20), served.key, False)\n"),),
         ("tests/test_server_hardening.py::test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow",),
     ),
     # issue 28: the window's truth (the run shown, Send against the meter, drafts, the GUI thread)
@@ -456,11 +458,31 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_server_agents.py::test_a_named_choice_is_exactly_one_call_even_with_parallel_calls_allowed",),
     ),
     Mutation(
-        "a call cut by max_tokens returned as content",
-        (("engine/serve/tools.py", '        if at >= 0 and result.finish_reason in ("length", "context"):\n',
-          "        if False:\n"),),
+        "a call cut by max_tokens before its name was whole returned as content (its markup)",
+        (("engine/serve/reply.py", '            self._end_open_call(out, cut=finish in ("length", "context"))\n',
+          "            self._end_open_call(out, cut=False)\n"),),
         ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
          "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
+    ),
+    # issue 47: three wire formats over one generation path
+    Mutation(
+        "tool-call arguments come whole at the call's end, not as they are decoded",
+        (("engine/serve/reply.py", "        if len(value) > len(c.sent):\n", "        if False:\n"),),
+        ("tests/test_agent_clients.py::"
+         "test_openai_tutorial_loop_sends_model_dump_back_with_names_and_streams_argument_fragments",
+         "tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length"),
+    ),
+    Mutation(
+        "a Responses function_call is a message of its own, not the reply's text's (another prompt)",
+        (("engine/serve/formats/responses.py",
+          '            if last is not None and last["role"] == "assistant":', "            if False:"),),
+        ("tests/test_server_formats.py::test_one_conversation_renders_the_same_prompt_through_all_three_formats",),
+    ),
+    Mutation(
+        "Anthropic's usage counts no prompt tokens as newly stored",
+        (("engine/serve/report.py", "    created = max(0, min(prompt, covered) - r.restored)\n",
+          "    created = 0\n"),),
+        ("tests/test_server_formats.py::test_anthropic_usage_split_stop_reasons_and_the_seed_of_the_server",),
     ),
     # issue 37: cache files that cannot hurt
     Mutation(
@@ -599,6 +621,43 @@ MUTATIONS: list[Mutation] = [
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.Text))\n",
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.HighlightedText))\n"),),
         ("tests/test_app_window_issue39.py::test_a_selected_search_result_is_drawn_readably_on_the_selection",),
+    ),
+    Mutation(
+        "stop strings searched in a reply decoded under a grammar (they cut a forced call or a JSON value)",
+        (("engine/generate/stops.py", "    if constrained:\n        return StopStrings(())\n", "    pass\n"),),
+        (FT + "test_a_stop_string_never_cuts_a_forced_tool_call",
+         FT + "test_a_stop_string_never_cuts_a_constrained_value"),
+    ),
+    Mutation(
+        "stop strings searched inside an unforced tool call",
+        (("engine/generate/stops.py", "        calls = (tokenizer.tool_call_start, tokenizer.tool_call_end)\n",
+          "        calls = None\n"),),
+        (FT + "test_a_stop_string_inside_an_unforced_call_does_not_end_the_reply",),
+    ),
+    Mutation(
+        "a possible call marker's start is streamed before it is known (a stop string there cuts sent text)",
+        (("engine/generate/stops.py", "        keep = self._marker_start(text)\n", "        keep = 0\n"),),
+        (FT + "test_stop_strings_apply_around_calls",
+         FT + "test_stop_strings_outside_calls_match_a_plain_search_and_stream_whole"),
+    ),
+    Mutation(
+        "a sampled control token is decoded as text",
+        (("engine/generate/loop.py", "    text = TextStream(lm.tokenizer, set(lm.no_text))\n",
+          "    text = TextStream(lm.tokenizer, set(lm.eos_ids))\n"),),
+        (FT + "test_a_sampled_control_token_is_left_out_of_the_text_and_kept_in_the_tokens",),
+    ),
+    Mutation(
+        "only the end tokens end a reply (a sampled <|endoftext|> or <|im_start|> goes on)",
+        (("engine/generate/loop.py", "        if token in ends:", "        if token in lm.eos_ids:"),),
+        (FT + "test_a_sampled_turn_token_ends_the_reply_as_no_text",),
+    ),
+    Mutation(
+        "a long system turn without documents is not kept (a harness's next session prefills it again)",
+        (("engine/generate/prepare.py",
+          "(system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN)",
+          "(system_end[0] > spans[-1].end if spans else False)"),),
+        (KP + "test_a_second_session_restores_the_system_turn",
+         KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),
 ]
 

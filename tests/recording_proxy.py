@@ -19,10 +19,12 @@ from urllib.parse import urlsplit
 
 TIMEOUT = 300.0
 # Per-response fields that differ by design between two identical requests: a fresh id, the
-# clock, and what the cache did (`usage`: its cached_tokens; `verbatim`: the cache report, timings).
-# Everything else of a reply (choices: content, tool calls and their ids, logprobs, finish) must be
-# byte-identical.
-VOLATILE = ("id", "created", "usage", "verbatim")
+# clock, and what the cache did (`usage`: its cached_tokens; `verbatim`: the cache report, timings);
+# the clock and the cache's figures at any depth too (a Responses stream nests its response object
+# in its events). Everything else of a reply (content, tool calls and their ids, logprobs, finish)
+# must be byte-identical.
+VOLATILE = ("id", "created", "created_at", "usage", "verbatim")
+NESTED_VOLATILE = ("created_at", "usage", "verbatim")
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Exchange:
     def events(self) -> list[Any]:
         """The reply as JSON objects: one for a plain reply, each `data:` event of a stream."""
         text = self.response.decode()
-        if not text.lstrip().startswith("data:"):
+        if not text.lstrip().startswith(("data:", "event:")):  # a stream: `data:` lines (after `event:` ones)
             return [json.loads(text)]
         out = []
         for line in text.splitlines():
@@ -49,8 +51,16 @@ class Exchange:
 
     def stable(self) -> str:
         """The reply with its volatile fields blanked: equal for byte-identical replies."""
-        return json.dumps([{k: v for k, v in e.items() if k not in VOLATILE} if isinstance(e, dict) else e
+        return json.dumps([{k: _blanked(v) for k, v in e.items() if k not in VOLATILE} if isinstance(e, dict) else e
                            for e in self.events()])
+
+
+def _blanked(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _blanked(v) for k, v in value.items() if k not in NESTED_VOLATILE}
+    if isinstance(value, list):
+        return [_blanked(v) for v in value]
+    return value
 
 
 class RecordingProxy:
@@ -61,6 +71,10 @@ class RecordingProxy:
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
+        # Exchanges still being relayed: a client may have read a whole stream before the proxy
+        # has seen the upstream close and recorded it.
+        self._busy = 0
+        self._idle = threading.Condition(self._lock)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,6 +85,16 @@ class RecordingProxy:
                 pass
 
             def _forward(self) -> None:
+                with proxy._lock:
+                    proxy._busy += 1
+                try:
+                    self._relay()
+                finally:
+                    with proxy._lock:
+                        proxy._busy -= 1
+                        proxy._idle.notify_all()
+
+            def _relay(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("host", "connection", "content-length", "accept-encoding")}
@@ -104,13 +128,17 @@ class RecordingProxy:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}{path}"
 
     def mark(self) -> int:
-        with self._lock:
+        """How many exchanges were recorded, once every one in flight is (call it between runs)."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._busy == 0, TIMEOUT)
             return len(self.exchanges)
 
     def since(self, mark: int, path_suffix: Optional[str] = "/chat/completions") -> list[Exchange]:
-        with self._lock:
+        """The exchanges recorded after `mark` (once every one in flight is), on that path."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._busy == 0, TIMEOUT)
             got = self.exchanges[mark:]
-        return [x for x in got if path_suffix is None or x.path.endswith(path_suffix)]
+        return [x for x in got if path_suffix is None or x.path.split("?")[0].endswith(path_suffix)]
 
     def close(self) -> None:
         self._server.shutdown()

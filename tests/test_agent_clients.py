@@ -106,6 +106,11 @@ class Reply:
 
 
 def assemble(x: Exchange) -> Reply:
+    path = x.path.split("?")[0]
+    if path.endswith("/responses"):
+        return assemble_response(x)
+    if path.endswith("/messages"):
+        return assemble_message(x)
     events = x.events()
     if events and events[0].get("object") == "chat.completion":
         choice = events[0]["choices"][0]
@@ -130,20 +135,78 @@ def assemble(x: Exchange) -> Reply:
                  [(n, a) for _, (n, a) in sorted(calls_by_index.items())], usage)
 
 
+def _chat_usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    """A wire format's usage as chat completions writes it (what run_twice compares)."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def assemble_response(x: Exchange) -> Reply:
+    """A Responses reply (whole, or its stream's last event), its output items read back."""
+    events = x.events()
+    final = events[0] if events[0].get("object") == "response" else events[-1]["response"]
+    if len(events) > 1:  # streamed: every argument delta is a prefix of its call's final arguments
+        args: dict[str, str] = {}
+        for e in events:
+            if e.get("type") == "response.function_call_arguments.delta":
+                args[e["item_id"]] = args.get(e["item_id"], "") + e["delta"]
+            if e.get("type") == "response.function_call_arguments.done":
+                assert args.get(e["item_id"], "") == e["arguments"], (args, e)
+    out = final["output"]
+    text = "".join(p["text"] for o in out if o["type"] == "message" for p in o["content"])
+    calls = [(o["name"], o["arguments"]) for o in out if o["type"] == "function_call"]
+    finish = "length" if final["status"] == "incomplete" else ("tool_calls" if calls else "stop")
+    u = final["usage"]
+    usage = _chat_usage(u["input_tokens"], u["output_tokens"], u["input_tokens_details"]["cached_tokens"])
+    return Reply(finish, text if any(o["type"] == "message" for o in out) else None, calls, usage)
+
+
+def assemble_message(x: Exchange) -> Reply:
+    """An Anthropic reply (whole, or its stream assembled), its usage split checked."""
+    events = x.events()
+    if events[0].get("type") == "message":
+        msg = events[0]
+        blocks = msg["content"]
+        texts = [b["text"] for b in blocks if b["type"] == "text"]
+        calls = [(b["name"], json.dumps(b["input"])) for b in blocks if b["type"] == "tool_use"]
+        stop, u = msg["stop_reason"], msg["usage"]
+    else:
+        texts, calls, parts = [], [], {}
+        stop, u = "", {}
+        for e in events:
+            if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use":
+                parts[e["index"]] = (e["content_block"]["name"], "")
+            elif e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
+                name, so_far = parts[e["index"]]
+                parts[e["index"]] = (name, so_far + e["delta"]["partial_json"])
+            elif e["type"] == "content_block_delta":
+                texts.append(e["delta"]["text"])
+            elif e["type"] == "message_delta":
+                stop, u = e["delta"]["stop_reason"], e["usage"]
+        calls = [parts[i] for i in sorted(parts)]
+    prompt = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+    finish = {"tool_use": "tool_calls", "max_tokens": "length"}.get(stop, "stop")
+    return Reply(finish, "".join(texts) if texts else None, calls,
+                 _chat_usage(prompt, u["output_tokens"], u["cache_read_input_tokens"]))
+
+
 def check_reply(x: Exchange) -> Reply:
     """The reply obeys the request: tool calls valid against their tools' schemas, content in the
     response format; no tool markup in content; nothing cut but free text (a random-weight model
     writes prose until max_tokens)."""
     assert x.status == 200, (x.status, x.response[:300])
     req, reply = x.request_json(), assemble(x)
-    fmt = req.get("response_format") or {}
+    fmt = req.get("response_format") or (req.get("text") or {}).get("format") or {}
+    if fmt.get("type") == "json_schema" and "json_schema" not in fmt:  # Responses' flat text.format
+        fmt = {"type": "json_schema", "json_schema": fmt}
     cut = reply.finish == "length"
     # Cut by max_tokens: free text, or calls of which the last is cut (its arguments a JSON
     # prefix, as OpenAI returns them); never cut content under a response format.
     assert reply.finish in ("stop", "tool_calls") or (cut and (reply.calls or not fmt)), reply
     if reply.content is not None:
         assert "<tool_call>" not in reply.content and "</tool_call>" not in reply.content, reply.content
-    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in req.get("tools") or ()}
+    # chat's {"function": {...}}, Responses' flat tools, Anthropic's input_schema
+    schemas = {t.get("function", t)["name"]: t.get("function", t).get("parameters") or t.get("input_schema") or {}
+               for t in req.get("tools") or ()}
     for name, arguments in reply.calls[:-1] if cut else reply.calls:
         assert name in schemas, (name, list(schemas))
         jsonschema.validate(json.loads(arguments), schemas[name])
@@ -161,14 +224,16 @@ class Twice:
     outputs: tuple[Any, Any]
 
 
-def run_twice(server: Server, proxy: RecordingProxy, run: Callable[[], Any]) -> Twice:
+def run_twice(server: Server, proxy: RecordingProxy, run: Callable[[], Any], path: str = "/chat/completions") -> Twice:
     """Run a library's quickstart twice: the same requests, byte-identical replies, every step of
-    the second run restored up to its last prompt token, tokens and logprobs equal."""
+    the second run restored up to its last prompt token, tokens and logprobs equal (`path`: the
+    wire format's generating route)."""
     mark, results = proxy.mark(), len(server.recording.results)
     out_a = run()
     mid, mid_results = proxy.mark(), len(server.recording.results)
     out_b = run()
-    a, b = proxy.since(mark)[: mid - mark], proxy.since(mid)
+    both, b = proxy.since(mark, path), proxy.since(mid, path)
+    a = both[: len(both) - len(b)]
     gen_a, gen_b = server.recording.results[results:mid_results], server.recording.results[mid_results:]
     assert a and len(a) == len(b) == len(gen_a) == len(gen_b), (len(a), len(b), len(gen_a), len(gen_b))
     for x, y in zip(a, b):
@@ -442,9 +507,183 @@ INSTRUCTOR_VERSION = "1.17.0"  # tests/clients/instructor.txt
 def test_the_versions_tried_are_the_pinned_ones() -> None:
     """docs/agents.md names the versions its table was made with: these."""
     doc = (ROOT / "docs" / "agents.md").read_text()
-    for dist in ("openai", "openai-agents", "pydantic-ai-slim", "langchain-openai", "litellm"):
+    for dist in ("openai", "openai-agents", "pydantic-ai-slim", "langchain-openai", "litellm", "anthropic"):
         version = importlib.metadata.version(dist)
         assert f"{dist} {version}" in doc, (dist, version)
     pins = (Path(__file__).parent / "clients" / "instructor.txt").read_text()
     assert f"instructor=={INSTRUCTOR_VERSION}" in pins and f"instructor {INSTRUCTOR_VERSION}" in doc
     assert sys.version_info >= (3, 11)
+
+
+# -- openai: chat completions as the tutorials write it (issue 47) ----------------------------------
+
+
+def test_openai_tutorial_loop_sends_model_dump_back_with_names_and_streams_argument_fragments(
+        server: Server, proxy: RecordingProxy) -> None:
+    """The tutorial agent loop appends `message.model_dump()` (its refusal, annotations, audio and
+    function_call null) and names its participants; a streamed call's arguments arrive in
+    fragments, each a prefix of the final arguments (what instructor's partial streaming and
+    LangChain's tool_call_chunks read)."""
+    import openai
+
+    client = openai.OpenAI(base_url=proxy.url, api_key="unused", max_retries=0)
+    tool = openai.pydantic_function_tool(WeatherArgs, name="get_weather", description="The weather in a city.")
+    common: dict[str, Any] = {"model": server.model, "temperature": 1.0, "seed": SEED, "max_tokens": MAX_TOKENS}
+
+    def quickstart() -> Any:
+        tools = Tools()
+        messages: list[Any] = [{"role": "system", "content": "Answer briefly.", "name": "setup"},
+                               {"role": "user", "content": ASK, "name": "alice"}]
+        r = client.chat.completions.create(messages=messages, tools=[tool], tool_choice="required", **common)
+        messages.append(r.choices[0].message.model_dump())  # nulls and all, as the tutorials do
+        for c in r.choices[0].message.tool_calls:
+            args = WeatherArgs.model_validate_json(c.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": tools.get_weather(args.city, args.days)})
+        answer = client.chat.completions.create(messages=messages, tools=[tool], **common)
+        fragments: list[list[str]] = []
+        for chunk in client.chat.completions.create(messages=messages[:2], tools=[tool], tool_choice="required",
+                                                    stream=True, **common):
+            for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                while len(fragments) <= tc.index:
+                    fragments.append([])
+                fragments[tc.index].append(tc.function.arguments or "")
+        return ([c.function.arguments for c in r.choices[0].message.tool_calls], answer.choices[0].finish_reason,
+                fragments)
+
+    t = run_twice(server, proxy, quickstart)
+    arguments, _, fragments = t.outputs[0]
+    assert t.outputs[0] == t.outputs[1]
+    assert ["".join(f) for f in fragments] == arguments  # the streamed call is the non-streamed one
+    assert all(len([f for f in call if f]) > 1 for call in fragments), fragments  # in pieces, as decoded
+    for call, whole in zip(fragments, arguments):
+        so_far = ""
+        for piece in call:
+            so_far += piece
+            assert whole.startswith(so_far)
+    sent = [x.request_json() for x in proxy.exchanges if x.path.endswith("/chat/completions")]
+    assert any(m.get("refusal", 1) is None for req in sent for m in req["messages"])  # nulls went out and were taken
+
+
+# -- openai: the Responses API -----------------------------------------------------------------------
+
+
+def _responses_tool() -> dict[str, Any]:
+    import openai
+
+    fn = openai.pydantic_function_tool(WeatherArgs, name="get_weather", description="The weather in a city.")
+    return {"type": "function", **fn["function"]}  # the Responses API's flat form
+
+
+def test_openai_responses_create_stream_tool_round_trip_and_previous_response_id(server: Server,
+                                                                                 proxy: RecordingProxy) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=proxy.url, api_key="unused", max_retries=0)
+    tool = _responses_tool()
+    common: dict[str, Any] = {"model": server.model, "temperature": 1.0, "max_output_tokens": MAX_TOKENS,
+                              "extra_body": {"seed": SEED}, "tools": [tool]}
+
+    def quickstart() -> Any:
+        tools = Tools()
+        text = client.responses.create(model=server.model, input=ASK, max_output_tokens=8,
+                                       instructions="Answer briefly.", extra_body={"seed": SEED})
+        assert text.status == "incomplete" and text.incomplete_details.reason == "max_output_tokens"
+        r = client.responses.create(input=ASK, tool_choice="required", **common)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert r.status == "completed" and calls
+        with client.responses.stream(input=ASK, tool_choice="required", **common) as s:
+            kinds = [e.type for e in s]
+            streamed = s.get_final_response()
+        assert [(c.name, c.arguments) for c in streamed.output if c.type == "function_call"] == \
+            [(c.name, c.arguments) for c in calls]
+        assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+        outputs = [{"type": "function_call_output", "call_id": c.call_id,
+                    "output": tools.get_weather(**json.loads(c.arguments))} for c in calls]
+        # The round trip: the whole conversation sent back, then the same through previous_response_id.
+        whole = client.responses.create(input=[{"role": "user", "content": ASK},
+                                               *[o.model_dump(exclude_none=True) for o in r.output], *outputs],
+                                        **common)
+        chained = client.responses.create(previous_response_id=r.id, input=outputs, **common)
+        same = [(o.type, getattr(o, "arguments", None)) for o in chained.output] == \
+            [(o.type, getattr(o, "arguments", None)) for o in whole.output]
+        return [c.arguments for c in calls], whole.output_text, chained.output_text, same, chained.usage.model_dump()
+
+    t = run_twice(server, proxy, quickstart, path="/responses")
+    arguments, whole, chained, same, usage = t.outputs[0]
+    assert t.outputs[0][:4] == t.outputs[1][:4]
+    assert arguments and same and whole == chained
+    # previous_response_id rebuilt the conversation exactly: it restored the whole-input request's prompt
+    assert usage["input_tokens_details"]["cached_tokens"] == usage["input_tokens"] - 1
+
+
+def test_openai_agents_default_model_runs_an_agent_with_a_tool(server: Server, proxy: RecordingProxy) -> None:
+    """The Agents SDK's default model speaks the Responses API."""
+    from agents import Agent, ModelSettings, Runner, set_default_openai_api, set_default_openai_client, \
+        set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    set_default_openai_client(AsyncOpenAI(base_url=proxy.url, api_key="unused", max_retries=0), use_for_tracing=False)
+    set_default_openai_api("responses")
+    settings = ModelSettings(tool_choice="required", temperature=1.0, max_tokens=MAX_TOKENS, extra_body={"seed": SEED})
+    try:
+        def quickstart() -> Any:
+            tools = Tools()
+            # A structured answer: a random-weight model's free text would run to max_output_tokens,
+            # an incomplete response, which the SDK (as with OpenAI) raises on.
+            agent = Agent(name="weather", instructions="Answer briefly.", tools=[agents_tool(tools)],
+                          model=server.model, model_settings=settings, output_type=Report)
+            out = Runner.run_sync(agent, ASK, max_turns=6).final_output
+            return out, [c.model_dump() for c in tools.calls]
+
+        t = run_twice(server, proxy, quickstart, path="/responses")
+    finally:
+        set_default_openai_api("chat_completions")
+    out, calls = t.outputs[0]
+    assert t.outputs[0] == t.outputs[1]
+    assert isinstance(out, Report) and calls  # the tool ran with valid arguments, then the agent answered
+    assert t.first[0].finish == "tool_calls"
+
+
+# -- anthropic: the Messages API ---------------------------------------------------------------------
+
+
+def test_anthropic_messages_create_stream_tool_round_trip_and_count_tokens(server: Server,
+                                                                         proxy: RecordingProxy) -> None:
+    """The Messages API has no seed: the server's (`serve --seed`) makes the run replay."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=proxy.url.rsplit("/v1", 1)[0], api_key="unused", max_retries=0)
+    tool = {"name": "get_weather", "description": "The weather in a city.",
+            "input_schema": WeatherArgs.model_json_schema()}
+    ask = [{"role": "user", "content": ASK}]
+    common: dict[str, Any] = {"model": server.model, "max_tokens": MAX_TOKENS, "system": "Answer briefly.",
+                              "tools": [tool], "extra_body": {"seed": SEED}}
+
+    def quickstart() -> Any:
+        tools = Tools()
+        text = client.messages.create(model=server.model, max_tokens=6, messages=ask, extra_body={"seed": SEED})
+        assert text.stop_reason == "max_tokens" and text.content[0].type == "text"
+        r = client.messages.create(messages=ask, tool_choice={"type": "any"}, **common)
+        uses = [b for b in r.content if b.type == "tool_use"]
+        assert r.stop_reason == "tool_use" and uses
+        with client.messages.stream(messages=ask, tool_choice={"type": "any"}, **common) as s:
+            kinds = [e.type for e in s]
+            streamed = s.get_final_message()
+        assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [(b.name, b.input) for b in uses]
+        assert "input_json" in kinds
+        results = [{"type": "tool_result", "tool_use_id": b.id, "content": tools.get_weather(**b.input)} for b in uses]
+        history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                   {"role": "user", "content": results}]
+        answer = client.messages.create(messages=history, **common)
+        counted = client.messages.count_tokens(model=server.model, messages=history, system="Answer briefly.",
+                                               tools=[tool]).input_tokens
+        u = answer.usage
+        return [b.input for b in uses], answer.stop_reason, counted, \
+            u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
+
+    t = run_twice(server, proxy, quickstart, path="/messages")
+    inputs, _, counted, prompt = t.outputs[0]
+    assert t.outputs[0] == t.outputs[1]
+    assert inputs and all(WeatherArgs.model_validate(i) for i in inputs)
+    assert counted == prompt  # count_tokens counts the prompt the reply was made from

@@ -99,7 +99,7 @@ def test_parameters_that_would_change_the_reply_are_refused_by_name(server: Serv
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
-        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"reasoning_effort": 3}, "reasoning_effort"),  # accepted as a string (issue 47), checked for its type
         ({"parallel_tool_calls": True}, "parallel_tool_calls"),
         ({"function_call": "auto"}, "function_call"),
         ({"max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens"),

@@ -291,7 +291,7 @@ def plain(tiny_model: Path) -> Iterator[Server]:
 
 
 def test_fields_that_would_change_the_reply_inside_messages_are_refused_by_name(plain: Server) -> None:
-    for extra, param in [({"name": "alice"}, "messages[0].name"),
+    for extra, param in [({"name": 5}, "messages[0].name"),  # a name is accepted (issue 47): a string
                          # tool fields only where they belong (an assistant's calls, a tool's result)
                          ({"tool_calls": [{"id": "x", "type": "function"}]}, "messages[0].tool_calls"),
                          ({"tool_call_id": "x"}, "messages[0].tool_call_id"),

@@ -15,9 +15,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from engine.serve.tools import ToolReader
+from engine.serve.reply import CallArguments, CallStart, ReplyReader, TextDelta
 from engine.constraint import Constraint
-from engine.types import CacheReport, GenerationResult
 from tests.engine_helpers import require_openblas
 from tests.test_constraints import CLOCK, WEATHER
 from tests.test_server import Server
@@ -189,19 +188,23 @@ def test_a_model_whose_template_has_no_tools_refuses_them(tiny_model: Path, tmp_
 def test_reader_keeps_what_does_not_parse_as_content() -> None:
     """mlx-lm's json_tools parser on hand-written replies: a call to a tool not offered, or
     broken JSON, stays in the content as text."""
-    reader = ToolReader("json_tools", Constraint.of([WEATHER], "auto"))
+    def reader() -> ReplyReader:
+        return ReplyReader("json_tools", Constraint.of([WEATHER], "auto"))
+
     good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'
     bad = '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>'
 
-    def result(text: str) -> GenerationResult:
-        return GenerationResult(text, [1, 2], [0.0, 0.0], "stop", 0, [3], CacheReport())
-
-    r = reader.read(result("Let me check.\n" + good))
-    assert r.content == "Let me check." and r.calls[0]["function"] == {
-        "name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}
-    r = reader.read(result(bad))
+    r = reader().read("Let me check.\n" + good, "stop")
+    assert r.content == "Let me check." and [(c.name, c.arguments) for c in r.calls] == [
+        ("get_weather", '{"city": "Oslo", "days": 2}')]
+    r = reader().read(bad, "stop")
     assert r.calls == [] and r.content == bad
-    assert reader.visible("Hello <tool") == "Hello " and reader.visible("Hello " + good) == "Hello "
+    growing = reader()
+    assert growing.feed("Hello <tool") == [TextDelta("Hello")]  # what may start a call (or precede one) is held
+    events = [e for ch in good[5:] for e in growing.feed(ch)]  # the rest, a character at a time
+    assert not [e for e in events if isinstance(e, TextDelta)]
+    assert [e.name for e in events if isinstance(e, CallStart)] == ["get_weather"]
+    assert "".join(e.fragment for e in events if isinstance(e, CallArguments)) == '{"city": "Oslo", "days": 2}'
 
 
 def test_top_logprobs_under_a_grammar_list_only_allowed_tokens(tool_server: Server) -> None:
@@ -215,18 +218,53 @@ def test_top_logprobs_under_a_grammar_list_only_allowed_tokens(tool_server: Serv
 
 def test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content() -> None:
     """Issue 36: a reply cut by max_tokens inside a call (free decoding under "auto" too)."""
-    reader = ToolReader("json_tools", Constraint.of([WEATHER], "auto"))
+    def read(text: str, finish: str = "length") -> Any:
+        return ReplyReader("json_tools", Constraint.of([WEATHER], "auto")).read(text, finish)
 
-    def result(text: str, finish: str = "length") -> GenerationResult:
-        return GenerationResult(text, [1, 2], [0.0, 0.0], finish, 0, [3], CacheReport())
-
-    r = reader.read(result('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci'))
+    r = read('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci')
     assert r.content == "Let me check."
-    assert [c["function"] for c in r.calls] == [{"name": "get_weather", "arguments": '{"ci'}]
-    r = reader.read(result('<tool_call>\n{"name": "get_wea'))  # cut inside the name: no call, no markup
+    assert [(c.name, c.arguments) for c in r.calls] == [("get_weather", '{"ci')]
+    r = read('<tool_call>\n{"name": "get_wea')  # cut inside the name: no call, no markup
     assert r.content is None and r.calls == []
     whole = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
-    r = reader.read(result(whole))  # only the end marker cut: the whole call
-    assert r.content is None and json.loads(r.calls[0]["function"]["arguments"]) == {"city": "Oslo", "days": 2}
-    # Ended by itself (EOS) inside a call: left as text, as any call that does not parse.
-    assert reader.read(result('<tool_call>\n{"name": "get_wea', "stop")).content == '<tool_call>\n{"name": "get_wea'
+    r = read(whole)  # only the end marker cut: the whole call
+    assert r.content is None and json.loads(r.calls[0].arguments) == {"city": "Oslo", "days": 2}
+    # Ended by itself (EOS) inside a call before its name: left as text, as any call that does not parse.
+    assert read('<tool_call>\n{"name": "get_wea', "stop").content == '<tool_call>\n{"name": "get_wea'
+
+
+REPLIES = [  # (parser, reply text, engine finish)
+    ("json_tools", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
+                   '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}\n'
+                   '</tool_call>', "stop"),
+    ("json_tools", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "O', "length"),
+    ("json_tools", '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call> and text', "stop"),
+    ("json_tools", "Plain text, with a <tool and trailing space ", "stop"),
+    ("pythonic", 'Sure. <|tool_call_start|>[get_weather(city="Oslo", days=2)]<|tool_call_end|>', "stop"),
+]
+
+
+@pytest.mark.parametrize("parser,text,finish", REPLIES)
+def test_a_reply_read_token_by_token_gives_the_events_of_the_reply_read_whole(parser: str, text: str,
+                                                                              finish: str) -> None:
+    """Streamed and non-streamed answers agree: the reader decides on the text so far only, so any
+    cut of the text into pieces gives the same events (joined) and the same reply; every argument
+    fragment extends its call's arguments."""
+    def read(step: int) -> tuple[list[Any], Any]:
+        reader = ReplyReader(parser, Constraint.of([WEATHER], "auto"), "key")
+        events = [e for i in range(0, len(text), step) for e in reader.feed(text[i:i + step])]
+        last, reply = reader.finish(text, finish)
+        return events + last, reply
+
+    whole_events, whole = read(len(text))
+    for step in (1, 2, 3, 5, 8):
+        events, reply = read(step)
+        assert reply == whole
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == (whole.content or "")
+        for call in whole.calls:
+            fragments = [e.fragment for e in events if isinstance(e, CallArguments)
+                         and e.index == whole.calls.index(call)]
+            assert "".join(fragments) == call.arguments
+        assert [e for e in events if isinstance(e, CallStart)] == [e for e in whole_events if isinstance(e, CallStart)]
+    if whole.calls:
+        assert "<tool_call>" not in (whole.content or "") and "<|tool_call" not in (whole.content or "")

@@ -31,7 +31,9 @@ from tests.test_server import Server, collect_stream
 MESSAGES = [{"role": "user", "content": "Tell me about café and naïve señor."}]
 MAX_TOKENS = 24
 TEMPERATURE = 1.0
-SEEDS = (1, 2, 3, 4, 5)
+# Seeds whose reply runs to MAX_TOKENS (seed 3's samples <|im_start|>, a control token that ends
+# the reply: engine/generate/templating.py, ControlTokens).
+SEEDS = (1, 2, 4, 5, 6)
 STOPS_PER_SEED = 8  # 40 cases in all
 CHUNK = 8  # the server's and the CLI's too: every surface runs the same schedule
 

@@ -127,24 +127,77 @@ TOOL_FAMILY = {**_BASE, "model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta
                "vocab_size": VOCAB_SIZE + 8}  # room for the added tool tokens
 
 
-def build_tool_model(folder: Path | str, seed: int = 0) -> Path:
-    """A random-weight tiny Qwen2 whose chat template takes tools (mlx-lm's json_tools format)."""
-    folder = build_model(folder, "llama", seed, _config=TOOL_FAMILY)
-    build_tokenizer(Path(folder), QWEN_TOOLS_TEMPLATE, TOOL_TOKENS, _CORPUS + _TOOL_CORPUS)
+def build_tool_model(folder: Path | str, seed: int = 0, special: list[str] | None = None,
+                     context: int | None = None) -> Path:
+    """A random-weight tiny Qwen2 whose chat template takes tools (mlx-lm's json_tools format).
+    `special`: more special tokens, after the tool-call markers (ids from VOCAB_SIZE + 2).
+    `context`: its context length in tokens (max_position_embeddings; 4096 by default), e.g. long
+    enough for an agent harness's system prompt and tools."""
+    config = TOOL_FAMILY if context is None else {**TOOL_FAMILY, "max_position_embeddings": context}
+    folder = build_model(folder, "llama", seed, _config=config)
+    build_tokenizer(Path(folder), QWEN_TOOLS_TEMPLATE, TOOL_TOKENS, _CORPUS + _TOOL_CORPUS, special,
+                    context or 4096)
+    return Path(folder)
+
+
+# An agent harness's model (tests/test_harnesses.py, bench/harness_prefix.py): the tool model's
+# template and tokenizer, a context long enough for Codex CLI's and Claude Code's first requests (~41k
+# and ~50k characters of system prompt and tools: ~30k and ~36k tokens here) and Claude Code's
+# max_tokens 32000, and one small layer: what the conformance runs check is the wire and the cache.
+# With one layer a prefill computes keys and values only (nothing reads the layer's attention
+# output before the last token), so those prompts cost about a second. A random-weight model ends
+# a reply where it samples an end or turn token (3 of 520 ids: ~170 tokens on average).
+# bench/harness_prefix.py asks for a deeper body, where prefill costs, and `trained`: a tokenizer
+# trained on the recorded requests too (tests/clients/harnesses/*-first-request.json), so they take
+# ~11k and ~14k tokens, about what a real model's tokenizer makes of them.
+HARNESS_CONTEXT = 131072
+HARNESS_FAMILY = {**TOOL_FAMILY, "hidden_size": 64, "num_hidden_layers": 1, "intermediate_size": 128,
+                  "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64,
+                  "max_position_embeddings": HARNESS_CONTEXT}
+TRAINED_VOCAB = 8192
+HARNESS_REQUESTS = Path(__file__).resolve().parent / "clients" / "harnesses"
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside a JSON value (a recorded request's texts, names, descriptions)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [k, *_strings(v)]]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def build_harness_model(folder: Path | str, seed: int = 0, trained: bool = False, **shape: Any) -> Path:
+    """A random-weight tiny Qwen2 for agent harnesses (see HARNESS_FAMILY; `shape`: config values
+    to use instead, e.g. more layers; `trained`: the tokenizer trained on the harnesses' requests)."""
+    config = {**HARNESS_FAMILY, **shape}
+    corpus = _CORPUS + _TOOL_CORPUS
+    vocab = VOCAB_SIZE
+    if trained:
+        corpus += [s for f in sorted(HARNESS_REQUESTS.glob("*-first-request.json"))
+                   for s in _strings(json.loads(f.read_text())["body"])]
+        vocab = TRAINED_VOCAB
+        config["vocab_size"] = TRAINED_VOCAB + 8
+    folder = build_model(folder, "llama", seed, _config=config)
+    build_tokenizer(Path(folder), QWEN_TOOLS_TEMPLATE, TOOL_TOKENS, corpus, max_length=HARNESS_CONTEXT, vocab=vocab)
     return Path(folder)
 
 
 def build_tokenizer(folder: Path, template: str = CHATML_TEMPLATE, added: list[str] | None = None,
-                    corpus: list[str] | None = None) -> None:
+                    corpus: list[str] | None = None, special: list[str] | None = None,
+                    max_length: int = 4096, vocab: int = VOCAB_SIZE) -> None:
     """Train a small byte-level BPE on a fixed corpus and write HF tokenizer files (`added`:
-    tokens added after training, not special, e.g. a template's tool-call markers)."""
+    tokens added after training, not special, e.g. a template's tool-call markers; `special`:
+    special tokens added after those)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -152,6 +205,8 @@ def build_tokenizer(folder: Path, template: str = CHATML_TEMPLATE, added: list[s
     tok.train_from_iterator((corpus or _CORPUS) * 4, trainer=trainer)
     if added:
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    if special:
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
@@ -162,7 +217,7 @@ def build_tokenizer(folder: Path, template: str = CHATML_TEMPLATE, added: list[s
                 "pad_token": "<|endoftext|>",
                 "unk_token": None,
                 "chat_template": template,
-                "model_max_length": 4096,
+                "model_max_length": max_length,
             },
             indent=2,
         )

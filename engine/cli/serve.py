@@ -31,6 +31,10 @@ def add_serve_parser(sub: Any) -> None:
                    help="use at most this many tokens of context, prompt + reply (default: the model's own)")
     p.add_argument("--mode", choices=("exact", "fast"), default="exact",
                    help="prompt-cache mode for requests that do not name one (default exact)")
+    p.add_argument("--seed", type=_seed, default=None, metavar="N",
+                   help="the seed of every request that names none (every Anthropic Messages request, most "
+                        "harness requests): the same request gives the same reply, so a whole harness run "
+                        "replays. Default: a fresh seed per request, reported in the reply's verbatim.seed")
     p.add_argument("--queue-limit", type=int, default=DEFAULT_QUEUE_LIMIT,
                    help="requests waiting or running at most; more get 429")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="prefill chunk size C")
@@ -63,6 +67,13 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
+def _seed(text: str) -> int:
+    n = int(text)
+    if not 0 <= n < 2**64:
+        raise argparse.ArgumentTypeError("must be between 0 and 2**64 - 1")
+    return n
+
+
 def _mebibytes(text: str) -> int:
     n = int(text)
     if not 1 <= n <= 1024:
@@ -75,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.executor import EngineExecutor
     from engine.serve.guard import normalize_origin
     from engine.serve.keys import KeyFileError
-    from engine.serve.schema import ServedModel
+    from engine.serve.schema import ServedModel, template_reads
     from engine.serve.server import ServeError, check_bind, serve
 
     try:  # everything checked before the minutes a model load can take
@@ -114,9 +125,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         preloaded = executor.submit(lambda eng: eng.preload_documents()).result()  # documents' states: disk -> memory
         if preloaded:
             print(f"read {preloaded} documents' states from the prompt cache into memory", file=sys.stderr)
-        model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk)
+        reads = executor.submit(lambda eng: template_reads(eng.lm.tokenizer)).result()  # reasoning_effort, ...
+        model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk, template_reads=reads)
         serve(executor, model, args.host, args.port, keys, args.queue_limit,
-              allow_origins=args.allow_origin, mode=args.mode, max_body=args.max_body_mb << 20)
+              allow_origins=args.allow_origin, mode=args.mode, max_body=args.max_body_mb << 20, seed=args.seed)
     except ServeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

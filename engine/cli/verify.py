@@ -7,6 +7,10 @@ the model key), or a spec that loads another model here (another key: a replay c
 this receipt, so it is not attempted). A receipt made in another environment (MLX, mlx-lm, BLAS,
 platform) is replayed all the same, and the differences are printed next to the verdict.
 
+A receipt a server's reply carried (`"verbatim": {"receipt": true}` in a chat completions, Responses
+or Messages request) also records the request as its client sent it: it is read again by its wire
+format and must give the receipt's request (a note says where it does not).
+
 A receipt of a reply made on a Verbatim server (the window attached to one) names the server's
 address as its model spec: the replay then runs on that server (engine/remote.py; `--api-key`
 or $VERBATIM_API_KEY when it asks for one), after checking it still serves the receipt's model.
@@ -42,6 +46,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except VerbatimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    note = wire_note(receipt)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     try:
         verdict = replay(receipt, eng, use_cache=not args.no_cache)
     except VerbatimError as e:
@@ -58,6 +65,41 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if verdict.environment_diff:
             print("environment differs from the receipt's: " + "; ".join(verdict.environment_diff))
     return 0 if verdict.ok else 1
+
+
+def wire_note(receipt: Any) -> str:
+    """A receipt of a server's reply records the request as its client sent it (chat completions,
+    Responses or Messages): read again by its wire format (engine/serve/formats/), it must give
+    the receipt's request. What differs, in a line; "" when it agrees (or there is nothing to read:
+    a Responses request that continues a stored response carries only its new input)."""
+    if receipt.wire is None:
+        return ""
+    from dataclasses import replace
+
+    from engine.serve.formats import chat, messages, responses
+    from engine.serve.schema import APIError, Defaults
+    from engine.types import validate_messages
+
+    api, body = receipt.wire["api"], receipt.wire["request"]
+    parsers = {"chat.completions": chat.parse_chat, "completions": chat.parse_completion,
+               "responses": responses.parse, "messages": messages.parse}
+    if api not in parsers:
+        return f"the receipt records a request of an unknown API {api!r}: replaying its recorded request"
+    try:
+        # the template options the receipt's model took are the ones its template reads
+        reads = tuple(name for name, _ in receipt.template_options)
+        parsed = parsers[api](body, Defaults(receipt.mode, receipt.sampler.seed, reads))
+    except APIError as e:
+        return f"the recorded {api} request does not read here ({e.message}): replaying its recorded request"
+    if getattr(parsed, "previous", None):
+        return ""
+    req = parsed.request
+    same = ((receipt.prompt is not None and req.prompt == receipt.prompt)
+            or (req.messages and validate_messages(req.messages) == receipt.messages))
+    same = bool(same) and req.constraint == receipt.constraint and tuple(req.stop) == receipt.stop \
+        and replace(req.sampler, seed=receipt.sampler.seed) == receipt.sampler \
+        and req.template_options == receipt.template_options
+    return "" if same else f"the recorded {api} request reads as another request here: replaying the receipt's"
 
 
 def open_server(receipt: Any, url: str, api_key: Any) -> Any:

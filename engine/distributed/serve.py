@@ -211,7 +211,7 @@ def _lead(args: argparse.Namespace, group: Group, keys: Sequence[str]) -> int:
     group.start_watchdog(lambda why: leader.fail(GroupError(f"the distributed group failed: {why}")))
     try:
         handle = ServerHandle(leader, replace(ServedModel.of(info, args.model), chunk=args.chunk), args.host, args.port, None,
-                              args.queue_limit, api_keys=keys, allow_origins=args.allow_origin, mode=args.mode,
+                              args.queue_limit, api_keys=keys, allow_origins=args.allow_origin, mode=args.mode, seed=args.seed,
                               max_body=args.max_body_mb << 20)
     except ServeError as e:
         _say(group, f"error: {e}")

@@ -44,7 +44,7 @@ from engine.generate.constraints import Guide
 from engine.generate.model import LoadedModel
 from engine.generate.prepare import Prepared
 from engine.generate.sampling import Sampler, top_logprobs
-from engine.generate.stops import StopStrings
+from engine.generate.stops import reply_stops
 from engine.generate.templating import TextStream
 from engine.types import (
     CacheReport,
@@ -447,8 +447,9 @@ def decode(
     sampler = Sampler(settings, start=earlier)
     use_history = settings.repetition_penalty != 1.0
     history = mx.array(prompt[-settings.repetition_context :]) if use_history else None
-    text = TextStream(lm.tokenizer, lm.eos_ids)
-    stops = StopStrings(request.stop)
+    text = TextStream(lm.tokenizer, set(lm.no_text))
+    stops = reply_stops(request, lm.tokenizer, guide is not None)  # free text only (stops.py)
+    ends = lm.reply_ends
     tokens: list[int] = []
     logprobs: list[float] = []
     n_top = request.top_logprobs
@@ -517,7 +518,7 @@ def decode(
         if queue_next:
             pending = schedule(y)
         token, logprob, top_read = int(y.item()), float(lp.item()), read_top(top)
-        if guide is not None and token not in lm.eos_ids:
+        if guide is not None and token not in ends:
             guide.consume(token)
         t_last = time.perf_counter()
         if t_first is None:
@@ -527,7 +528,7 @@ def decode(
         if top_read is not None:
             tops.append(top_read)
         text.add(token)
-        if token in lm.eos_ids:
+        if token in ends:  # an end token, or a control token that ends a turn
             ended = "stop"
         elif (stop_at := stops.find(text.text)) is not None:
             final_text = text.text[:stop_at]
@@ -545,7 +546,7 @@ def decode(
             y, lp, top = schedule(y)()
     if final_text is None:
         text.flush()  # the last characters, decoded as they are, may complete a stop string
-        final_text = text.text if (stop_at := stops.find(text.text)) is None else text.text[:stop_at]
+        final_text = text.text if (stop_at := stops.find(text.text, final=True)) is None else text.text[:stop_at]
         ended = ended or ("stop" if stop_at is not None else None)
     if len(tokens) > earlier and len(final_text) > len(sent) and final_text.startswith(sent):
         yield TokenEvent(len(tokens) - 1 - earlier, tokens[-1], logprobs[-1], final_text[len(sent) :],

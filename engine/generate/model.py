@@ -9,6 +9,7 @@ from typing import Any, Optional
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine.cache.families import quantized_cache
+from engine.generate.templating import ControlTokens
 
 
 @dataclass
@@ -23,6 +24,19 @@ class LoadedModel:
     kv_bits: Optional[int] = None
     kv_group_size: int = 64
     eos_ids: set[int] = field(default_factory=set)
+    # Its control tokens as a reply samples them (templating.control_tokens): which end the reply,
+    # which are left out of its text. None: only the end tokens end a reply.
+    controls: Optional[ControlTokens] = None
+
+    @property
+    def reply_ends(self) -> frozenset[int]:
+        """The tokens a reply ends at: the end tokens and the control tokens that end a turn."""
+        return frozenset(self.eos_ids) | (self.controls.ends if self.controls is not None else frozenset())
+
+    @property
+    def no_text(self) -> frozenset[int]:
+        """The tokens that are never text in a reply: those it ends at and the hidden control tokens."""
+        return self.reply_ends | (self.controls.hidden if self.controls is not None else frozenset())
 
     def new_cache(self) -> list[Any]:
         cache = make_prompt_cache(self.model)

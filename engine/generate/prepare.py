@@ -30,6 +30,7 @@ from engine.errors import RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
 from engine.generate.model import LoadedModel
+from engine.generate.stops import reply_stops
 from engine.generate.templating import MessageStarts, Rendered, Tools, render, render_text
 from engine.types import (
     MAX_TOP_LOGPROBS,
@@ -54,9 +55,10 @@ class Prepared:
     reply_header_cuts: list[int] = field(default_factory=list)
     # Where each attached document lies in the prompt; its end is a cut (engine/documents/placement.py)
     documents: list[DocumentSpan] = field(default_factory=list)
-    # Where a "document" snapshot is taken -> the digests of the documents its state holds: each
-    # document's end that is a cut, and the system message's end after the last one
-    # (`document_points`), where every conversation about them still agrees.
+    # Where a kept ("document") snapshot is taken -> the digests of the documents its state holds:
+    # each document's end that is a cut, and the system message's end (after the last document,
+    # or a long system turn without any: a harness's prompt), where every conversation with the
+    # same system turn still agrees (`kept_points`).
     document_points: dict[int, tuple[str, ...]] = field(default_factory=dict)
     earlier: list[int] = field(default_factory=list)  # a Continue: the reply so far (token ids)
     grammar: Optional[str] = None  # the constraint's checked grammar (None: decoding is free)
@@ -88,7 +90,8 @@ class PromptBuilder:
         if request.prompt is not None:
             return ContextInfo(limit, len(render_text(self.lm.tokenizer, request.prompt)))
         messages = place(validate_messages(request.messages), request.documents)
-        return ContextInfo(limit, len(render(self.lm.tokenizer, messages, tools=_tools(request)).ids))
+        return ContextInfo(limit, len(render(self.lm.tokenizer, messages, tools=_tools(request),
+                                             options=request.template_options).ids))
 
     def prepare(self, request: GenerationRequest, limit: Optional[int]) -> Prepared:
         """`request` as it will run within `limit` tokens (None: no limit known): checked, its
@@ -96,29 +99,31 @@ class PromptBuilder:
         its schedule's cuts."""
         tok = self.lm.tokenizer
         grammar = self._check(request)
-        earlier = self._reply_so_far(request)
+        earlier = self._reply_so_far(request, grammar is not None)
         if request.prompt is not None:  # raw text: nothing to place or leave out, no message boundaries
             prompt = render_text(tok, request.prompt)
             request = _fit_max_tokens(request, len(prompt), limit)
             fit_to_context(lambda m: Rendered(prompt, None), [], request.sampler.max_tokens, limit, "refuse")
             return Prepared(request, prompt, ContextInfo(limit, len(prompt)), earlier=earlier, grammar=grammar)
-        tools = _tools(request)
+        tools, options = _tools(request), request.template_options
         messages = place(validate_messages(request.messages), request.documents)
-        whole = render(tok, messages, tools=tools)
+        whole = render(tok, messages, tools=tools, options=options)
         request = _fit_max_tokens(request, len(whole.ids), limit)
         if request.documents:
             self._check_documents_fit(messages, request, limit, tools)
-        fitted = fit_to_context(lambda m: render(tok, m, tools=tools), messages, request.sampler.max_tokens, limit,
-                                request.context_policy, lambda m: len(tok.encode(m["content"])) + 4, whole=whole)
+        fitted = fit_to_context(lambda m: render(tok, m, tools=tools, options=options), messages,
+                                request.sampler.max_tokens, limit, request.context_policy,
+                                lambda m: len(tok.encode(m["content"])) + 4, whole=whole)
         prompt = fitted.rendered.ids
-        starts = self.starts(fitted.messages, prompt, tools)
-        headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools)
+        starts = self.starts(fitted.messages, prompt, tools, options)
+        headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools, options)
         spans: list[DocumentSpan] = []
-        points: dict[int, tuple[str, ...]] = {}
         if request.documents:
             spans = document_spans(tok, fitted.messages, request.documents, prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
-            points = document_points(spans, self.starts(fitted.messages[:1], prompt, tools))
+        system_end = self.starts(fitted.messages[:1], prompt, tools, options) if (
+            fitted.messages[0].get("role") == "system") else []
+        points = kept_points(spans, system_end)
         # The request as it runs: its documents are now in its messages (placed once, never twice).
         return Prepared(replace(request, messages=fitted.messages, documents=()), prompt,
                         ContextInfo(limit, len(prompt), fitted.dropped), starts, headers, spans, points, earlier,
@@ -147,6 +152,8 @@ class PromptBuilder:
         c = request.constraint
         if request.prompt is None:
             check_tool_results(request.messages)
+        elif request.template_options:
+            raise RequestError("'template_options' need a chat (messages), not a raw prompt", "template_options")
         if c is None:
             return None
         if c.tools and tool_format(self.lm.tokenizer) is None:
@@ -157,9 +164,9 @@ class PromptBuilder:
         # Compiled grammars are cached per namespace: another API key's schema costs a compile.
         return self.grammars.grammar(c, request.cache_namespace)
 
-    def _reply_so_far(self, request: GenerationRequest) -> list[int]:
+    def _reply_so_far(self, request: GenerationRequest, constrained: bool) -> list[int]:
         """A Continue's reply so far as token ids, checked: a reply that ended (an end token, a
-        stop string) or already has max_tokens has nothing to continue."""
+        stop string in its free text) or already has max_tokens has nothing to continue."""
         c = request.continuation
         if c is None:
             return []
@@ -172,11 +179,13 @@ class PromptBuilder:
         bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"continue: {bad!r} is not a token id of this model", "continue")
-        if any(t in self.lm.eos_ids for t in tokens):
+        if any(t in self.lm.reply_ends for t in tokens):
             raise RequestError("continue: the reply ended (it holds an end token); nothing to continue", "continue")
-        text = tok.decode(tokens)
-        hit = next((s for s in request.stop if s and s in text), None)
-        if hit is not None:
+        silent = self.lm.no_text
+        text = tok.decode([t for t in tokens if t not in silent])
+        at = reply_stops(request, tok, constrained).find(text, final=True)
+        if at is not None:
+            hit = next(s for s in request.stop if s and text.startswith(s, at))
             raise RequestError(f"continue: the reply ended at the stop string {hit!r}; nothing to continue",
                                "continue")
         if len(tokens) >= request.sampler.max_tokens:
@@ -194,9 +203,10 @@ class PromptBuilder:
         system message they end, rendered alone (the memoized render step 5 reads again)."""
         if not limit:
             return
-        ids = self.starts.rendered(placed[:1], tools, generation=False)
+        options = request.template_options
+        ids = self.starts.rendered(placed[:1], tools, generation=False, options=options)
         if ids is None:  # a template that will not render the system message alone: its own error
-            ids = render(self.lm.tokenizer, placed[:1], add_generation_prompt=False, tools=tools).ids
+            ids = render(self.lm.tokenizer, placed[:1], add_generation_prompt=False, tools=tools, options=options).ids
         n = len(ids)
         room = limit - request.sampler.max_tokens
         if n <= room:
@@ -226,15 +236,25 @@ def _fit_max_tokens(request: GenerationRequest, n_prompt: int, limit: Optional[i
     return request
 
 
-def document_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
-    """Each document end (a cut) -> the digests of the documents the state there holds; and the
-    system message's end (`system_end`: the start of the next message, when the system message
-    rendered alone is a prefix of the prompt) -> all of them. The documents end the system
-    message (placement.place), so what lies between the last one's end and there is the
-    template's own closing of the message, the same in every conversation about them: a new
-    conversation restores up to where its own first message starts (no forward of those few
+# A system turn at least this long (tokens, the tools the template shows in it included) is kept
+# warm on its own, without documents: a harness's (Codex CLI, Claude Code) opens every session with
+# the same thousands of tokens. A shorter one costs less to prefill than to look up and keep.
+KEPT_SYSTEM_MIN = 512
+
+
+def kept_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
+    """Where a kept snapshot is taken (kind "document": what eviction keeps ahead of turns and a
+    restart reads ahead, engine/cache/eviction.py) -> the digests of the documents the state there
+    holds. Each document end (a cut) -> the documents up to it; and the system message's end
+    (`system_end`: the start of the next message, when the system message rendered alone is a
+    prefix of the prompt) -> all of them, after the last document, or none when the system turn is
+    KEPT_SYSTEM_MIN tokens or more. The cuts before the system message's end are the chunk
+    multiples alone, so its state is bit-identical in every conversation with the same system turn
+    (and tools, and template options): a new one restores up to where its own first message
+    starts. The documents end the system message (placement.place), so what lies between the last
+    one's end and there is the template's own closing of the message (no forward of those few
     tokens first, which at a long context costs about what the question's own forward does)."""
     points = {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
-    if spans and system_end and system_end[0] > spans[-1].end:
+    if system_end and (system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN):
         points[system_end[0]] = tuple(d.digest for d in spans)
     return points

@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence
 
 from engine.constraint import template_messages
 from engine.errors import RequestError
-from engine.types import Message
+from engine.types import Message, TemplateOptions
 
 Tools = Optional[Sequence[dict[str, Any]]]  # OpenAI tool definitions, handed to the template as is
 
@@ -25,20 +25,22 @@ class Rendered:
 
 
 def render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
-           tools: Tools = None) -> Rendered:
+           tools: Tools = None, options: TemplateOptions = ()) -> Rendered:
     """The conversation through the model's chat template, by default with the generation prompt
     added (ready for a reply): the template is applied once, to text, and the text encoded as
     transformers' `apply_chat_template(tokenize=True)` encodes it (no special tokens added: the
     template writes its own). `tools` go to the template as transformers passes them (`tools=`),
-    tool-call arguments as objects (engine/constraint.py: template_messages)."""
+    tool-call arguments as objects (engine/constraint.py: template_messages); `options` (the
+    request's template_options) as keyword arguments, as transformers passes its extra kwargs."""
     text: Optional[str] = None
     if getattr(tokenizer, "chat_template", None):
-        text = _apply_template(tokenizer, messages, add_generation_prompt, tools)
+        text = _apply_template(tokenizer, messages, add_generation_prompt, tools, options)
         if not isinstance(text, str):
             raise RequestError("the model's chat template rendered no text")
+        _check_names(tokenizer, messages)
         ids = None
         if typed_markers(tokenizer, messages):  # a control token's text typed in a message
-            ids = encode_contents_as_text(tokenizer, messages, add_generation_prompt, tools, text)
+            ids = encode_contents_as_text(tokenizer, messages, add_generation_prompt, tools, text, options)
         if ids is None:
             ids = list(tokenizer.encode(text, add_special_tokens=False))
     else:  # base models without a template: plain text, one turn per line
@@ -52,14 +54,17 @@ def render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: b
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
-                  tools: Tools = None) -> list[int]:
+                  tools: Tools = None, options: TemplateOptions = ()) -> list[int]:
     """Token ids of the conversation (`render`'s ids)."""
-    return render(tokenizer, messages, add_generation_prompt, tools).ids
+    return render(tokenizer, messages, add_generation_prompt, tools, options).ids
 
 
-def _apply_template(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: Tools) -> Any:
+def _apply_template(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: Tools,
+                    options: TemplateOptions = ()) -> Any:
     """The chat template's text for `messages`, applied as transformers applies it."""
-    extra = {"tools": list(tools)} if tools else {}
+    extra: dict[str, Any] = dict(options)
+    if tools:
+        extra["tools"] = list(tools)
     try:
         return tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=add_generation_prompt,
                                              tokenize=False, **extra)
@@ -150,6 +155,19 @@ def typed_markers(tokenizer: Any, messages: Sequence[Message]) -> bool:
         isinstance(m.get("content"), str) and markers.find(m["content"]) is not None for m in messages)
 
 
+def _check_names(tokenizer: Any, messages: Sequence[Message]) -> None:
+    """A message's `name` is written into the prompt by templates that show names, where a
+    control token's text would become the token (contents are encoded as text; a name is too
+    short to need that): such a name is refused."""
+    markers = _markers(tokenizer)
+    if markers is None:
+        return
+    for i, m in enumerate(messages):
+        name = m.get("name")
+        if isinstance(name, str) and (hit := markers.find(name)) is not None:
+            raise RequestError(f"messages[{i}].name holds the model's control token {hit[1]!r}", f"messages[{i}].name")
+
+
 def _placeholder(i: int) -> str:
     return f"\ue000{i}\ue001"  # private-use characters: no template or tokenizer treats them
 
@@ -158,7 +176,8 @@ _PLACEHOLDER = re.compile("\ue000([0-9]+)\ue001")
 
 
 def encode_contents_as_text(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
-                            tools: Tools = None, text: Optional[str] = None) -> Optional[list[int]]:
+                            tools: Tools = None, text: Optional[str] = None,
+                            options: TemplateOptions = ()) -> Optional[list[int]]:
     """Token ids of the conversation with the template's markers as control tokens and every
     message content as plain text (a control token's text in it is encoded as text).
 
@@ -174,10 +193,10 @@ def encode_contents_as_text(tokenizer: Any, messages: Sequence[Message], add_gen
     if markers is None:
         return None
     if text is None:
-        text = _apply_template(tokenizer, messages, add_generation_prompt, tools)
+        text = _apply_template(tokenizer, messages, add_generation_prompt, tools, options)
     held = [{**m, "content": _placeholder(i)} if isinstance(m.get("content"), str) else m
             for i, m in enumerate(messages)]
-    skeleton = _apply_template(tokenizer, held, add_generation_prompt, tools)
+    skeleton = _apply_template(tokenizer, held, add_generation_prompt, tools, options)
     if not isinstance(text, str) or not isinstance(skeleton, str):
         return None
     parts = _PLACEHOLDER.split(skeleton)  # template text, message index, template text, ...
@@ -246,37 +265,41 @@ class MessageStarts:
         self._memo: dict[tuple[str, ...], Optional[list[int]]] = {}
         self._max = max_entries
 
-    def __call__(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None) -> list[int]:
+    def __call__(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None,
+                 options: TemplateOptions = ()) -> list[int]:
         out: list[int] = []
         for i in range(1, len(messages) + 1):
-            ids = self.rendered(messages[:i], tools, generation=False)
+            ids = self.rendered(messages[:i], tools, generation=False, options=options)
             if ids is not None and _is_prefix(ids, prompt):
                 out.append(len(ids))
         return out
 
-    def reply_header_cuts(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None) -> list[int]:
+    def reply_header_cuts(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None,
+                          options: TemplateOptions = ()) -> list[int]:
         """G_i - 1 for each assistant message i of `messages` whose turn's prompt (G_i tokens:
         the messages before it with the generation prompt) is a prefix of `prompt`."""
         out: list[int] = []
         for i, m in enumerate(messages):
             if i == 0 or m.get("role") != "assistant":
                 continue
-            ids = self.rendered(messages[:i], tools, generation=True)
+            ids = self.rendered(messages[:i], tools, generation=True, options=options)
             if ids is not None and len(ids) > 1 and _is_prefix(ids, prompt):
                 out.append(len(ids) - 1)
         return out
 
-    def rendered(self, messages: Sequence[Message], tools: Tools, generation: bool) -> Optional[list[int]]:
+    def rendered(self, messages: Sequence[Message], tools: Tools, generation: bool,
+                 options: TemplateOptions = ()) -> Optional[list[int]]:
         """The tokens of `messages` (memoized; None: the template will not render them alone)."""
-        # Keyed by every key of every message (tool calls too), the tools the template shows and
-        # whether the generation prompt is added.
-        key = ("gen" if generation else "", json.dumps(list(tools or ()), sort_keys=True),
+        # Keyed by every key of every message (tool calls too), the tools the template shows, the
+        # template options and whether the generation prompt is added.
+        key = ("gen" if generation else "", json.dumps(list(tools or ()), sort_keys=True), json.dumps(options),
                *(json.dumps(m, sort_keys=True, ensure_ascii=False) for m in messages))
         if key not in self._memo:
             if len(self._memo) >= self._max:
                 self._memo.pop(next(iter(self._memo)))
             try:
-                self._memo[key] = render_prompt(self._tok, messages, add_generation_prompt=generation, tools=tools)
+                self._memo[key] = render_prompt(self._tok, messages, add_generation_prompt=generation, tools=tools,
+                                                options=options)
             except RequestError:
                 self._memo[key] = None  # a template that will not render this prefix: no cut here
         return self._memo[key]
@@ -297,12 +320,77 @@ def render_text(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
+# -- control tokens a reply samples are never text (issue 47)
+
+
+@dataclass(frozen=True)
+class ControlTokens:
+    """What a reply's control tokens (the tokenizer's special tokens) do when the model samples
+    one: none is ever text. Its id and logprob stay in the reply like any token's.
+
+    `ends`: the reply ends there, as at an end token (finish "stop"): the end tokens, the
+    tokenizer's own end, padding and start-of-text tokens (`<|endoftext|>` used as padding), and
+    the token the template opens a turn with when its turns close with an end token (ChatML's
+    `<|im_start|>`: a model that opens the next turn is past its own). `hidden`: every other
+    special token, left out of the text while decoding goes on (a template whose messages end
+    without ending the turn, as gpt-oss's `<|end|>`, opens further messages within one reply).
+    The reply's own markup stays text whatever the tokenizer calls it: the tool-call and thinking
+    markers mlx-lm reads (the server parses calls out of the text)."""
+
+    ends: frozenset[int] = frozenset()
+    hidden: frozenset[int] = frozenset()
+
+
+def control_tokens(tokenizer: Any, eos_ids: set[int]) -> ControlTokens:
+    """The control tokens of `tokenizer` (see ControlTokens); its end tokens `eos_ids` end a reply
+    in any case. A tokenizer that is not a tokenizers-library one: only its end tokens."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(inner, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
+        return ControlTokens(frozenset(eos_ids))
+    special = {int(i): t.content for i, t in backend.get_added_tokens_decoder().items() if t.special}
+    markup: set[int] = set()
+    for name in ("tool_call_start", "tool_call_end", "think_start", "think_end"):
+        text = getattr(tokenizer, name, None)
+        if isinstance(text, str) and text:
+            markup.update(int(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    ends = set(eos_ids)
+    for name in ("eos_token", "pad_token", "bos_token"):
+        text = getattr(inner, name, None)
+        ends.update(i for i, t in special.items() if isinstance(text, str) and t == text)
+    opener = _turn_opener(tokenizer, special.keys() - markup, eos_ids)
+    if opener is not None:
+        ends.add(opener)
+    ends -= markup
+    return ControlTokens(frozenset(ends), frozenset(special.keys() - ends - markup))
+
+
+def _turn_opener(tokenizer: Any, special: set[int], eos_ids: set[int]) -> Optional[int]:
+    """The control token the chat template opens the reply's turn with, when the turn before it
+    closed with an end token (a user message rendered alone, then with the generation prompt: the
+    first control token the prompt adds, and the last one before it); None otherwise."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    user = [{"role": "user", "content": "?"}]
+    try:
+        before = render_prompt(tokenizer, user, add_generation_prompt=False)
+        after = render_prompt(tokenizer, user, add_generation_prompt=True)
+    except RequestError:
+        return None
+    if after[: len(before)] != before:
+        return None
+    opener = next((t for t in after[len(before):] if t in special), None)
+    closer = next((t for t in reversed(before) if t in special), None)
+    return opener if opener is not None and closer in eos_ids else None
+
+
 class TextStream:
     """Turns a growing token list into text deltas that never split a multi-byte character.
 
     Decodes the whole reply each step (fast tokenizers decode thousands of tokens in well under
     a decode step) so the deltas always concatenate to exactly `tokenizer.decode(tokens)`,
-    whatever the tokenizer does with spaces at segment starts.
+    whatever the tokenizer does with spaces at segment starts. The tokens in `skip` (the
+    control tokens: ControlTokens) are no text: left out of the decoded ids.
     """
 
     def __init__(self, tokenizer: Any, skip: set[int]) -> None:

@@ -1,14 +1,18 @@
-"""A local OpenAI-compatible HTTP server on the engine's exact prompt cache.
+"""A local HTTP server on the engine's exact prompt cache: OpenAI's chat completions and
+Responses APIs and Anthropic's Messages API, three wire formats over one generation path.
 
 Built on aiohttp, so it runs on any asyncio loop: its own under `python -m engine serve`, the
 app's qasync loop under the GUI's "Local server" toggle. Every generation goes through the
 engine bridge (engine/bridge.py) onto the engine executor's one thread, like the GUI's own work.
 
-Modules: schema.py (request validation; no aiohttp), responses.py (the answers' shapes: replies,
-stream chunks, usage, logprobs, the `verbatim` object), files.py (`file` content parts read as
-documents), quote.py (what errors may
-echo of the input; the fields a message may carry), admission.py (the bounded
-request queue and each request's hooks on the engine thread), tokens.py (token names for
+Modules: formats/ (one module per wire format: parse its body into the engine's request, render
+the reply in its shapes; none imports another), generation.py (the one path they share:
+admission, the run through the bridge, errors, streaming), reply.py (the reply read into events
+as it is decoded: text deltas, tool calls), report.py (the `verbatim` object, the prompt's cache
+split, token logprobs), schema.py (field readers every format shares; `APIError`), tools.py
+(OpenAI's tool fields into a `Constraint`), files.py (`file` content parts read as documents),
+quote.py (what errors may echo of the input; the fields a message may carry), admission.py (the
+bounded request queue and each request's hooks on the engine thread), tokens.py (token names for
 logprobs), app.py (routes), server.py (run and stop on a loop), guard.py (Host, Origin and
 Content-Type checks; rate-limited logs), keys.py (API keys and the prompt-cache namespace of
 each request), connections.py (timeouts and a cap on connections), engine_routes.py (what a

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from engine.bridge import Done, Failed, StreamEvent
 from engine.serve import DEFAULT_QUEUE_LIMIT
-from engine.serve.responses import TokenLogprob
+from engine.serve.report import TokenLogprob
 from engine.serve.schema import APIError
 from engine.serve.tokens import TokenNamer
 from engine.types import CancelToken, TokenEvent
@@ -80,7 +80,7 @@ class Ticket:
     `entries` every token's, once the Done arrived. Both only when `want_logprobs`."""
 
     def __init__(self, state: ServerState, model_key: Optional[str], want_logprobs: bool,
-                 per_token: bool = False) -> None:
+                 per_token: bool = False, stops: Sequence[str] = ()) -> None:
         self.loop = asyncio.get_running_loop()
         self.state = state
         self.model_key = model_key
@@ -99,6 +99,9 @@ class Ticket:
         self.entries: Optional[list[TokenLogprob]] = None
         self._by_index: dict[int, TokenLogprob] = {}  # written on the engine thread, popped on the loop
         self._namer: Optional[TokenNamer] = None
+        self._stops = tuple(stops)
+        self._tokenizer: Any = None  # to name the stop string that ended the reply (when it has any)
+        self.stop_string: Optional[str] = None  # set with the Done: the stop string that ended the reply
         self._running = False
         self._finished = False
         state.waiting += 1
@@ -122,6 +125,8 @@ class Ticket:
             raise ModelChanged("the model changed while the request waited; send it again")
         if self.want_logprobs:
             self._namer = TokenNamer(engine.lm.tokenizer)
+        if self._stops:
+            self._tokenizer = engine.lm.tokenizer
 
     def observe(self, event: Union[StreamEvent, Failed]) -> None:
         namer = self._namer
@@ -131,6 +136,8 @@ class Ticket:
         elif isinstance(event, Done):
             if namer is not None:
                 self.entries = namer.entries(event.result)
+            if self._tokenizer is not None and event.result.finish_reason == "stop":
+                self.stop_string = _stop_string(self._tokenizer, event.result, self._stops)
             self._call(self._mark_finished)  # posted before the Done: the counts are right once it is seen
         elif isinstance(event, Failed):
             self._call(self._mark_finished)
@@ -165,3 +172,13 @@ class Ticket:
         self.state.served += 1
         self.state._active.discard(self.cancel)
         self.state._changed()
+
+
+def _stop_string(tokenizer: Any, result: Any, stops: Sequence[str]) -> Optional[str]:
+    """The stop string that ended a reply: the one its decoded tokens go on with past its text
+    (the engine cuts the text where the first stop string starts); None when it ended by itself."""
+    full = tokenizer.decode(list(result.tokens))
+    if not full.startswith(result.text):
+        return None
+    rest = full[len(result.text):]
+    return next((s for s in stops if s and rest.startswith(s)), None)

@@ -7,13 +7,17 @@ loop is current, the CLI's own or the GUI's qasync loop. Routes:
     GET  /v1/models/{id}        the same, by name
     POST /v1/chat/completions   chat (stream with server-sent events, logprobs, top_logprobs)
     POST /v1/completions        raw text continuation (no chat template)
+    POST /v1/responses          OpenAI's Responses API (GET / DELETE /v1/responses/{id}: a stored one)
+    POST /v1/messages           Anthropic's Messages API (any query string: `?beta=true`)
+    POST /v1/messages/count_tokens
     GET  /verbatim/status       the model, the request queue and the connections
 
-Each response carries a `verbatim` object with the prompt-cache report and the seed used.
+Each reply carries a `verbatim` object with the prompt-cache report and the seed used. Errors
+are OpenAI error objects, or Anthropic's envelope on /v1/messages (formats/messages.py).
 
-Generations go through the engine bridge (engine/bridge.py, `engine_batches`), as the window's
-do, each with its `Ticket` in the bounded queue (admission.py). A stream's headers wait for the
-first event; then each batch of events (at most ~20 a second) is one write, one chunk per token.
+Each wire format (engine/serve/formats/) parses its body into the engine's request; the one
+generation path (generation.py) runs it: a `Ticket` in the bounded queue (admission.py), the
+engine bridge, a stream's headers once the first event came.
 
 Before any work, from the headers alone (the body is not read yet): the Host, Origin and
 Content-Type checks (guard.py), then the API key, which also picks the request's prompt-cache
@@ -24,39 +28,32 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
-from engine.bridge import Done, StreamEvent, engine_batches
-from engine.errors import ContextLengthError, EngineError, RequestError
-from engine.generate.constraints import ConstraintFailed
-from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, responses, schema, tools
-from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
+from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY
+from engine.serve.admission import ServerState
 from engine.serve.connections import ConnectionGuard
-from engine.serve.guard import BrowserGuard, RateLimitedLog
-from engine.serve.keys import Keys
 from engine.serve.engine_routes import add_engine_routes
-from engine.serve.quote import clip, quote
-from engine.serve.schema import APIError, ServedModel
-from engine.types import TokenEvent
-
-log = logging.getLogger(__name__)
-Batches = AsyncGenerator[list[StreamEvent], None]  # engine_batches: one list per wake-up of the loop
+from engine.serve.formats import chat, messages, responses
+from engine.serve.generation import Generation, Outcome, StreamWriter, log_once, run_admitted, stream
+from engine.serve.guard import BrowserGuard
+from engine.serve.keys import Keys
+from engine.serve.quote import quote
+from engine.serve.schema import APIError, Defaults, ServedModel, receipt_wanted
+from engine.types import GenerationRequest
 
 RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no model)
 
 STATE_KEY = web.AppKey("verbatim_state", ServerState)
 CONFIG_KEY: "web.AppKey[ServeConfig]" = web.AppKey("verbatim_config")
 EXECUTOR_KEY: "web.AppKey[Any]" = web.AppKey("verbatim_executor")
+RESPONSES_KEY = web.AppKey("verbatim_responses", responses.ResponseStore)  # previous_response_id, GET
 # Per request: its prompt-cache namespace (keys.py), and an allowed Origin to answer with CORS headers.
 NAMESPACE_KEY: "web.RequestKey[Optional[str]]" = web.RequestKey("verbatim_namespace", object)
 ORIGIN_KEY: "web.RequestKey[str]" = web.RequestKey("verbatim_origin", str)
-
-log_once = RateLimitedLog(log)  # one line per cause per minute
 
 
 @dataclass
@@ -68,35 +65,14 @@ class ServeConfig:
     browser: Optional[BrowserGuard] = None  # None: no Host/Origin checks (an app not served by ServerHandle)
     connections: Optional[ConnectionGuard] = None
     mode: str = "exact"  # for requests that do not ask for one
+    seed: Optional[int] = None  # for requests that name none (`serve --seed`); None: a fresh one each
 
 
-def error_response(e: APIError) -> web.Response:
+def error_response(e: APIError, request: Optional[web.Request] = None) -> web.Response:
+    """The error in the envelope of the request's wire format (Anthropic's on /v1/messages)."""
     headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status in (429, 503) else None
-    return web.json_response(e.body(), status=e.status, headers=headers)
-
-
-def _cancelled() -> APIError:
-    return APIError(503, "the generation was cancelled: the server is stopping", "server_error", code="cancelled")
-
-
-def _engine_error(e: BaseException, kind: str = "chat") -> APIError:
-    """An exception from the engine thread as an API error."""
-    if isinstance(e, ContextLengthError):
-        return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
-                        code="context_length_exceeded")
-    if isinstance(e, ConstraintFailed):  # while decoding: a 400 (clients do not retry it), short
-        return APIError(400, clip(str(e)), param=e.param, code="constraint_failed")
-    if isinstance(e, RequestError):
-        param = getattr(e, "param", None) or ("logit_bias" if str(e).startswith("logit_bias") else None)
-        return APIError(400, clip(str(e)), param=param)
-    if isinstance(e, ModelChanged):
-        return APIError(409, str(e), code="model_changed")
-    if isinstance(e, Withdrawn):  # cancelled while it waited, its client still here: the server stops
-        return _cancelled()
-    if isinstance(e, EngineError):
-        return APIError(503, responses.no_paths(str(e)), "server_error", code="engine_unavailable")
-    log_once(f"generation:{type(e).__name__}", "local server: generation failed", logging.ERROR, e)
-    return APIError(500, f"generation failed: {type(e).__name__}: {responses.no_paths(str(e))}", "server_error")
+    anthropic = request is not None and request.path.startswith("/v1/messages")
+    return web.json_response(messages.error_body(e) if anthropic else e.body(), status=e.status, headers=headers)
 
 
 @web.middleware
@@ -115,7 +91,7 @@ async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaita
                 return _preflight(request, origin)
             request[NAMESPACE_KEY] = config.keys.namespace(request.headers)
         except APIError as e:  # refused from the headers: the body is never read
-            resp = error_response(e)
+            resp = error_response(e, request)
             resp.force_close()
             return resp
         if conn is not None and request.method != "POST":
@@ -137,21 +113,21 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
     try:
         return await handler(request)
     except APIError as e:
-        return error_response(e)
+        return error_response(e, request)
     except web.HTTPRequestEntityTooLarge:
-        resp = error_response(_too_large(config.max_body))
+        resp = error_response(_too_large(config.max_body), request)
         resp.force_close()  # the rest of the body is not worth reading
         return resp
     except web.HTTPException as e:
         if e.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status)
-        return error_response(APIError(e.status, e.reason or "error", code=code))
+        return error_response(APIError(e.status, e.reason or "error", code=code), request)
     except RecursionError:  # a deeply nested body that got past json.loads
-        return error_response(APIError(400, "the request body is nested too deeply", code="invalid_json"))
-    except Exception as e:  # a bug: still an OpenAI error object, and the log says it once a minute
+        return error_response(APIError(400, "the request body is nested too deeply", code="invalid_json"), request)
+    except Exception as e:  # a bug: still an error object, and the log says it once a minute
         log_once(f"bug:{type(e).__name__}", "local server: unexpected error", logging.ERROR, e)
-        return error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error"))
+        return error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error"), request)
 
 
 def _preflight(request: web.Request, origin: Optional[str]) -> web.StreamResponse:
@@ -190,12 +166,13 @@ async def _read_json(request: web.Request) -> Any:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
 
-def _served(request: web.Request, parsed: schema.ParsedRequest) -> ServedModel:
+def served(request: web.Request, name: str) -> ServedModel:
+    """The model being served, if `name` names it (or is empty)."""
     model = request.app[CONFIG_KEY].model
     if model is None:
         raise APIError(503, "no model is loaded", "server_error", code="no_model")
-    if not model.matches(parsed.model):
-        raise APIError(404, f"the model {quote(parsed.model)} does not exist; this server serves {model.id!r}",
+    if not model.matches(name):
+        raise APIError(404, f"the model {quote(name)} does not exist; this server serves {model.id!r}",
                        param="model", code="model_not_found")
     return model
 
@@ -234,139 +211,92 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
+def _defaults(request: web.Request) -> Defaults:
+    config = request.app[CONFIG_KEY]
+    return Defaults(config.mode, config.seed, config.model.template_reads if config.model is not None else ())
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    return await _generate(request, schema.parse_chat(body, mode=request.app[CONFIG_KEY].mode))
+    return await _chat(request, chat.parse_chat(body, _defaults(request)), body)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    return await _generate(request, schema.parse_completion(body, mode=request.app[CONFIG_KEY].mode))
+    return await _chat(request, chat.parse_completion(body, _defaults(request)), body)
 
 
-async def _generate(request: web.Request, parsed: schema.ParsedRequest) -> web.StreamResponse:
-    model = _served(request, parsed)
-    name = parsed.model or model.id
-    # The requester's own cache namespace (keys.py): it restores and stores only there.
-    gen = replace(parsed.request, cache_namespace=request.get(NAMESPACE_KEY))
-    # Admitted now (or refused: 429 when the queue is full, 503 while the server stops).
-    ticket = Ticket(request.app[STATE_KEY], model.key, parsed.logprobs, per_token=parsed.stream)
-    # Through the engine bridge, as the window generates: the ticket's hooks run on the engine
-    # thread. Iterated at once (that submits the job). Closing the batches (the client left and
-    # aiohttp cancelled the handler, or anything failed) cancels the generation; a cancelled
-    # generation keeps only exact snapshots, so the cache stays consistent.
-    batches = engine_batches(request.app[EXECUTOR_KEY], gen, ticket.cancel, start=ticket.start,
-                             observe=ticket.observe)
-    async with aclosing(batches):
-        if parsed.stream:
-            return await _stream(request, parsed, name, ticket, batches)
-        try:
-            done = await _final(batches)
-        except Exception as e:  # the engine's error (or the ticket's: model changed, withdrawn)
-            raise _engine_error(e, parsed.kind) from None
-        if done.result.finish_reason == "cancelled":
-            raise _cancelled()
-        body = responses.full_response(parsed, name, done.result, ticket.entries, ticket.queue_info())
-        reader = tools.reader_for(model.tool_parser, parsed.request.constraint)
-        if reader is not None:  # the reply's tool calls, read with the model's mlx-lm parser
-            tools.shape_message(body["choices"][0], reader.read(done.result), done.result.finish_reason)
-        return web.json_response(body)
+async def _generate(request: web.Request, asked: str, gen: GenerationRequest, api: str, body: Any, streamed: bool,
+                    writer: Callable[[str], StreamWriter], final: Callable[[str, Outcome], Any], *,
+                    logprobs: bool = False, prompt_param: str = "messages") -> web.StreamResponse:
+    """Run a parsed request of any wire format: admitted now (or refused: 429 when the queue is
+    full, 503 while the server stops), in the requester's own cache namespace (keys.py: it
+    restores and stores only there), answered by the format's `writer` (a stream) or `final` (the
+    body), each given the model's name as the client wrote it. `api` and `body`: the request as
+    sent, for its receipt (`verbatim.receipt`)."""
+    model = served(request, asked)
+    name = asked or model.id
+    async with Generation(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
+                          replace(gen, cache_namespace=request.get(NAMESPACE_KEY)), logprobs=logprobs,
+                          per_token=streamed, prompt_param=prompt_param,
+                          wire=(api, body) if receipt_wanted(body) else None) as run:
+        if streamed:
+            return await stream(request, run, writer(name))
+        return web.json_response(final(name, await run.final()))
 
 
-async def _final(batches: Batches) -> Done:
-    async for batch in batches:
-        if isinstance(batch[-1], Done):
-            return batch[-1]
-    raise RuntimeError("the engine bridge ended without its final event")  # it never does: Done or raise
+async def _chat(request: web.Request, parsed: chat.ParsedRequest, body: Any) -> web.StreamResponse:
+    return await _generate(request, parsed.model, parsed.request,
+                           "chat.completions" if parsed.kind == "chat" else "completions", body, parsed.stream,
+                           lambda name: chat.ChatStream(parsed, name),
+                           lambda name, outcome: chat.full_response(parsed, name, outcome),
+                           logprobs=parsed.logprobs, prompt_param=parsed.prompt_param)
 
 
-def _sse(chunks: list[Any]) -> bytes:
-    return b"".join(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n" for obj in chunks)
+async def create_response(request: web.Request) -> web.StreamResponse:
+    body = await _read_json(request)
+    parsed = responses.parse(body, _defaults(request))
+    store, namespace = request.app[RESPONSES_KEY], request.get(NAMESPACE_KEY)
+    previous = store.get(namespace, parsed.previous).conversation if parsed.previous else None
+    parsed = responses.resolve(parsed, previous)
+
+    def final(name: str, outcome: Outcome) -> Any:
+        obj = responses.final(parsed, name, outcome)
+        if parsed.store:
+            store.put(namespace, obj, responses.conversation(parsed, outcome))
+        return obj
+
+    return await _generate(request, parsed.model, parsed.request, "responses", body, parsed.stream,
+                           lambda name: responses.ResponseStream(parsed, name, store, namespace), final)
 
 
-async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str, ticket: Ticket,
-                  batches: Batches) -> web.StreamResponse:
-    # Headers wait for the first event: an error found before prefill (context too long, bad
-    # template) is still answered with its status code rather than inside a 200 stream.
-    try:
-        batch = await anext(batches)
-    except Exception as e:
-        raise _engine_error(e, parsed.kind) from None
-    reader = tools.reader_for(request.app[CONFIG_KEY].model.tool_parser if request.app[CONFIG_KEY].model else None,
-                              parsed.request.constraint)
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Accel-Buffering": "no"})
-    await resp.prepare(request)
-    # With tools the reply may be only calls: the role chunk then carries no content, so a client
-    # that assembles the stream reads content null, as in the non-streamed reply.
-    out: list[Any] = ([responses.chunk(parsed, name, None if reader is not None else "", None, role=True)]
-                      if parsed.kind == "chat" else [])
-    text = ""  # everything the engine has decoded so far
-    sent = 0  # characters of it already sent (the engine holds back what may start a stop string)
-    seen = 0  # tokens whose logprobs were sent
-    named = 0  # tokens whose ids were sent (verbatim.token_ids)
-    while True:
-        done: Optional[Done] = None
-        for event in batch:  # one chunk per token, one write per batch
-            if isinstance(event, TokenEvent):
-                text += event.text
-                entries = None
-                if parsed.logprobs and event.index >= seen:
-                    entry = ticket.entry(event.index)
-                    if entry is not None:
-                        entries, seen = [entry], event.index + 1
-                ids = [event.token] if parsed.token_ids and event.index >= named else None
-                # Tool calls are held back until the reply is whole (then sent as tool_calls deltas).
-                delta = (reader.visible(text) if reader is not None else text)[sent:]
-                if delta or entries or ids:
-                    c = responses.chunk(parsed, name, delta, entries, text_offset=sent)
-                    if ids:
-                        c["verbatim"] = {"token_ids": ids}
-                        named = event.index + 1
-                    out.append(c)
-                    sent += len(delta)
-            elif isinstance(event, Done):
-                done = event
-        if done is not None:
-            break
-        if out:
-            await resp.write(_sse(out))
-            out = []
-        try:
-            batch = await anext(batches)
-        except Exception as e:  # after the headers: the error goes inside the stream
-            await resp.write(_sse([*out, _engine_error(e, parsed.kind).body()]))  # clients raise it; no [DONE]
-            return resp
-    result = done.result
-    if result.finish_reason == "cancelled":  # the server is stopping (a client that left reads nothing)
-        await resp.write(_sse([*out, _cancelled().body()]))  # no [DONE]: the reply is not complete
-        return resp
-    reply = reader.read(result) if reader is not None else None
-    content = reply.content or "" if reply is not None else result.text
-    rest: Optional[str] = content[sent:] if content.startswith(text[:sent]) else ""
-    if reply is not None and reply.calls and not rest:
-        rest = None  # a tool-call reply ends without a content delta (content stays null, as non-streamed)
-    entries = ticket.entries[seen:] if ticket.entries is not None else None
-    finish = (tools.finish_reason(reply, result.finish_reason) if reply is not None else None) \
-        or responses.finish_reason(result)
-    if reply is not None and reply.calls:
-        calls = responses.chunk(parsed, name, None, None)
-        calls["choices"][0]["delta"]["tool_calls"] = tools.call_deltas(reply.calls)
-        out.append(calls)
-    last = responses.chunk(parsed, name, rest, entries if parsed.logprobs else None, finish=finish, text_offset=sent)
-    last["system_fingerprint"] = responses.fingerprint(result.report.model_key)
-    last["verbatim"] = responses.verbatim_report(result, ticket.queue_info())
-    if parsed.include_usage:
-        usage_chunk = responses.chunk(parsed, name, None, None)
-        usage_chunk["choices"] = []
-        usage_chunk["usage"] = responses.usage(result)
-        out += [last, usage_chunk]
-    else:
-        last["usage"] = responses.usage(result)
-        out.append(last)
-    await resp.write(_sse(out) + b"data: [DONE]\n\n")
-    await resp.write_eof()
-    return resp
+async def get_response(request: web.Request) -> web.Response:
+    stored = request.app[RESPONSES_KEY].get(request.get(NAMESPACE_KEY), request.match_info["id"], "response_id")
+    return web.json_response(stored.response)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    ident = request.match_info["id"]
+    request.app[RESPONSES_KEY].delete(request.get(NAMESPACE_KEY), ident)
+    return web.json_response({"id": ident, "object": "response", "deleted": True})
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    body = await _read_json(request)
+    parsed = messages.parse(body, _defaults(request))
+    return await _generate(request, parsed.model, parsed.request, "messages", body, parsed.stream,
+                           lambda name: messages.MessageStream(parsed, name),
+                           lambda name, outcome: messages.final(parsed, name, outcome))
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt's tokens (the chat template applied, tools rendered), nothing generated."""
+    body = await _read_json(request)
+    name, gen = messages.parse_count(body, _defaults(request))
+    model = served(request, name)
+    info = await run_admitted(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
+                              lambda engine: engine.measure(gen))
+    return web.json_response({"input_tokens": info.prompt_tokens})
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
@@ -376,18 +306,25 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 def create_app(executor: Any, model: Optional[ServedModel], *, keys: Optional[Keys] = None,
                max_body: int = MAX_BODY, queue_limit: int = DEFAULT_QUEUE_LIMIT,
                state: Optional[ServerState] = None, browser: Optional[BrowserGuard] = None,
-               connections: Optional[ConnectionGuard] = None, mode: str = "exact") -> web.Application:
+               connections: Optional[ConnectionGuard] = None, mode: str = "exact",
+               seed: Optional[int] = None) -> web.Application:
     """The server's application. `executor.submit(fn)` must run `fn(engine)` on the engine thread."""
     app = web.Application(middlewares=[_guarded], client_max_size=max_body)
     app[EXECUTOR_KEY] = executor
     app[STATE_KEY] = state if state is not None else ServerState(queue_limit)
+    app[RESPONSES_KEY] = responses.ResponseStore()
     app[CONFIG_KEY] = ServeConfig(model, keys or Keys(), max_body, browser=browser, connections=connections,
-                                  mode=mode)
+                                  mode=mode, seed=seed)
     app.on_response_prepare.append(_cors)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{id:.+}", one_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{id}", get_response)
+    app.router.add_delete("/v1/responses/{id}", delete_response)
+    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/verbatim/status", status)
     add_engine_routes(app, CONFIG_KEY, EXECUTOR_KEY, STATE_KEY, _read_json)  # what engine/remote.py needs (engine_routes.py)
     return app

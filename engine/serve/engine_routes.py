@@ -15,15 +15,12 @@ checked against the tokenizer's vocabulary (a 400 naming `tokens`, never a 500).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from engine.errors import VerbatimError
 from engine.receipts import environment
-from engine.serve.admission import ModelChanged, Ticket, Withdrawn
-from engine.serve.quote import clip
+from engine.serve.generation import run_admitted
 from engine.serve.schema import APIError
 
 MAX_TOKENS_TO_NAME = 1 << 16
@@ -44,34 +41,7 @@ def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any, 
     env: dict[str, str] = {}  # the server's environment: the same for every request, read once
 
     async def admitted(request: web.Request, fn: Callable[[Any], Any]) -> Any:
-        """`fn(engine)` on the engine thread in its turn, as an admitted request (a Ticket)."""
-        served = request.app[config_key].model
-        if served is None:
-            raise APIError(503, "no model is loaded", "server_error", code="no_model")
-        ticket = Ticket(request.app[state_key], served.key, False)
-
-        def job(engine: Any) -> Any:
-            try:
-                ticket.start(engine)  # withdrawn (client gone, server stopping), or the model changed
-                return fn(engine)
-            finally:
-                ticket.finished()
-
-        fut = request.app[executor_key].submit(job)
-        try:
-            return await asyncio.wrap_future(fut)
-        except ModelChanged as e:
-            raise APIError(409, str(e), code="model_changed") from None
-        except Withdrawn:
-            raise APIError(503, "the request was cancelled: the server is stopping", "server_error",
-                           code="cancelled") from None
-        except VerbatimError as e:
-            raise APIError(400, clip(str(e))) from None
-        finally:
-            if fut.done():
-                ticket.finished()  # a job that never ran (the executor failed it) frees its place too
-            else:
-                ticket.cancel.cancel()  # the client left: the job, when its turn comes, does nothing
+        return await run_admitted(request.app[executor_key], request.app[state_key], request.app[config_key].model, fn)
 
     async def model(request: web.Request) -> web.Response:
         config = request.app[config_key]

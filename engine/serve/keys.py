@@ -66,13 +66,15 @@ class Keys:
             return None if self.share_window else API_NAMESPACE
         got = headers.get("Authorization", "")
         scheme, _, token = got.partition(" ")
+        if not got and "x-api-key" in headers:  # Anthropic's clients send their key so
+            scheme, token = "bearer", headers["x-api-key"]
         token_b = token.strip().encode("utf-8", "surrogateescape")
         match: Optional[str] = None
         for key in self.keys:
             if hmac.compare_digest(token_b, key.encode("utf-8", "surrogateescape")):
                 match = key
         if scheme.lower() != "bearer" or match is None:
-            raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
+            raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
                            code="invalid_api_key")
         # Derived from the key, never the key itself (it ends up, hashed again, in the disk index).
         return "key:" + hashlib.sha256(match.encode("utf-8", "surrogateescape")).hexdigest()

@@ -44,10 +44,10 @@ def clip(message: str, limit: int = 4 * QUOTE_CHARS) -> str:
 
 
 # The fields a chat message may carry here: an assistant's `tool_calls` and a tool result's
-# `tool_call_id` are rendered by the chat template (engine/serve/tools.py checks them). Any other,
-# such as `name` (OpenAI: the participant's name), would change the prompt the model sees and is
-# not rendered: refused, naming the field, rather than silently dropped.
-MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id")  # the last two: tools.py checks them
+# `tool_call_id` are rendered by the chat template (engine/serve/tools.py checks them), and so is
+# `name` (OpenAI: the participant's name) by templates that use it. Any other would change the
+# prompt the model sees and is not rendered: refused, naming the field, rather than silently dropped.
+MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")  # the last two: tools.py checks them
 
 
 def message_fields(m: dict[str, Any], i: int) -> Optional[tuple[str, str]]:
@@ -56,5 +56,6 @@ def message_fields(m: dict[str, Any], i: int) -> Optional[tuple[str, str]]:
     if not extra:
         return None
     name = f"messages[{i}].{bare(extra[0])}"
-    return (f"{name} is not supported by this server (a message carries only 'role', 'content', and 'tool_calls' or 'tool_call_id' here)",
+    return (f"{name} is not supported by this server (a message carries only 'role', 'content', 'name', "
+            "and 'tool_calls' or 'tool_call_id' here)",
             name)

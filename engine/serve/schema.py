@@ -1,51 +1,30 @@
-"""OpenAI-style request validation for the local server (the answers' shapes: responses.py).
+"""Request fields every wire format reads the same way, and the errors they raise.
 
-Requests are checked field by field into the engine's own `GenerationRequest` (plus what only
-the HTTP side needs: stream, logprobs); anything malformed raises `APIError`, which the app
-turns into an OpenAI error object with the right status. No aiohttp and no MLX here, so all of
-it can be tested as plain functions. Every endpoint's fields and their checks are in this one
-module, so the contract with OpenAI clients reads as one table.
+`APIError` is an error answered with an HTTP status (each wire format writes it in its own
+envelope: engine/serve/formats/); `ServedModel` is the model being served. The field readers
+check exact types (a bool is not a number, a float is not an int) and raise `APIError` naming the
+field; `sampler` reads the sampling fields into the engine's `SamplerSettings` (with the server's
+seed for a request that names none: `engine serve --seed`). No aiohttp and no MLX here, so all of
+it can be tested as plain functions.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import secrets
-import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from engine.errors import RequestError
-from engine.documents.extract import Document
-from engine.serve import files, tools
-from engine.types import (
-    MAX_TOP_LOGPROBS,
-    Continuation,
-    GenerationRequest,
-    SamplerSettings,
-    normalize_logit_bias,
-)
-from engine.serve.quote import bare, clip, message_fields, quote
+from engine.types import Continuation, SamplerSettings, normalize_logit_bias
+from engine.serve.quote import bare, clip, quote
 
 DEFAULT_MAX_TOKENS = 512  # as mlx_lm.server: a reply that never ends must still end (less if the context is fuller)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 SEED_MAX = 2**64 - 1  # the engine's PRNG key takes an unsigned 64-bit seed
 MAX_LOGIT_BIAS = 300  # biased tokens per request at most
-
-# Every field a request may carry. Each one changes the reply as OpenAI documents it, or is
-# refused (400, naming it) where it would need what this server does not do, or is one of the
-# documented no-ops in NO_OPS. Anything else is refused as unknown, as OpenAI does.
-_SAMPLING = {"model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed",
-             "stop", "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "logit_bias",
-             "verbatim", "user"}
-CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format",
-                           "tools", "functions", "tool_choice", "function_call", "parallel_tool_calls",
-                           "modalities", "metadata", "store"}
-COMPLETION_FIELDS = _SAMPLING | {"prompt", "suffix", "echo", "best_of", "logprobs"}
-NO_OPS = ("user", "metadata", "store")  # accepted, checked for type, change nothing
-
 
 class APIError(Exception):
     """An error answered as `{"error": {...}}` with an HTTP status (OpenAI's shape)."""
@@ -67,26 +46,39 @@ def bad(message: str, param: Optional[str] = None, code: Optional[str] = None) -
     return APIError(400, message, param=param, code=code)
 
 
-@dataclass
-class ParsedRequest:
-    """One validated API request: what to generate and how to answer."""
+@dataclass(frozen=True)
+class Defaults:
+    """What the server fills in for a request that leaves it out: the cache mode, and the seed
+    (`engine serve --seed N`; None: a fresh one per request, reported in `verbatim.seed`). Also
+    which TEMPLATE_OPTIONS the served model's chat template reads (`template_reads`)."""
 
-    kind: str  # "chat" | "completion"
-    model: str  # as the client named it (echoed back)
-    request: GenerationRequest
-    stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage
-    logprobs: bool = False
-    top_logprobs: int = 0
-    seed_given: bool = False
-    token_ids: bool = False  # verbatim.token_ids: each streamed chunk names its tokens' ids
-    created: int = field(default_factory=lambda: int(time.time()))
-    id: str = ""
+    mode: str = "exact"
+    seed: Optional[int] = None
+    template_reads: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        if not self.id:
-            prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
-            self.id = f"{prefix}-{uuid.uuid4().hex}"
+    def template_option(self, name: str, value: Any, field_name: str) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+        """A request field the chat template may take as option `name` (gpt-oss's
+        `reasoning_effort`): (the template options, []) where the template reads it, else
+        ((), [field_name]): accepted and listed in `verbatim.ignored`."""
+        if value is None:
+            return (), []
+        if not isinstance(value, str):
+            raise bad(f"'{field_name}' must be a string", field_name)
+        if name in self.template_reads:
+            return ((name, text(value, field_name)),), []
+        return (), [field_name]
+
+
+# Options a chat template may read from a request (GenerationRequest.template_options).
+TEMPLATE_OPTIONS = ("reasoning_effort",)
+
+
+def template_reads(tokenizer: Any) -> tuple[str, ...]:
+    """The TEMPLATE_OPTIONS a model's chat template reads (its source names them)."""
+    source = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(source, dict):  # named templates (default, tool_use, ...)
+        source = "\n".join(str(v) for v in source.values())
+    return tuple(n for n in TEMPLATE_OPTIONS if re.search(rf"\b{n}\b", str(source)))
 
 
 @dataclass
@@ -97,7 +89,8 @@ class ServedModel:
     key: Optional[str] = None  # the engine's model key: a request runs only on this model
     aliases: tuple[str, ...] = ()
     context_length: Optional[int] = None
-    tool_parser: Optional[str] = None  # mlx-lm's tool-call format of the model (tools.py reads calls with it)
+    tool_parser: Optional[str] = None  # mlx-lm's tool-call format of the model (reply.py reads calls with it)
+    template_reads: tuple[str, ...] = ()  # the TEMPLATE_OPTIONS its chat template reads (template_reads)
     chunk: Optional[int] = None  # the engine's prefill chunk size (a client's receipts name it)
 
     @classmethod
@@ -124,8 +117,8 @@ class ServedModel:
 # -- field readers: exact types (a bool is not a number, a float is not an int) -----------------
 
 
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float,
-            lo_open: bool = False) -> float:
+def number(body: dict[str, Any], name: str, default: float, lo: float, hi: float,
+           lo_open: bool = False) -> float:
     v = body.get(name)
     if v is None:
         return default
@@ -136,7 +129,7 @@ def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: floa
     return float(v)
 
 
-def _int(body: dict[str, Any], name: str, default: Optional[int], lo: int, hi: int) -> Optional[int]:
+def integer(body: dict[str, Any], name: str, default: Optional[int], lo: int, hi: int) -> Optional[int]:
     v = body.get(name)
     if v is None:
         return default
@@ -147,7 +140,7 @@ def _int(body: dict[str, Any], name: str, default: Optional[int], lo: int, hi: i
     return v
 
 
-def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+def boolean(body: dict[str, Any], name: str, default: bool = False) -> bool:
     v = body.get(name)
     if v is None:
         return default
@@ -156,7 +149,7 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
     return v
 
 
-def _text(value: str, where: str) -> str:
+def text(value: str, where: str) -> str:
     """`value`, if it is valid Unicode text: JSON can carry a lone UTF-16 surrogate ("\\ud800"),
     which no tokenizer can encode."""
     try:
@@ -168,52 +161,29 @@ def _text(value: str, where: str) -> str:
     return value
 
 
-def _stop(body: dict[str, Any]) -> tuple[str, ...]:
-    v = body.get("stop")
+def stop_strings(body: dict[str, Any], name: str = "stop", limit: int = MAX_STOP) -> tuple[str, ...]:
+    v = body.get(name)
     if v is None:
         return ()
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise bad("'stop' must be a string or a list of strings", "stop")
-    if len(v) > MAX_STOP:
-        raise bad(f"'stop' takes at most {MAX_STOP} strings", "stop")
-    return tuple(_text(s, "stop") for s in v if s)
+        raise bad(f"'{name}' must be a string or a list of strings", name)
+    if len(v) > limit:
+        raise bad(f"'{name}' takes at most {limit} strings", name)
+    return tuple(text(s, name) for s in v if s)
 
 
-def _fields(body: dict[str, Any], known: set[str]) -> None:
-    """Unknown fields are refused by name (they would change the reply in a way we do not)."""
-    unknown = sorted(k for k in body if k not in known)
+def check_fields(body: dict[str, Any], known: set[str] | frozenset[str]) -> None:
+    """Unknown fields are refused by name (they would change the reply in a way we do not); a
+    field whose value is null is absent (a client sends back what it was given: `refusal: null`)."""
+    unknown = sorted(k for k in body if k not in known and body[k] is not None)
     if unknown:
         more = f" (nor {len(unknown) - 1} more)" if len(unknown) > 1 else ""
         raise bad(f"{quote(unknown[0])} is not supported by this server{more}", bare(unknown[0]))
 
 
-def _no_ops(body: dict[str, Any]) -> None:
-    """`user`, `metadata`, `store`: accepted as OpenAI types them, and change nothing here."""
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise bad("'user' must be a string", "user")
-    meta = body.get("metadata")
-    if meta is not None and (not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values())):
-        raise bad("'metadata' must be an object of strings", "metadata")
-    if body.get("store") is not None and not isinstance(body["store"], bool):
-        raise bad("'store' must be a boolean", "store")
-
-
-def _unsupported(body: dict[str, Any]) -> None:
-    n = _int(body, "n", 1, 1, 128)
-    if n != 1:
-        raise bad("only n=1 is supported", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
-            raise bad(f"'{name}' is not supported (use 'repetition_penalty')", name)
-    modalities = body.get("modalities")
-    if modalities is not None and modalities != ["text"]:
-        raise bad("only the 'text' modality is supported", "modalities")
-    # tools, tool_choice, parallel_tool_calls, response_format, functions: tools.py (constraint_of)
-
-
-def _model(body: dict[str, Any]) -> str:
+def model_name(body: dict[str, Any]) -> str:
     v = body.get("model")
     if v is None:
         return ""
@@ -222,7 +192,7 @@ def _model(body: dict[str, Any]) -> str:
     return v
 
 
-def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+def logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
     v = body.get("logit_bias")
     if v is None:
         return ()
@@ -241,38 +211,40 @@ def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
         raise bad(clip(str(e)), "logit_bias") from None
 
 
-def _max_tokens(body: dict[str, Any]) -> Optional[int]:
+def max_tokens(body: dict[str, Any]) -> Optional[int]:
     """max_completion_tokens (OpenAI's current name) or max_tokens; both, and different: refused.
     None: neither was given."""
-    new = _int(body, "max_completion_tokens", None, 1, 1 << 31)
-    old = _int(body, "max_tokens", None, 1, 1 << 31)
+    new = integer(body, "max_completion_tokens", None, 1, 1 << 31)
+    old = integer(body, "max_tokens", None, 1, 1 << 31)
     if new is not None and old is not None and new != old:
         raise bad(f"'max_completion_tokens' ({new}) and 'max_tokens' ({old}) disagree; send one of them",
                   "max_completion_tokens")
     return new if new is not None else old
 
 
-def _sampler(body: dict[str, Any]) -> tuple[SamplerSettings, bool, bool]:
-    """The sampler settings, whether a seed was given, and whether max_tokens was."""
-    max_tokens = _max_tokens(body)
-    seed = _int(body, "seed", None, 0, SEED_MAX)
+def sampler(body: dict[str, Any], defaults: Defaults = Defaults(), max_temperature: float = 2.0,
+            max_tokens_given: Optional[int] = None) -> tuple[SamplerSettings, bool, bool]:
+    """The sampler settings, whether a seed was given, and whether max_tokens was
+    (`max_tokens_given`: a format's own max tokens field, read by it)."""
+    limit = max_tokens_given if max_tokens_given is not None else max_tokens(body)
+    seed = integer(body, "seed", None, 0, SEED_MAX)
     seed_given = seed is not None
-    if seed is None:
-        seed = secrets.randbits(31)  # reported back: any reply can be reproduced
+    if seed is None:  # the server's (`serve --seed`), else a fresh one, reported back: any reply can be reproduced
+        seed = defaults.seed if defaults.seed is not None else secrets.randbits(31)
     settings = SamplerSettings(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=int(_int(body, "top_k", 0, 0, 1 << 31) or 0),
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
+        temperature=number(body, "temperature", 1.0, 0.0, max_temperature),
+        top_p=number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=int(integer(body, "top_k", 0, 0, 1 << 31) or 0),
+        min_p=number(body, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
         seed=seed,
-        max_tokens=max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS,
-        logit_bias=_logit_bias(body),
+        max_tokens=limit if limit is not None else DEFAULT_MAX_TOKENS,
+        logit_bias=logit_bias(body),
     )
-    return settings, seed_given, max_tokens is not None
+    return settings, seed_given, limit is not None
 
 
-def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
+def verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
     """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool, "token_ids": bool}`:
     the request options (`token_ids` is the answer's: `token_ids_wanted`)."""
     v = body.get("verbatim")
@@ -281,11 +253,13 @@ def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise bad("'verbatim' must be an object", "verbatim")
     out: dict[str, Any] = {}
-    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "continue"))
+    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "continue", "receipt"))
     if unknown:
         name = bare(unknown[0])
-        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids' and 'continue')",
-                  f"verbatim.{name}")
+        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids', 'continue' and "
+                  "'receipt')", f"verbatim.{name}")
+    if not isinstance(v.get("receipt", False), bool):
+        raise bad("'verbatim.receipt' must be a boolean", "verbatim.receipt")
     if "mode" in v:
         if v["mode"] not in ("exact", "fast"):
             raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
@@ -319,6 +293,13 @@ def continuation(body: dict[str, Any], messages: Optional[list[dict[str, Any]]])
     return Continuation(tuple(c))
 
 
+def receipt_wanted(body: Any) -> bool:
+    """`"verbatim": {"receipt": true}`: the reply's `verbatim` object carries its receipt, which
+    records the request as sent (`python -m engine verify` replays it)."""
+    v = body.get("verbatim") if isinstance(body, dict) else None
+    return isinstance(v, dict) and v.get("receipt") is True
+
+
 def token_ids_wanted(body: dict[str, Any]) -> bool:
     """`"verbatim": {"token_ids": true}`: every streamed chunk that carries tokens also names their
     ids (`"verbatim": {"token_ids": [...]}`), so a client keeps the ids of a reply it stops."""
@@ -330,126 +311,37 @@ def token_ids_wanted(body: dict[str, Any]) -> bool:
     return v["token_ids"]
 
 
-def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
-    """A message's text; its `file` parts are read into `documents` (engine/serve/files.py)."""
-    c = m.get("content")
-    if c is None and m.get("role") == "assistant" and m.get("tool_calls"):
-        return ""  # a reply that is only tool calls
-    if isinstance(c, str):
-        return _text(c, f"messages[{i}].content")
-    if isinstance(c, list):  # content parts: text, and files read as documents
-        parts = []
-        for j, p in enumerate(c):
-            if isinstance(p, dict) and p.get("type") == "file" and m.get("role") in ("user", "system"):
-                files.collect(documents, _checked(files.file_part, p, f"messages[{i}].content[{j}]"))
-                continue
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise bad(f"messages[{i}].content[{j}]: only text and file parts are supported",
-                          f"messages[{i}].content")
-            parts.append(p["text"])
-        return _text("".join(parts), f"messages[{i}].content")
-    raise bad(f"messages[{i}].content must be a string or a list of text and file parts", f"messages[{i}].content")
-
-
-def _messages(body: dict[str, Any]) -> tuple[list[dict[str, str]], tuple[Document, ...]]:
-    """The messages, and the documents their file parts carry (in the order first sent)."""
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    documents: list[Document] = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
-        role = m.get("role")
-        if role == "developer":  # OpenAI's newer name for the system role
-            role = "system"
-        if role not in ("system", "user", "assistant", "tool"):
-            raise bad(f"messages[{i}].role must be one of system, user, assistant, tool; got {quote(role)}",
-                      f"messages[{i}].role")
-        refused = message_fields(m, i)  # name, …: refused by name, not dropped (quote.py)
-        if refused:
-            raise bad(*refused)
-        out.append({"role": role, "content": _content(m, i, documents), **_checked(tools.message_extras, m, i)})
-    _checked(tools.check_results, out)  # every tool result answers a call made before it
-    return out, tuple(documents)
-
-
-def _checked(check: Any, *args: Any) -> Any:
-    """A tools.py check, its RequestError as a 400 naming the field."""
+def checked(check: Callable[..., Any], *args: Any) -> Any:
+    """A check that raises RequestError (tools.py, engine/constraint.py), its error as a 400
+    naming the field."""
     try:
         return check(*args)
     except RequestError as e:
         raise bad(str(e), e.param) from None
 
 
-def _stream_options(body: dict[str, Any], stream: bool) -> bool:
-    """stream_options.include_usage (only with "stream": true, as OpenAI says)."""
-    opts = body.get("stream_options")
-    if opts is None:
-        return False
-    if not isinstance(opts, dict):
-        raise bad("'stream_options' must be an object", "stream_options")
-    unknown = sorted(k for k in opts if k != "include_usage")
-    if unknown:
-        name = bare(unknown[0])
-        raise bad(f"'stream_options.{name}' is not supported", f"stream_options.{name}")
-    if not stream:
-        raise bad("'stream_options' is only allowed with \"stream\": true", "stream_options")
-    return _bool(opts, "include_usage")
 
 
-def _common(body: Any, known: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
-    _fields(body, known)
-    _no_ops(body)
-    _unsupported(body)
-    return body
+
+_KINDS: dict[str, Callable[[Any], bool]] = {
+    "a string": lambda v: isinstance(v, str),
+    "a boolean": lambda v: isinstance(v, bool),
+    "an object": lambda v: isinstance(v, dict),
+    "an object of strings": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+    "a list": lambda v: isinstance(v, list),
+    "a string or an object": lambda v: isinstance(v, (str, dict)),
+}
 
 
-def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
-    """A chat request; `mode` is the server's cache mode for requests that do not name one."""
-    body = _common(body, CHAT_FIELDS)
-    messages, documents = _messages(body)
-    going_on = continuation(body, messages)  # before the tool checks see a partial reply
-    settings, seed_given, max_given = _sampler(body)
-    logprobs = _bool(body, "logprobs")
-    top = int(_int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS) or 0)
-    if top and not logprobs:
-        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    stream = _bool(body, "stream")
-    include_usage = _stream_options(body, stream)
-    req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
-                            constraint=_checked(tools.constraint_of, body), continuation=going_on, documents=documents,
-                            **{"mode": mode, **_verbatim_options(body)})
-    return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
-                         token_ids_wanted(body))
-
-
-def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
-    body = _common(body, COMPLETION_FIELDS)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad("'prompt' must be a string (token-id and batched prompts are not supported)", "prompt")
-    prompt = _text(prompt, "prompt")
-    if _bool(body, "echo"):
-        raise bad("'echo' is not supported", "echo")
-    if body.get("suffix"):
-        raise bad("'suffix' is not supported", "suffix")
-    if _int(body, "best_of", 1, 1, 128) != 1:
-        raise bad("only best_of=1 is supported", "best_of")
-    settings, seed_given, max_given = _sampler(body)
-    top = _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)  # legacy: an int, the alternatives wanted
-    stream = _bool(body, "stream")
-    include_usage = _stream_options(body, stream)
-    going_on = continuation(body, None)
-    if going_on is not None and going_on.text is not None:
-        raise bad("'verbatim.continue' of a completion takes the reply's token ids", "verbatim.continue")
-    req = GenerationRequest([], settings, stop=_stop(body), prompt=prompt, top_logprobs=top or 0,
-                            max_tokens_fit=not max_given, continuation=going_on,
-                            **{"mode": mode, **_verbatim_options(body)})
-    return ParsedRequest("completion", _model(body), req, stream, include_usage, top is not None, top or 0,
-                         seed_given, token_ids_wanted(body))
+def ignored(body: dict[str, Any], names: dict[str, str], where: str = "") -> list[str]:
+    """The fields of `names` (name -> its type, a key of _KINDS) the body carries, not null:
+    accepted, changing nothing here, and listed in the reply's `verbatim.ignored`."""
+    out = []
+    for name, kind in names.items():
+        v = body.get(name)
+        if v is None:
+            continue
+        if not _KINDS[kind](v):
+            raise bad(f"'{where}{name}' must be {kind}", f"{where}{name}")
+        out.append(where + name)
+    return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from engine.serve.responses import TokenLogprob, TokenText
+from engine.serve.report import TokenLogprob, TokenText
 from engine.types import GenerationResult
 
 
