@@ -17,7 +17,8 @@ from engine.cli.models import add_subcommands
 from engine.cli.serve import add_serve_parser
 from engine.cli.verify import add_verify_parser
 from engine.constraint import Constraint
-from engine.documents.extract import Document, DocumentError, read_document
+from engine.documents.bounded import read_file
+from engine.documents.extract import Document, DocumentError
 from engine.errors import RequestError, VerbatimError
 from engine.generate.loop import drain
 from engine.types import (
@@ -193,9 +194,10 @@ def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
 
 
 def read_attachments(paths: Sequence[Path]) -> tuple[Document, ...]:
-    """The --attach files as documents, each read and checked before the model loads."""
+    """The --attach files as documents, each read (within bounded.LOCAL's limits) and checked
+    before the model loads."""
     try:
-        return tuple(read_document(p) for p in paths)
+        return tuple(read_file(p) for p in paths)
     except DocumentError as e:
         raise CLIError(f"--attach {e}") from None
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from engine.documents.extract import Document
+from engine.documents.extract import MAX_DOCUMENTS, Document, shown_name
+from engine.errors import RequestError
 
 Message = dict[str, Any]  # an OpenAI-style chat message (engine.types.Message, a layer above)
 
@@ -32,16 +33,20 @@ SEPARATOR = "\n\n"
 
 
 def block(doc: Document) -> str:
-    """A document as the model reads it."""
-    name = doc.name.replace('"', "'").replace("\n", " ")
+    """A document as the model reads it (its name with no control or bidirectional-override
+    character raw: extract.shown_name)."""
+    name = shown_name(doc.name.replace("\n", " ")).replace('"', "'")
     return f'<document name="{name}">\n{doc.text}\n</document>'
 
 
 def place(messages: Sequence[Message], documents: Sequence[Document]) -> list[Message]:
-    """The conversation with the documents at the end of its system message."""
+    """The conversation with the documents at the end of its system message; more than
+    MAX_DOCUMENTS is refused (the disk cache keeps no state naming more)."""
     out = [dict(m) for m in messages]
     if not documents:
         return out
+    if len(documents) > MAX_DOCUMENTS:
+        raise RequestError(f"{len(documents)} documents in one request: at most {MAX_DOCUMENTS}", "documents")
     blocks = SEPARATOR.join(block(d) for d in documents)
     if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str) and out[0]["content"]:
         out[0]["content"] = out[0]["content"] + SEPARATOR + blocks

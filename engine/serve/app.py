@@ -34,7 +34,7 @@ from aiohttp import web
 from engine.bridge import Done, StreamEvent, engine_batches
 from engine.errors import ContextLengthError, EngineError, RequestError
 from engine.generate.constraints import ConstraintFailed
-from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, responses, schema, tools
+from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, files, responses, schema, tools
 from engine.serve.admission import ModelChanged, ServerState, Ticket, Withdrawn
 from engine.serve.connections import ConnectionGuard
 from engine.serve.guard import BrowserGuard, RateLimitedLog
@@ -138,6 +138,8 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
         return await handler(request)
     except APIError as e:
         return error_response(e)
+    except RequestError as e:  # a check below the schema (a file part's document): a 400 naming its field
+        return error_response(schema.bad(str(e), e.param))
     except web.HTTPRequestEntityTooLarge:
         resp = error_response(_too_large(config.max_body))
         resp.force_close()  # the rest of the body is not worth reading
@@ -236,7 +238,8 @@ async def status(request: web.Request) -> web.Response:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
-    return await _generate(request, schema.parse_chat(body, mode=request.app[CONFIG_KEY].mode))
+    parsed = schema.parse_chat(body, mode=request.app[CONFIG_KEY].mode)
+    return await _generate(request, await files.read_parts(parsed))  # its files read off the loop
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

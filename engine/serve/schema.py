@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import RequestError
-from engine.documents.extract import Document
 from engine.serve import files, tools
 from engine.types import (
     MAX_TOP_LOGPROBS,
@@ -80,6 +79,7 @@ class ParsedRequest:
     top_logprobs: int = 0
     seed_given: bool = False
     token_ids: bool = False  # verbatim.token_ids: each streamed chunk names its tokens' ids
+    files: tuple[files.FileBytes, ...] = ()  # file parts not yet read: files.read_parts makes them documents
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
 
@@ -330,8 +330,9 @@ def token_ids_wanted(body: dict[str, Any]) -> bool:
     return v["token_ids"]
 
 
-def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
-    """A message's text; its `file` parts are read into `documents` (engine/serve/files.py)."""
+def _content(m: dict[str, Any], i: int, documents: list[files.FileBytes]) -> str:
+    """A message's text; its `file` parts are collected into `documents`, to be read
+    (engine/serve/files.py)."""
     c = m.get("content")
     if c is None and m.get("role") == "assistant" and m.get("tool_calls"):
         return ""  # a reply that is only tool calls
@@ -340,8 +341,12 @@ def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
     if isinstance(c, list):  # content parts: text, and files read as documents
         parts = []
         for j, p in enumerate(c):
-            if isinstance(p, dict) and p.get("type") == "file" and m.get("role") in ("user", "system"):
-                files.collect(documents, _checked(files.file_part, p, f"messages[{i}].content[{j}]"))
+            if isinstance(p, dict) and p.get("type") == "file":
+                if m.get("role") not in ("user", "system", "developer"):
+                    raise bad(f"messages[{i}].content[{j}]: file parts go in user and system messages; the "
+                              f"{m.get('role')} role takes text parts only", f"messages[{i}].content[{j}]")
+                _checked(files.collect, documents, _checked(files.file_part, p, f"messages[{i}].content[{j}]"),
+                         f"messages[{i}].content")
                 continue
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
                 raise bad(f"messages[{i}].content[{j}]: only text and file parts are supported",
@@ -351,13 +356,13 @@ def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
     raise bad(f"messages[{i}].content must be a string or a list of text and file parts", f"messages[{i}].content")
 
 
-def _messages(body: dict[str, Any]) -> tuple[list[dict[str, str]], tuple[Document, ...]]:
-    """The messages, and the documents their file parts carry (in the order first sent)."""
+def _messages(body: dict[str, Any]) -> tuple[list[dict[str, str]], tuple[files.FileBytes, ...]]:
+    """The messages, and the files their file parts carry (in the order first sent)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
     out = []
-    documents: list[Document] = []
+    documents: list[files.FileBytes] = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
@@ -421,10 +426,10 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
     req = GenerationRequest(messages, settings, stop=_stop(body), top_logprobs=top, max_tokens_fit=not max_given,
-                            constraint=_checked(tools.constraint_of, body), continuation=going_on, documents=documents,
+                            constraint=_checked(tools.constraint_of, body), continuation=going_on,
                             **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
-                         token_ids_wanted(body))
+                         token_ids_wanted(body), files=documents)
 
 
 def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
