@@ -115,6 +115,15 @@ def word(body: str, parts: dict[str, str] | None = None, rels: dict[str, tuple[s
     return out.getvalue()
 
 
+def zipped(files: dict[str, str]) -> bytes:
+    """A zip archive of text files (not a Word document)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return out.getvalue()
+
+
 def notes(kind: str, texts: dict[str, str]) -> str:
     """footnotes.xml / endnotes.xml: Word's two separator notes, then one note per id."""
     tag = kind[:-1]  # footnote / endnote

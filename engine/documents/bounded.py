@@ -30,16 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from engine.documents.extract import (
-    MAX_TEXT_CHARS,
-    Document,
-    DocumentError,
-    Extracted,
-    check_size,
-    finish,
-    kind_of,
-    read_text,
-)
+from engine.documents.document import MAX_TEXT_CHARS, Document, DocumentError, Extracted
+from engine.documents.extract import check_size, finish, kind_of, read_text
 
 PROCESSES = 2  # reader processes at once (each may take Limits.memory)
 POLL_S = 0.02  # how often a reader's clock and memory are looked at

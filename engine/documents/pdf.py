@@ -13,7 +13,7 @@ page's text layer: they are counted and named as not read.
 
 from __future__ import annotations
 
-from engine.documents.extract import DocumentError, Extracted, Tick, named, too_much_text
+from engine.documents.document import DocumentError, Extracted, Tick, named, too_much_text
 
 _NOT_READ = {1: "comment", 3: "comment", 20: "form field"}  # FPDF_ANNOT_TEXT, _FREETEXT, _WIDGET
 

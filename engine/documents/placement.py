@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from engine.documents.extract import MAX_DOCUMENTS, Document, shown_name
+from engine.documents.document import MAX_DOCUMENTS, Document, shown_name
 from engine.errors import RequestError
 
 Message = dict[str, Any]  # an OpenAI-style chat message (engine.types.Message, a layer above)

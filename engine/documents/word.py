@@ -34,7 +34,7 @@ import zlib
 from typing import Optional
 from xml.parsers import expat
 
-from engine.documents.extract import DocumentError, Extracted, Tick, named, too_much_text
+from engine.documents.document import DocumentError, Extracted, Tick, named, too_much_text
 
 MAX_XML_BYTES = 256 << 20  # inflated XML read in all (declared sizes, checked before parsing)
 MAX_RELS_BYTES = 4 << 20  # a relationships part

@@ -29,11 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from engine.documents.bounded import SERVER, Limits, read_bytes_async
-from engine.documents.extract import MAX_DOCUMENTS, Document, DocumentError
+from engine.documents.document import MAX_DOCUMENTS, Document, DocumentError
 from engine.errors import RequestError
 
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+/-]*)(?:;[\w=.+-]+)*;base64,", re.ASCII)
 FILE_KEYS = frozenset({"filename", "file_data", "file_id"})
+LIMITS = SERVER  # what reading one client's file may take (engine/documents/bounded.py)
 READ_CACHE_CHARS = 8_000_000  # characters of text kept from files read (the least recently used go first)
 
 
@@ -92,15 +93,17 @@ def collect(files: list[FileBytes], f: FileBytes, message: str) -> None:
     files.append(f)
 
 
-async def read_file(data: bytes, name: str, mime: Optional[str], where: str, limits: Limits = SERVER) -> Document:
-    """The document in one file a request carries, read off the event loop within `limits`; a
-    file that cannot be one is a RequestError naming it and its field (`where`)."""
+async def read_file(data: bytes, name: str, mime: Optional[str], where: str,
+                    limits: Optional[Limits] = None) -> Document:
+    """The document in one file a request carries, read off the event loop within `limits`
+    (LIMITS by default); a file that cannot be one is a RequestError naming it and its field
+    (`where`)."""
     key = (hashlib.sha256(data).hexdigest(), name, mime)
     kept = _kept.get(key)
     if kept is not None:
         return kept
     try:
-        doc = await read_bytes_async(name, data, mime, limits)
+        doc = await read_bytes_async(name, data, mime, limits or LIMITS)
     except DocumentError as e:
         raise RequestError(str(e), where) from None
     _kept.put(key, doc)

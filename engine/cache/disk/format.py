@@ -19,7 +19,7 @@ import mlx.core as mx
 from engine.cache.env import MAX_ENV_LEN
 from engine.cache.families import layer_offset, persisted, rules_named, trimmable
 from engine.cache.meta import SnapshotMeta
-from engine.documents.extract import MAX_DOCUMENTS  # one limit: what a request may attach is what the disk reads back
+from engine.documents.document import MAX_DOCUMENTS  # one limit: what a request may attach is what the disk reads back
 from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
 
