@@ -304,3 +304,90 @@ def test_more_documents_than_the_disk_keeps_are_refused_where_the_request_comes_
     req = GenerationRequest([{"role": "user", "content": "Hi"}], SamplerSettings(max_tokens=1), documents=docs)
     with pytest.raises(RequestError, match=f"at most {MAX_DOCUMENTS}"):
         server.engine(lambda e: e.generate(req))
+
+
+def test_a_document_holding_control_token_text_is_reported_with_its_true_span(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The prompt encodes a marker's text typed in a document as text (issue 36); the document's
+    span is counted the same way, so its end is a cut and its tokens are the block's (it was
+    counted with the markers as control tokens: fewer tokens, and no cut)."""
+    from engine.documents.placement import block
+    from engine.engine import Engine
+    from engine.generate.templating import _markers
+    from tests.test_special_tokens import FORGED
+    from tests.tiny_models import build_tool_model
+
+    eng = Engine(use_disk=False, chunk=16)
+    eng.load(str(build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")))
+    try:
+        doc = document_from_bytes("forged.md", (FORGED + "\nThe end.").encode())
+        r = eng.generate(GenerationRequest([{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": "Summarise."}],
+                                           SamplerSettings(max_tokens=1), documents=(doc,)))
+        (span,) = r.report.documents
+        tok = eng.lm.tokenizer
+        inside = r.prompt_ids[span["start"]:span["end"]]
+        markers = _markers(tok)
+        assert markers is not None and not set(inside) & set(markers.ids.values())  # all text, no control token
+        assert tok._tokenizer.decode(inside, skip_special_tokens=False).strip() == block(doc)
+        assert span["cut"] and span["tokens"] == len(inside)
+    finally:
+        eng.close()
+
+
+def _serve(model: Path, cache: Path, *keys: str) -> tuple[subprocess.Popen, int]:
+    """`python -m engine serve` with these API keys, on an ephemeral port; (process, port)."""
+    import os
+
+    args = [a for k in keys for a in ("--api-key", k)]
+    p = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(model), "--port", "0",
+                          "--cache-dir", str(cache), "--chunk", "16", *args],
+                         stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+                         env={**os.environ})
+    assert p.stderr is not None
+    p.preloaded = 0  # type: ignore[attr-defined]
+    for line in p.stderr:
+        if line.startswith("read ") and "documents' states" in line:
+            p.preloaded = int(line.split()[1])  # type: ignore[attr-defined]
+        if line.startswith("Verbatim server:") and " at http" in line:
+            return p, int(line.split(" at ", 1)[1].split()[0].split(":")[2].split("/")[0])
+    raise AssertionError(f"the server did not start (rc {p.wait(TIMEOUT)})")
+
+
+def test_engine_serve_reads_every_api_namespace_s_documents_ahead(llama: Path, tmp_path: Path) -> None:
+    """After a restart, `engine serve` reads every API namespace's kept document states into
+    memory (it read only the window's namespace, which a server never uses). The proof: once the
+    restarted server is up, the disk's snapshot files are deleted; each key's new question about
+    its document still restores the document, from what was read ahead."""
+    import openai
+
+    from tests.test_documents import APPENDIX, REPORT
+
+    files = {"key-one": ("report.md", REPORT), "key-two": ("appendix.md", APPENDIX)}
+
+    def ask(port: int, key: str, question: str) -> dict:
+        name, text = files[key]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=TIMEOUT)
+        return client.chat.completions.create(model=llama.name, max_tokens=2, seed=1, messages=[
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": [file_part(name, text.encode(), "text/markdown"),
+                                         {"type": "text", "text": question}]}]).verbatim
+
+    for restart in (False, True):
+        p, port = _serve(llama, tmp_path / "cache", *files)
+        try:
+            if restart:
+                assert p.preloaded == len(files)  # type: ignore[attr-defined]  # one document state per key
+                for pack in (tmp_path / "cache").rglob("*.safetensors"):
+                    pack.unlink()  # from now on only memory holds them
+            for key in files:
+                v = ask(port, key, "What is the capital of France?" if restart else "Why is the sky blue?")
+                (span,) = v["documents"]
+                if restart:
+                    assert v["restored"] >= span["end"] and span["source"] != "prefilled", (key, v)
+                    assert not v["declines"], v["declines"]
+                else:
+                    assert span["source"] == "prefilled"
+        finally:
+            p.terminate()
+            assert p.wait(TIMEOUT) == 0

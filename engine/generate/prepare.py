@@ -30,7 +30,7 @@ from engine.errors import RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
 from engine.generate.model import LoadedModel
-from engine.generate.templating import MessageStarts, Rendered, Tools, render, render_text
+from engine.generate.templating import MessageStarts, Rendered, Tools, encode_prefix, render, render_text
 from engine.types import (
     MAX_TOP_LOGPROBS,
     CacheReport,
@@ -70,7 +70,8 @@ class Prepared:
         restored, source = report.restored, report.source
         report.documents = [
             {"name": s.name, "digest": s.digest, "start": s.start, "end": s.end, "tokens": s.tokens, "cut": s.cut,
-             "source": source if source and restored >= s.end else "prefilled"} for s in self.documents]
+             "source": source if source and restored >= s.end else "prefilled",
+             **({"unread": list(s.unread)} if s.unread else {})} for s in self.documents]
 
 
 class PromptBuilder:
@@ -97,6 +98,9 @@ class PromptBuilder:
         tok = self.lm.tokenizer
         grammar = self._check(request)
         earlier = self._reply_so_far(request)
+        if grammar is not None and earlier:
+            assert request.constraint is not None
+            self.grammars.guide(grammar, request.constraint.failure_param).check_reply_so_far(earlier)
         if request.prompt is not None:  # raw text: nothing to place or leave out, no message boundaries
             prompt = render_text(tok, request.prompt)
             request = _fit_max_tokens(request, len(prompt), limit)
@@ -116,7 +120,8 @@ class PromptBuilder:
         spans: list[DocumentSpan] = []
         points: dict[int, tuple[str, ...]] = {}
         if request.documents:
-            spans = document_spans(tok, fitted.messages, request.documents, prompt, fitted.rendered.text)
+            spans = document_spans(lambda text, at: encode_prefix(tok, text, at), fitted.messages, request.documents,
+                                   prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
             points = document_points(spans, self.starts(fitted.messages[:1], prompt, tools))
         # The request as it runs: its documents are now in its messages (placed once, never twice).

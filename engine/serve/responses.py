@@ -78,7 +78,10 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
 
 
 def usage(result: GenerationResult) -> dict[str, Any]:
-    n_prompt, n_out = result.report.prompt_tokens, len(result.tokens)
+    """OpenAI's usage. A Continue's reply so far (`continued_from` tokens the client sent back)
+    is input the model read, restored or forwarded like the prompt: it counts in prompt_tokens,
+    so cached_tokens (what the cache restored of that input) never exceeds it."""
+    n_prompt, n_out = result.report.prompt_tokens + (result.report.continued_from or 0), len(result.tokens)
     return {
         "prompt_tokens": n_prompt,
         "completion_tokens": n_out,
