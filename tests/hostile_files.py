@@ -100,7 +100,8 @@ def word(body: str, parts: dict[str, str] | None = None, rels: dict[str, tuple[s
     relationships (id -> (type's last word, target relative to word/)), `sect` inside the
     body's last w:sectPr."""
     document = part("document", f"<w:body>{body}<w:sectPr>{sect}</w:sectPr></w:body>")
-    rel_xml = "".join(f'<Relationship Id="{i}" Type="{REL}{kind}" Target="{target}"/>'
+    rel_xml = "".join(f'<Relationship Id="{i}" Type="{REL}{kind}" Target="{target}"'
+                      + (' TargetMode="External"/>' if "://" in target else "/>")
                       for i, (kind, target) in (rels or {}).items())
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:

@@ -139,8 +139,8 @@ class _Package:
             raise DocumentError(self.name, f"its relationships ({rels_part}) inflate to {size:,} bytes: a zip bomb?")
         out: dict[str, tuple[str, str]] = {}
 
-        def start(tag: str, attrs: dict[str, str]) -> None:
-            if tag == "rel:Relationship" and attrs.get("TargetMode") != "External":
+        def start(name: str, attrs: dict[str, str]) -> None:
+            if _short(name) == "rel:Relationship" and attrs.get("TargetMode") != "External":
                 kind = attrs.get("Type", "").rpartition("/")[2]
                 target = attrs.get("Target", "")
                 path = target[1:] if target.startswith("/") else posixpath.normpath(posixpath.join(folder, target))
@@ -178,21 +178,13 @@ class _Package:
         return texts
 
     def _expat(self, part: str, start: object, end: object, chars: object) -> None:
+        """Parse `part` with expat, a chunk at a time: `start(name, attrs)` and `end(name)` get
+        expat's 'uri local' names (`_short` makes them 'w:p'), `chars` the text."""
         parser = expat.ParserCreate(namespace_separator=" ")
         parser.buffer_text = True
         parser.buffer_size = CHUNK
-        names: dict[str, str] = {}
-
-        def short(name: str) -> str:  # expat's 'uri local' as 'w:p' (unknown namespaces as '?:local')
-            got = names.get(name)
-            if got is None:
-                uri, _, local = name.rpartition(" ")
-                got = names[name] = f"{_NS.get(uri, '?')}:{local}" if uri else local
-            return got
-
-        parser.StartElementHandler = lambda name, attrs: start(  # type: ignore[operator]
-            names.get(name) or short(name), {short(k): v for k, v in attrs.items()} if attrs else attrs)
-        parser.EndElementHandler = lambda name: end(names.get(name) or short(name))  # type: ignore[operator]
+        parser.StartElementHandler = start
+        parser.EndElementHandler = end
         if chars is not None:
             parser.CharacterDataHandler = chars
 
@@ -213,6 +205,20 @@ class _Package:
             raise DocumentError(self.name, f"not a readable .docx ({part}: {e})") from None
         except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError, ValueError) as e:
             raise DocumentError(self.name, f"not a readable .docx ({part}: {type(e).__name__}: {e})") from None
+
+
+_NAMES: dict[str, str] = {}  # expat's 'uri local' -> 'w:p', for every name seen
+
+
+def _short(name: str) -> str:
+    """An expat name ('uri local') as 'w:p' (an unknown namespace as '?:local')."""
+    got = _NAMES.get(name)
+    if got is None:
+        uri, _, local = name.rpartition(" ")
+        got = f"{_NS.get(uri, '?')}:{local}" if uri else local
+        if len(_NAMES) < 4096:  # a hostile file's endless new names are not all kept
+            _NAMES[name] = got
+    return got
 
 
 class _Budget:
@@ -259,10 +265,13 @@ class _Story:
 
     # -- expat's handlers
 
-    def start(self, tag: str, attrs: dict[str, str]) -> None:
+    def start(self, name: str, attrs: dict[str, str]) -> None:
         if self.skip:
             self.skip += 1
             return
+        tag = _NAMES.get(name) or _short(name)
+        if attrs:
+            attrs = {_short(k): v for k, v in attrs.items()}
         parent = self.tags[-1] if self.tags else ""
         self.tags.append(tag)
         if tag in _SKIPPED:
@@ -332,12 +341,12 @@ class _Story:
                 self.note = attrs.get("w:id", "")
                 self.containers.append([])
 
-    def end(self, tag: str) -> None:
+    def end(self, name: str) -> None:
         if self.skip:
             self.skip -= 1
             if self.skip:
                 return
-        self.tags.pop()
+        tag = self.tags.pop()
         if tag == "w:t":
             self.capture = False
         elif tag == "w:p":
