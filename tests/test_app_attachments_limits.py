@@ -19,3 +19,15 @@ def test_the_window_reads_attachments_within_limits_and_names_each_refusal(tmp_p
     docs, refused = read_files([str(bomb), str(good)])
     assert [d.name for d in docs] == ["notes.docx"] and docs[0].text == "Clause 1."
     assert len(refused) == 1 and refused[0].startswith("bomb.docx: its XML inflates to 300 MiB"), refused
+
+
+def test_a_chip_names_what_the_file_holds_and_is_not_read_and_shows_its_name_escaped() -> None:
+    from app.core.attachments import Attachment
+    from engine.documents.bounded import read_bytes
+
+    data = H.word(H.p("Area: ", "<m:oMath><m:r><m:t>x</m:t></m:r></m:oMath>",
+                      '<w:r><w:commentReference w:id="1"/></w:r>'))
+    a = Attachment(read_bytes("r\x1b[2J\u202eformula.docx", data), tokens=12)
+    assert a.chip == "r\\x1b[2J\\u202eformula.docx · 12 tokens · not read: 1 comment, 1 equation"
+    assert "Not read (the model does not see them): 1 comment, 1 equation." in a.tooltip
+    assert "\x1b" not in a.tooltip and "\u202e" not in a.tooltip

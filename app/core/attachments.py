@@ -35,24 +35,32 @@ class Attachment:
 
     @property
     def chip(self) -> str:
-        """'report.pdf · 12 pages · 6,120 tokens'."""
+        """'report.pdf · 12 pages · 6,120 tokens' ('· not read: 2 equations' after it when the
+        file holds what its reader does not read)."""
         return chip_text(self.document, self.tokens)
 
     @property
     def tooltip(self) -> str:
         d = self.document
-        return (f"{d.name}: {len(d.text):,} characters of {d.kind} text, read once and kept with the"
-                f" message (sha256 {d.digest[:16]}…). Documents go after the system prompt, so every"
-                " conversation about this file shares its prompt cache.")
+        return (f"{shown_name(d.name)}: {len(d.text):,} characters of {d.kind} text, read once and kept with"
+                f" the message (sha256 {d.digest[:16]}…). Documents go after the system prompt, so every"
+                " conversation about this file shares its prompt cache." + unread_note(d))
 
 
 def chip_text(d: Document, tokens: Optional[int] = None) -> str:
-    parts = [d.name]
+    parts = [shown_name(d.name)]
     if d.pages:
         parts.append(f"{d.pages} page" + ("s" if d.pages != 1 else ""))
     if tokens is not None:
         parts.append(f"{tokens:,} tokens")
+    if d.unread:
+        parts.append("not read: " + ", ".join(d.unread))
     return " · ".join(parts)
+
+
+def unread_note(d: Document) -> str:
+    """A tooltip's sentence on what the file holds that the model does not read ('' if nothing)."""
+    return f" Not read (the model does not see them): {', '.join(d.unread)}." if d.unread else ""
 
 
 def token_cost(engine: Any, document: Document, system_prompt: str) -> int:
