@@ -93,7 +93,7 @@ class _Package:
         total = sum(self._info(p).file_size for p in dict.fromkeys(parts) if self._has(p))
         if total > MAX_XML_BYTES:
             raise DocumentError(self.name, f"its XML inflates to {total / 2**20:,.0f} MiB "
-                                           f"(at most {MAX_XML_BYTES >> 20} MiB): a zip bomb?")
+                                           f"(at most {MAX_XML_BYTES >> 20} MiB are read)")
         body = _Story(self.budget, self.unread)
         self._parse(main, body)
         footnotes = self._notes(rels, "footnotes", body.footnotes, str)
@@ -136,7 +136,8 @@ class _Package:
             return {}
         size = self._info(rels_part).file_size
         if size > MAX_RELS_BYTES:
-            raise DocumentError(self.name, f"its relationships ({rels_part}) inflate to {size:,} bytes: a zip bomb?")
+            raise DocumentError(self.name, f"its relationships ({rels_part}) inflate to {size:,} bytes "
+                                           f"(at most {MAX_RELS_BYTES:,} are read)")
         out: dict[str, tuple[str, str]] = {}
 
         def start(name: str, attrs: dict[str, str]) -> None:
