@@ -147,7 +147,11 @@ def main() -> int:
                   f"{r['others']} |", flush=True)
     finally:
         p.terminate()
-        p.wait(60)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:  # an older server still busy reading a file on its loop
+            p.kill()
+            p.wait()
     return 0
 
 
