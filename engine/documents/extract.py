@@ -41,7 +41,7 @@ def check_size(name: str, size: int) -> None:
 def kind_of(name: str, data: bytes, mime: Optional[str] = None) -> str:
     """How to read a file: "text", "pdf" or "docx". A media type that names one of them decides
     (a server's file part; a remote engine sends a PDF's extracted text as text/plain); else the
-    content (a PDF's header, a zip archive), then the name's suffix; anything else is text (and
+    content (a PDF's header, a zip archive's), then the name's suffix; anything else is text (and
     refused there if it is not)."""
     mime = (mime or "").lower()
     if mime == "application/pdf":
@@ -50,7 +50,7 @@ def kind_of(name: str, data: bytes, mime: Optional[str] = None) -> str:
         return "docx"
     if mime.startswith("text/"):
         return "text"
-    if b"%PDF-" in data[:1024]:  # the header may follow up to 1 KiB of junk, as readers allow
+    if data.startswith(b"%PDF-"):
         return "pdf"
     if data.startswith(b"PK\x03\x04"):  # a zip: word.py says whether it is a Word document
         return "docx"
