@@ -274,7 +274,9 @@ def test_a_file_name_is_shown_and_rendered_with_controls_and_bidi_overrides_esca
     assert system.startswith(f'<document name="{shown}">') and not any(c in system for c in "\x1b\x07\r\u202e")
 
 
-def test_the_cli_prints_a_file_name_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_prints_a_file_name_escaped(llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A refusal and a reply's summary name the file with its escape sequences escaped (they
+    retitled and cleared the terminal)."""
     bad = tmp_path / "r\x1b]0;PWNED\x07\x1b[2J.pdf"
     bad.write_bytes(b"%PDF-1.4 broken")
     (tmp_path / "q.json").write_text(json.dumps([{"role": "user", "content": "Hi"}]))
@@ -282,6 +284,13 @@ def test_the_cli_prints_a_file_name_escaped(tmp_path: Path, capsys: pytest.Captu
                 "--attach", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "r\\x1b]0;PWNED\\x07\\x1b[2J.pdf: not a readable PDF" in err and "\x1b" not in err and "\x07" not in err
+    good = tmp_path / "n\x1b[2J\u202eotes.md"
+    good.write_text("Some notes about the sky.")
+    assert cli(["generate", "--model", str(llama), "--messages", str(tmp_path / "q.json"), "--max-tokens", "2",
+                "--no-cache", "--attach", str(good)]) == 0
+    out = capsys.readouterr()
+    assert "n\\x1b[2J\\u202eotes.md: " in out.out + out.err
+    assert not any(c in out.out + out.err for c in "\x1b\u202e")
 
 
 def test_a_file_part_in_an_assistant_message_says_where_files_go(server: Any) -> None:
@@ -291,6 +300,16 @@ def test_a_file_part_in_an_assistant_message_says_where_files_go(server: Any) ->
         {"role": "user", "content": "Go on"}]})
     assert status == 400 and body["error"]["param"] == "messages[1].content[0]"
     assert "file parts go in user and system messages" in body["error"]["message"], body
+
+
+def test_what_a_file_holds_and_is_not_read_is_in_the_server_s_report(server: Any) -> None:
+    data = H.word(H.p("The area is given by ", "<m:oMath><m:r><m:t>x</m:t></m:r></m:oMath>", "."))
+    status, body = _post(server, {"model": server.model, "max_tokens": 1, "messages": [
+        {"role": "user", "content": [file_part("area.docx", data, "application/octet-stream"),
+                                     {"type": "text", "text": "What is the area?"}]}]})
+    assert status == 200, body
+    (span,) = body["verbatim"]["documents"]
+    assert span["name"] == "area.docx" and span["unread"] == ["1 equation"]
 
 
 def test_more_documents_than_the_disk_keeps_are_refused_where_the_request_comes_in(server: Any, llama: Path) -> None:
