@@ -18,6 +18,7 @@ from typing import Any, Callable, Generator, Iterable, Optional
 from engine.cache.disk.tier import DiskCache
 from engine.cache.eviction import DocumentsKept
 from engine.cache.families import class_names
+from engine.cache.kinds import SnapshotKind
 from engine.cache.namespace import cache_key, is_key_of
 from engine.cache.prompt_cache import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError
@@ -192,7 +193,7 @@ class Engine:
         lm = self._lm()
         own = cache_key(lm.key, None)
         return len(self.cache.preload((lambda k: is_key_of(lm.key, k)) if every_namespace else (lambda k: k == own),
-                                      lambda m: m.kind == "document" and self.eviction.keep_priority(m) > 0))
+                                      lambda m: m.kind == SnapshotKind.DOCUMENT and self.eviction.keep_priority(m) > 0))
 
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the
