@@ -221,7 +221,7 @@ class DiskCache:
         """Every lookup key (a model's, or one of its namespaces': engine/cache/namespace.py) the
         disk holds snapshots of."""
         self.poll()
-        return list(self._view().by_key)
+        return self._view().model_keys()
 
     def last_used(self, snapshot_id: str) -> float:
         """When the snapshot was last written or read (0.0: not in the index)."""
