@@ -61,6 +61,7 @@ CO = "tests/test_continue.py::"
 FT = "tests/test_free_text.py::"
 KP = "tests/test_kept_prefix.py::"
 DO = "tests/test_documents.py::"
+DH = "tests/test_documents_hostile.py::"
 WD = "tests/test_app_window_documents.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
@@ -614,6 +615,36 @@ MUTATIONS: list[Mutation] = [
         "a tie ignores the copy at hand",
         (("engine/cache/planner.py", "o.meta.id == ready", "False"),),
         (PL + "test_a_tie_goes_to_the_snapshot_whose_copy_is_at_hand",),
+    ),
+    # issue 49: files that cannot hurt the server, documents read whole
+    Mutation(
+        "a tracked insertion dropped from a Word document",
+        (("engine/documents/word.py", '_SKIPPED = frozenset({"w:del", ', '_SKIPPED = frozenset({"w:ins", "w:del", '),),
+        (DH + "test_every_word_construct_is_read_as_word_shows_it",),
+    ),
+    Mutation(
+        "binary content looked for in the first block of a text file only",
+        (("engine/documents/extract.py", '    if "\\x00" in text:\n', '    if "\\x00" in text[:BINARY_BLOCK]:\n'),
+         ("engine/documents/extract.py", "    for at in range(0, len(text), BINARY_BLOCK):\n",
+          "    for at in range(0, min(len(text), 1), BINARY_BLOCK):\n")),
+        (DH + "test_binary_content_is_found_anywhere_in_the_file",),
+    ),
+    Mutation(
+        "a reader's page clock not watched (PDFium parses a hostile page as long as it likes)",
+        (("engine/documents/bounded.py", "if stepped is not None and now - stepped > limits.page_seconds:",
+          "if False:"),),
+        (DH + "test_each_hostile_file_is_refused_within_the_limits",),
+    ),
+    Mutation(
+        "a document's span counted with the markers typed in it as control tokens",
+        (("engine/generate/prepare.py", "lambda text, at: encode_prefix(tok, text, at)",
+          "lambda text, at: tok.encode(text, add_special_tokens=False)"),),
+        (DH + "test_a_document_holding_control_token_text_is_reported_with_its_true_span",),
+    ),
+    Mutation(
+        "engine serve reads only the window's namespace ahead",
+        (("engine/engine.py", "(lambda k: is_key_of(lm.key, k)) if every_namespace else", "(lambda k: k == own) if True else"),),
+        (DH + "test_engine_serve_reads_every_api_namespace_s_documents_ahead",),
     ),
     Mutation(
         "a selected search result drawn in the palette's highlighted text (white on the pale selection)",

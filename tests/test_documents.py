@@ -16,7 +16,8 @@ import pytest
 
 from engine.cli.main import main as cli
 from engine.documents import extract
-from engine.documents.extract import Document, DocumentError, document_from_bytes, read_document
+from engine.documents.bounded import read_file
+from engine.documents.extract import Document, DocumentError, document_from_bytes
 from engine.documents.placement import block, place
 from engine.engine import Engine
 from engine.errors import RequestError
@@ -96,7 +97,7 @@ def test_text_markdown_and_source_are_read_as_they_are(tmp_path: Path) -> None:
     for name, text in (("notes.txt", "plain\r\nlines  \r\n"), ("README.md", "# Title\n\n- a\n- b\n"),
                        ("add.py", "def add(a, b):\n    return a + b\n")):
         (tmp_path / name).write_bytes(text.encode())
-        d = read_document(tmp_path / name)
+        d = read_file(tmp_path / name)
         assert (d.name, d.kind, d.pages) == (name, "text", None)
         assert d.text == text.replace("\r\n", "\n").replace("  \n", "\n").strip("\n")
         assert d.digest == hashlib.sha256(text.encode()).hexdigest()  # of the file's bytes, as stored
@@ -104,12 +105,12 @@ def test_text_markdown_and_source_are_read_as_they_are(tmp_path: Path) -> None:
 
 def test_a_pdf_is_read_page_by_page_and_a_docx_with_its_tables(tmp_path: Path) -> None:
     (tmp_path / "paper.pdf").write_bytes(pdf_bytes(["First page: the quick brown fox.", "Second page: Paris."]))
-    d = read_document(tmp_path / "paper.pdf")
+    d = read_file(tmp_path / "paper.pdf")
     assert (d.kind, d.pages) == ("pdf", 2)
     assert d.text.split("\n\n") == ["First page: the quick brown fox.", "Second page: Paris."]
     (tmp_path / "contract.docx").write_bytes(docx_bytes(["Clause 1. Pay on time.", "Clause 2."],
                                                          [["Party", "Role"], ["Ann", "Buyer"]]))
-    d = read_document(tmp_path / "contract.docx")
+    d = read_file(tmp_path / "contract.docx")
     assert d.kind == "docx" and d.text == "Clause 1. Pay on time.\nClause 2.\nParty | Role\nAnn | Buyer"
 
 
@@ -129,7 +130,7 @@ def test_a_file_that_cannot_be_a_document_is_refused_naming_it(tmp_path: Path, c
         monkeypatch.setattr(extract, "MAX_FILE_BYTES", 1024)
     (tmp_path / name).write_bytes(data)
     with pytest.raises(DocumentError) as e:
-        read_document(tmp_path / name)
+        read_file(tmp_path / name)
     assert str(e.value).startswith(f"{name}: ") and why in str(e.value), str(e.value)
     assert isinstance(e.value, RequestError)  # a 400 through the server, a clear line in the CLI
 

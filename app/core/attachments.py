@@ -4,8 +4,9 @@ counted in the loaded model's tokens, removable until Send saves them with the m
 `Attachments` is an evented model (app/core/evented.py): the composer's chips subscribe to
 CHANGED and send intents (`add`, `remove`); ChatModel reads `documents` when it counts the next
 prompt and when it sends. Reading a PDF can take a while (pypdfium2, ~1 s for a few hundred
-pages), so it runs on a worker thread; counting needs the model's tokenizer, so it runs on the
-engine thread (`count`, given by the chat model).
+pages), so it runs on a worker thread, and PDF and Word files in a process of their own, killed
+past its limits (engine/documents/bounded.py); counting needs the model's tokenizer, so it runs
+on the engine thread (`count`, given by the chat model).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from app.core.daemon_thread import on_daemon_thread
 from app.core.evented import Evented
-from engine.documents.extract import Document, DocumentError, read_document
+from engine.documents.bounded import read_file
+from engine.documents.document import Document, DocumentError, shown_name
 from engine.types import GenerationRequest
 
 CHANGED = "changed"  # (list[Attachment]): the chips to show
@@ -33,24 +35,32 @@ class Attachment:
 
     @property
     def chip(self) -> str:
-        """'report.pdf · 12 pages · 6,120 tokens'."""
+        """'report.pdf · 12 pages · 6,120 tokens' ('· not read: 2 equations' after it when the
+        file holds what its reader does not read)."""
         return chip_text(self.document, self.tokens)
 
     @property
     def tooltip(self) -> str:
         d = self.document
-        return (f"{d.name}: {len(d.text):,} characters of {d.kind} text, read once and kept with the"
-                f" message (sha256 {d.digest[:16]}…). Documents go after the system prompt, so every"
-                " conversation about this file shares its prompt cache.")
+        return (f"{shown_name(d.name)}: {len(d.text):,} characters of {d.kind} text, read once and kept with"
+                f" the message (sha256 {d.digest[:16]}…). Documents go after the system prompt, so every"
+                " conversation about this file shares its prompt cache." + unread_note(d))
 
 
 def chip_text(d: Document, tokens: Optional[int] = None) -> str:
-    parts = [d.name]
+    parts = [shown_name(d.name)]
     if d.pages:
         parts.append(f"{d.pages} page" + ("s" if d.pages != 1 else ""))
     if tokens is not None:
         parts.append(f"{tokens:,} tokens")
+    if d.unread:
+        parts.append("not read: " + ", ".join(d.unread))
     return " · ".join(parts)
+
+
+def unread_note(d: Document) -> str:
+    """A tooltip's sentence on what the file holds that the model does not read ('' if nothing)."""
+    return f" Not read (the model does not see them): {', '.join(d.unread)}." if d.unread else ""
 
 
 def token_cost(engine: Any, document: Document, system_prompt: str) -> int:
@@ -63,16 +73,18 @@ def token_cost(engine: Any, document: Document, system_prompt: str) -> int:
 
 
 def read_files(paths: Sequence[str]) -> tuple[list[Document], list[str]]:
-    """Each file's document, and each refusal as 'name: why' (a worker thread's job)."""
+    """Each file's document, and each refusal as 'name: why' (a worker thread's job). PDF and
+    Word files are read in a process of their own within limits (engine/documents/bounded.py):
+    a hostile file is refused, never a stuck thread or gigabytes in the window's process."""
     docs: list[Document] = []
     refused: list[str] = []
     for p in paths:
         try:
-            docs.append(read_document(p))
+            docs.append(read_file(p))
         except DocumentError as e:
             refused.append(str(e))
         except Exception as e:  # a reader's own failure on a hostile file: still named, nothing lost
-            refused.append(f"{Path(p).name}: cannot be read ({type(e).__name__}: {e})")
+            refused.append(f"{shown_name(Path(p).name)}: cannot be read ({type(e).__name__}: {e})")
     return docs, refused
 
 

@@ -16,9 +16,9 @@ from PySide6.QtCore import QEvent, QObject, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QToolButton, QVBoxLayout, QWidget
 
-from app.core.attachments import Attachment, chip_text
+from app.core.attachments import Attachment, chip_text, unread_note
 from app.qt.widgets.wrap_label import WrapLabel
-from engine.documents.extract import Document
+from engine.documents.document import Document, shown_name
 
 class Chip(QFrame):
     """One attached file."""
@@ -83,8 +83,8 @@ class ChipList(QWidget):
 
 def document_chips(documents: Sequence[Document]) -> list[tuple[str, str]]:
     """A sent message's chips (its stored documents: no token count kept with them)."""
-    return [(chip_text(d), f"{d.name} (sha256 {d.digest[:16]}…): {len(d.text):,} characters of {d.kind} text")
-            for d in documents]
+    return [(chip_text(d), f"{shown_name(d.name)} (sha256 {d.digest[:16]}…): {len(d.text):,} characters of {d.kind}"
+             f" text.{unread_note(d)}") for d in documents]
 
 
 class AttachmentBar(QWidget):
