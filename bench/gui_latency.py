@@ -280,7 +280,7 @@ def main() -> None:
         "same timer on an idle window: the floor on this machine). Token-to-screen includes the reply job's "
         "deliberate 50 ms batching of token signals (updating the view on every token cost "
         "~15% of tokens/s elsewhere), so its median sits near half the batch interval and its max near one "
-        "interval plus one decode step. 50 ms is the stall bound the app tests use (tests/test_app_window.py). The reply job sends the last "
+        "interval plus one decode step. 50 ms is the stall bound the app tests use (tests/gui/test_replies.py). The reply job sends the last "
         "batch only after `Engine.generate` returns, so the engine's end-of-generation work (end snapshot, "
         "queueing disk writes) adds to the last tokens' latency: last column. Replies are sampled "
         "(T=0.8, seed 1); latency counts tokens that complete text (the engine sends an event for every "

@@ -279,7 +279,7 @@ class MainWindow(QMainWindow):
         self.debug_button.toggled.connect(self.debug_panel.setVisible)
 
         self.progress, self.model_label, self.memory_label = model_actions.status_widgets(self.statusBar())
-        self.setMinimumSize(*self.MIN_SIZE)  # what the layout checks (tests/xcb_window_checks.py) cover
+        self.setMinimumSize(*self.MIN_SIZE)  # what the layout checks (tests/gui/xcb_window_checks.py) cover
         self.resize(1200, 800)
 
     MIN_SIZE = (800, 600)

@@ -17,8 +17,7 @@ from PySide6.QtWidgets import QToolButton  # noqa: E402
 
 from app.core import ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
-from tests.app_helpers import watch  # noqa: E402
-from tests.test_app_window import open_window, replies, send, settings, wait_idle  # noqa: E402,F401
+from tests.gui.driver import replies, send, settings, wait_idle, watch  # noqa: E402
 
 pytestmark = pytest.mark.gui
 QUESTION = "Tell me a long story about the sea."
@@ -106,8 +105,8 @@ def test_continue_a_stopped_reply(qtbot: Any, open_window: Callable[..., MainWin
 def test_continue_attached_to_a_server(qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path) -> None:
     """The window's remote mode: the Continue goes to the server (verbatim.continue with the
     reply's ids) and comes back equal to the unstopped reply, restored there."""
-    from tests.test_app_remote import connect
-    from tests.test_server import Server
+    from tests.gui.driver import connect
+    from tests.server_helpers import Server
 
     srv = Server(tiny_model, None)
     try:

@@ -4,13 +4,11 @@ source, no duplicate variants), the compare data and its wording, receipts of st
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 
 from app.core.compare import Side, compare
-from app.core.session import ChatSession, ChatSettings, ModelIdentity
-from app.core.store import ConversationStore, ReplyOutcome
+from app.core.session import ChatSettings, ModelIdentity
+from app.core.store import ReplyOutcome
 from app.core.view_models import (
     FAST_NOTE,
     badge_state,
@@ -20,18 +18,7 @@ from app.core.view_models import (
     side_text,
 )
 from engine import receipts
-from engine.engine import Engine
 from engine.types import CancelToken, Comparison, SamplerSettings, TokenEvent
-
-
-@pytest.fixture
-def chat(tiny_model: Path, tmp_path: Path):
-    store = ConversationStore(tmp_path / "db.sqlite3")
-    engine = Engine(use_disk=False, chunk=16)
-    engine.load(str(tiny_model))
-    yield ChatSession(store), engine
-    engine.close()
-    store.close()
 
 
 def settings(**kw) -> ChatSettings:
@@ -48,8 +35,8 @@ def run(session, engine, pending, stop_after=None):
     return session.finish(pending, engine.generate(pending.request, on_event, cancel))
 
 
-def test_regenerate_of_a_stopped_reply_is_compared_over_its_length(chat) -> None:
-    session, engine = chat
+def test_regenerate_of_a_stopped_reply_is_compared_over_its_length(session_engine) -> None:
+    session, engine = session_engine
     conv = session.new_conversation(settings())
     stopped = run(session, engine, session.begin_send(conv, "Why is the sky blue?"), stop_after=5)
     assert stopped.status == "interrupted" and len(stopped.tokens) == 5
@@ -65,8 +52,8 @@ def test_regenerate_of_a_stopped_reply_is_compared_over_its_length(chat) -> None
     assert ReplyOutcome.from_dict(again.cache_report).comparison.upto == 5  # stored
 
 
-def test_new_variant_is_not_marked_differs_and_duplicates_are_not_added(chat) -> None:
-    session, engine = chat
+def test_new_variant_is_not_marked_differs_and_duplicates_are_not_added(session_engine) -> None:
+    session, engine = session_engine
     conv = session.new_conversation(settings())
     first = run(session, engine, session.begin_send(conv, "The capital of France is"))
     variant = run(session, engine, session.begin_regenerate(first.id, fresh=True))
@@ -110,8 +97,8 @@ def test_compare_data_rows_and_plot_series() -> None:
     assert "cache: memory 9 / 10" in side_text(b) and "seed 1" in side_text(a)
 
 
-def test_receipt_of_a_stored_reply_replays_and_rides_in_the_export(chat, tiny_model, tmp_path) -> None:
-    session, engine = chat
+def test_receipt_of_a_stored_reply_replays_and_rides_in_the_export(session_engine, tiny_model, tmp_path) -> None:
+    session, engine = session_engine
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "Why is the sky blue?"))
     model = ModelIdentity(str(tiny_model), engine.info.key, engine.info.name, engine.info.dequantized)

@@ -15,8 +15,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QRect, Qt  # noqa: E402
 
 from app.qt.window import MainWindow  # noqa: E402
-from tests.app_helpers import wait_compared  # noqa: E402
-from tests.test_app_window import LONG, click, open_window, replies, send, wait_idle  # noqa: E402,F401
+from tests.gui.driver import LONG, click, replies, send, wait_compared, wait_idle  # noqa: E402
 
 pytestmark = pytest.mark.gui
 N = 2000

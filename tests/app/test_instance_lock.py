@@ -19,7 +19,7 @@ from app.core.instance_lock import (
 )
 from app.core.store import DB_NAME, StoreError, open_app_store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 HOLDER = textwrap.dedent(
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "remove",
             "add", "discard"}
 # Modules that may hand jobs to the executor directly: the executor itself, the bridge, the

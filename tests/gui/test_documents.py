@@ -15,14 +15,13 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl  # noqa: E402
-from PySide6.QtGui import QDragEnterEvent, QDropEvent  # noqa: E402
-from PySide6.QtWidgets import QApplication, QFileDialog, QToolButton, QWidget  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtWidgets import QFileDialog, QToolButton, QWidget  # noqa: E402
 
 from app.core import ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
-from tests.test_app_window import LONG, open_window, replies, send, wait_idle  # noqa: E402,F401 (a fixture)
-from tests.test_documents import docx_bytes, pdf_bytes  # noqa: E402
+from tests.document_files import docx_bytes, pdf_bytes  # noqa: E402
+from tests.gui.driver import LONG, chips, counted, drop, replies, send, wait_idle  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -46,18 +45,6 @@ def files(tmp_path: Path) -> dict[str, Path]:
     return out
 
 
-def chips(w: MainWindow) -> list[str]:
-    return w.attach.bar.chips.texts()
-
-
-def counted(w: MainWindow, n: int) -> None:
-    """Wait until `n` chips show their token count."""
-    def done() -> bool:
-        items = w.chat.attachments.items
-        return len(items) == n and all(a.tokens is not None for a in items) and len(chips(w)) == n
-    return done  # type: ignore[return-value]
-
-
 def attach_by_button(qtbot: Any, w: MainWindow, monkeypatch: pytest.MonkeyPatch, *paths: Path) -> list[str]:
     """Click the attach button and pick `paths` in the file dialog; returns the folder the dialog started in."""
     started: list[str] = []
@@ -69,20 +56,6 @@ def attach_by_button(qtbot: Any, w: MainWindow, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(QFileDialog, "getOpenFileNames", staticmethod(pick))
     qtbot.mouseClick(w.findChild(QToolButton, "attachButton"), Qt.MouseButton.LeftButton)
     return started
-
-
-def drop(target: QWidget, *paths: Path) -> tuple[bool, bool]:
-    """Drag `paths` over `target` and drop them there (as a file manager does); returns whether
-    the drag and the drop were accepted."""
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
-    enter = QDragEnterEvent(QPoint(5, 5), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
-                            Qt.KeyboardModifier.NoModifier)  # fmt: skip
-    QApplication.sendEvent(target, enter)
-    event = QDropEvent(QPointF(5, 5), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
-                       Qt.KeyboardModifier.NoModifier)  # fmt: skip
-    QApplication.sendEvent(target, event)
-    return enter.isAccepted(), event.isAccepted()
 
 
 def tokens_of(chip: str) -> int:
@@ -247,7 +220,7 @@ def test_an_edit_keeps_the_documents_and_export_import_carries_them(
 def test_a_document_too_long_for_the_context_is_refused_before_sending_with_what_would_fit(
     qtbot: Any, open_window: Callable[..., MainWindow], files: dict[str, Path], tmp_path: Path
 ) -> None:
-    from tests.test_app_window import settings
+    from tests.gui.driver import settings
 
     w = open_window()
     w.apply_settings(settings(24, context_length=400))
@@ -287,7 +260,7 @@ def test_attached_to_a_server_the_document_goes_as_a_file_part_and_a_new_convers
     qtbot: Any, open_window: Callable[..., MainWindow], files: dict[str, Path], tiny_model: Path, tmp_path: Path
 ) -> None:
     from tests.cluster import running
-    from tests.test_app_remote import SERVER, connect
+    from tests.gui.driver import SERVER, connect
 
     w = open_window(chunk=16)
     with running(str(tiny_model), 1, tmp_path, "--chunk", "16") as server:

@@ -27,7 +27,7 @@ from app.core.store import (
     migrate,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ from typing import Any, Callable
 
 from app.core import ops
 from app.qt.window import MainWindow
-from tests.app_helpers import watch
-from tests.test_app_window import open_window, replies, send, wait_idle  # noqa: F401,F811 (a fixture)
+from tests.gui.driver import TURN, replies, send, wait_idle, watch  # noqa: E402
 
 CONTEXT = 260
-TURN = "Tell me more about the colours of the evening sky over the sea, please. " * 3  # ~50 tokens
 
 
 def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(

@@ -12,20 +12,7 @@ import pytest
 pytest.importorskip("PySide6")
 
 from app.qt.gc_pacer import GcPacer  # noqa: E402
-
-
-class Node:
-    pass
-
-
-def cycles(n: int) -> list[weakref.ref[Node]]:
-    """n unreachable reference cycles (only the cyclic collector can free them)."""
-    refs = []
-    for _ in range(n):
-        a, b = Node(), Node()
-        a.other, b.other = b, a
-        refs.append(weakref.ref(a))
-    return refs
+from tests.gui.driver import Node, cycles  # noqa: E402
 
 
 def test_pacer_collects_young_garbage_on_its_own_thread_and_defers_full_collections_while_busy(

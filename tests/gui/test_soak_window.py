@@ -19,8 +19,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app.qt.window import MainWindow  # noqa: E402
 from tests.soak_probes import Bounds, none_is_immortal, sample  # noqa: E402
-from tests.soak_window import WindowSoak  # noqa: E402
-from tests.test_app_window import open_window  # noqa: E402,F401
+from tests.gui.soak_window import WindowSoak  # noqa: E402
 
 pytestmark = [pytest.mark.gui, pytest.mark.soak]
 

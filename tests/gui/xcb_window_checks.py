@@ -1,6 +1,6 @@
 """The window under a real X server (QT_QPA_PLATFORM=xcb, Xvfb): what offscreen cannot show.
 
-Not collected by the plain suite (the name does not start with test_): tests/test_gui_xcb.py
+Not collected by the plain suite (the name does not start with test_): tests/gui/test_xcb.py
 runs this module in a pytest subprocess under `xvfb-run -a` with the xcb platform. The offscreen
 platform uses the Windows keyboard scheme and no window manager, so shortcut clashes of the X11
 scheme (QKeySequence.StandardKey.Delete is also Ctrl+D there) and real window sizes show only here.
@@ -22,11 +22,7 @@ from PySide6.QtWidgets import QLabel, QMessageBox, QWidget  # noqa: E402
 
 from app.core import ops  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
-from tests.test_app_window import LONG, open_window, send  # noqa: E402,F401 (open_window: a fixture)
-# Issue 39's layout checks, under a real window system as well (1200 px with the dock open).
-from tests.test_app_window_issue39b import (  # noqa: E402,F401
-    test_a_branch_explained_at_1200_px_with_the_dock_open_is_shown_whole_until_the_next_reply,
-)
+from tests.gui.driver import LONG, send  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -246,7 +242,7 @@ def test_every_shortcut_is_unambiguous_and_the_status_bar_shows_memory(
 ) -> None:
     import re
 
-    from tests.test_app_window import shortcut_clashes
+    from tests.gui.driver import shortcut_clashes
 
     w = _ready(qtbot, open_window)
     assert shortcut_clashes(w) == []
@@ -314,8 +310,8 @@ def test_attached_files_and_their_note_fit_at_every_size_with_the_dock_open(
     """Chips with long names, a refusal and the mid-conversation note above the composer, the
     files then sent: no chip or note cut, the composer and Send still usable, the sent message's
     chips inside the conversation."""
-    from tests.test_app_window_documents import counted, drop
-    from tests.test_documents import pdf_bytes
+    from tests.gui.driver import counted, drop
+    from tests.document_files import pdf_bytes
 
     long_name = tmp_path / ("quarterly-results-and-the-board-minutes-" * 3 + "final.md")
     long_name.write_text("Revenue grew by twelve percent.\n")

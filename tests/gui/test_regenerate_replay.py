@@ -17,8 +17,7 @@ from app.core.markdown import render  # noqa: E402
 from app.core.replay import REGENERATE_TIP, Replay  # noqa: E402
 from app.qt.widgets.message_widget import MessageBody  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
-from tests.app_helpers import watch  # noqa: E402
-from tests.test_app_window import click, open_window, replies, send, settings, wait_idle  # noqa: E402,F401
+from tests.gui.driver import click, replies, send, settings, wait_idle, watch  # noqa: E402
 
 pytestmark = pytest.mark.gui
 QUESTION = "Explain how a prompt cache works in two sentences."

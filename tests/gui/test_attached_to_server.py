@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
@@ -22,33 +22,15 @@ from PySide6.QtGui import QAction  # noqa: E402
 from app.qt.widgets.server_dialog import ServerDialog  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
 from engine.remote import RemoteEngine  # noqa: E402
-from tests.app_helpers import wait_compared, watch  # noqa: E402
 from tests.cluster import Cluster, running  # noqa: E402
 from tests.file_keyring import FileKeyring  # noqa: E402
-from tests.test_app_window import LONG, open_window, replies, send, settings  # noqa: E402,F401 (a fixture)
+from tests.gui.driver import CTRL, LONG, ROOT, SERVER, connect, replies, send, settings, wait_compared, watch  # noqa: E402
 
 pytestmark = pytest.mark.gui
-CTRL = Qt.KeyboardModifier.ControlModifier
-SERVER = 60_000  # ms: a reply from two ranks sharing two cores with the window
-ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def cluster(tiny_model: Path, tmp_path: Path) -> Iterator[Cluster]:
-    with running(str(tiny_model), 2, tmp_path) as c:
-        yield c
 
 
-def connect(qtbot: Any, w: MainWindow, url: str, key: str = "", remember: bool = False) -> None:
-    """Models -> "Connect to a Verbatim server…", the address typed, Connect clicked."""
-    w.findChild(QAction, "connectServerAction").trigger()
-    dlg = next(d for d in w.findChildren(ServerDialog, "serverDialog") if d.isVisible())
-    dlg.url.setText(url)
-    dlg.key.setText(key)
-    dlg.remember.setChecked(remember)
-    qtbot.mouseClick(dlg.connect_button, Qt.MouseButton.LeftButton)
-    w.activateWindow()  # the window's shortcuts (Ctrl+R) again
-    qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
 
 
 def test_the_window_attached_to_a_two_rank_server(

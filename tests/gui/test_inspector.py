@@ -20,11 +20,9 @@ from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
 from app.qt.widgets.compare_view import columns  # noqa: E402
 from app.qt.window import MainWindow  # noqa: E402
-from tests.app_helpers import wait_compared  # noqa: E402
-from tests.test_app_window import LONG, click, open_window, replies, send, wait_idle  # noqa: E402,F401
+from tests.gui.driver import LONG, ROOT, click, replies, send, wait_compared, wait_idle  # noqa: E402
 
 pytestmark = pytest.mark.gui
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_compare_diverging_variants_and_a_cold_run(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
@@ -106,3 +104,39 @@ def test_per_token_view_and_receipt_verified_by_the_cli(
                           text=True, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("OK")
+
+
+# -- 2. Compare shows this comparison, and reuses Verify's cold run -------------------------------
+def test_compare_never_shows_another_comparison_and_reuses_the_cold_run_verify_made(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    from engine.engine import Engine
+    from tests.gui.driver import wait_compared
+
+    cold_runs: list[int] = []  # prompts run cold (on the engine thread)
+    real = Engine.cold_run
+
+    def counted(self: Engine, request: Any, cancel: Any = None) -> Any:
+        result = real(self, request, cancel)
+        cold_runs.append(result.report.prompt_tokens)
+        return result
+
+    monkeypatch.setattr(Engine, "cold_run", counted)
+    w = open_window()
+    send(qtbot, w, "Why is the sky blue? " * 8)
+    earlier = wait_compared(qtbot, w, lambda: w.inspector.open_compare(replies(w)[-1].id))  # B: a cold run
+    assert len(cold_runs) == 1 and w.inspector.view.data is earlier
+    w.new_conversation()
+    send(qtbot, w, "Hi.")
+    reply = replies(w)[-1]
+    w.debug_panel.show()
+    qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.chat.verifying, timeout=LONG)
+    assert w.debug_panel.value("verify").startswith("✓ identical") and len(cold_runs) == 2
+    view = w.inspector.open_compare(reply.id)
+    # At once: nothing of the earlier conversation's comparison is on screen.
+    assert view.data is None and view.side_a.text() == "" and view.model.rowCount() == 0
+    data = wait_compared(qtbot, w, lambda: None)
+    assert data.a.tokens == w.session.store.get_message(reply.id).tokens == data.b.tokens
+    assert len(cold_runs) == 2  # Verify's cold run is B: not run again
+    assert "cold run of" in view.side_b.text() and data.comparison.identical

@@ -16,17 +16,6 @@ from engine.engine import Engine
 from engine.types import Comparison, SamplerSettings
 
 
-@pytest.fixture
-def chat(tiny_model: Path, tmp_path: Path):
-    store = ConversationStore(tmp_path / "db.sqlite3")
-    engine = Engine(use_disk=False, chunk=16)
-    engine.load(str(tiny_model))
-    session = ChatSession(store)
-    yield session, engine
-    engine.close()
-    store.close()
-
-
 def run(session: ChatSession, engine: Engine, pending):
     return session.finish(pending, engine.generate(pending.request))
 
@@ -35,8 +24,8 @@ def settings(**kw) -> ChatSettings:
     return ChatSettings(sampler=SamplerSettings(temperature=0.9, max_tokens=16), **kw)
 
 
-def test_send_regenerate_variant_edit_without_qt(chat) -> None:
-    session, engine = chat
+def test_send_regenerate_variant_edit_without_qt(session_engine) -> None:
+    session, engine = session_engine
     conv = session.new_conversation(settings(system_prompt="Be brief."))
     p1 = session.begin_send(conv, "Why is the sky blue?", model_name="tiny")
     assert session.store.get_message(p1.reply_id).status == "generating"  # saved before generating
@@ -72,9 +61,9 @@ def test_send_regenerate_variant_edit_without_qt(chat) -> None:
     assert [vm.id for vm in session.view(conv)][0] == p1.user_id
 
 
-def test_verify_inputs_reproduce_the_reply_cold(chat, tiny_model: Path) -> None:
+def test_verify_inputs_reproduce_the_reply_cold(session_engine, tiny_model: Path) -> None:
     """A warm reply (a regenerate that provably restored prompt - 1) is verified against a cold run."""
-    session, engine = chat
+    session, engine = session_engine
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "The capital of France is"))
     pending = session.begin_regenerate(reply.id)
@@ -95,8 +84,8 @@ def test_verify_inputs_reproduce_the_reply_cold(chat, tiny_model: Path) -> None:
     assert cold.report.restored == 0 and (cold.tokens, cold.logprobs) == (tokens, logprobs)
 
 
-def test_failed_generation_keeps_the_users_message(chat) -> None:
-    session, _ = chat
+def test_failed_generation_keeps_the_users_message(session_engine) -> None:
+    session, _ = session_engine
     conv = session.new_conversation(settings())
     p = session.begin_send(conv, "hello")
     session.fail(p)
@@ -119,8 +108,8 @@ def test_settings_round_trip_and_labels() -> None:
     assert ReplyOutcome.from_dict(row).to_dict() == row and ReplyOutcome.from_dict(None) == ReplyOutcome()
 
 
-def test_footer_shows_the_latest_run_and_every_run_is_kept(chat) -> None:
-    session, engine = chat
+def test_footer_shows_the_latest_run_and_every_run_is_kept(session_engine) -> None:
+    session, engine = session_engine
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "hi"))
     vm = session.view(conv)[-1]
@@ -148,11 +137,11 @@ def test_footer_shows_the_latest_run_and_every_run_is_kept(chat) -> None:
     assert session.store.runs(conv) == {}
 
 
-def test_a_reply_cut_short_keeps_its_tokens_across_a_crash(chat, tmp_path: Path) -> None:
+def test_a_reply_cut_short_keeps_its_tokens_across_a_crash(session_engine, tmp_path: Path) -> None:
     """What a crash (kill -9) mid-reply leaves: the text and tokens of the last partial save. The
     reopened store marks it interrupted; it can be verified, receipted and compared with its
     regenerate (over the shared length)."""
-    session, engine = chat
+    session, engine = session_engine
     conv = session.new_conversation(settings())
     pending = session.begin_send(conv, "Tell me a story.")
     pending.model_key, pending.chunk = engine.info.key, engine.chunk
@@ -253,7 +242,7 @@ def test_chat_logic_does_not_import_qt() -> None:
         "import sys, app.core.session, app.core.view_models, app.core.markdown, app.core.store, app.core.models; "
         "sys.exit(any(m.startswith('PySide6') for m in sys.modules))"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)}).returncode == 0
 
 
@@ -264,7 +253,7 @@ def test_python_m_app_starts_and_closes_cleanly_on_sigint(tiny_model: Path, tmp_
     import subprocess
 
     pytest.importorskip("PySide6")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     data = tmp_path / "data"
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
@@ -369,7 +358,7 @@ def test_a_reply_killed_mid_stream_keeps_its_tokens(tiny_model: Path, tmp_path: 
     import subprocess
 
     db = tmp_path / "db.sqlite3"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db), str(tiny_model)], stdout=subprocess.PIPE,
                             text=True, env=env, cwd=root)
