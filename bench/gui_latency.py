@@ -9,7 +9,7 @@ the chat view having taken the text that contains it (`ChatView.stream` returned
 thread). The reply job batches text updates (50 ms by default), so that batching is part of the
 latency, by design. Baseline: the same timer on an idle window (what the event loop itself costs).
 
-Also recorded: every cyclic-GC collection (generation, thread, mid-reply or not; app/qt/gc_pacer.py
+Also recorded: every cyclic-GC collection (generation, thread, mid-reply or not; app/qt/window/gc_pacer.py
 runs them on the GUI thread and a full one only between replies), and what one full collection
 costs at the end: of the objects made since the model load (what the pacer runs) and, for scale,
 of the whole heap (gc.unfreeze() first: what an automatic full collection cost before the pacer).
@@ -17,7 +17,7 @@ of the whole heap (gc.unfreeze() first: what an automatic full collection cost b
 And a reply full of code, which the random models never write: the same window streams a fixed
 ~6.6k-character Python answer into one message in 60-character updates (one text batch at ~20
 tokens/s) and times each update (`ChatView.stream` plus the layout and paint it causes), then the
-final render, with the streaming highlight policy of app/core/markdown.py and, side by side, with
+final render, with the streaming highlight policy of app/core/conversation/markdown.py and, side by side, with
 every code block highlighted on every update (what it did before).
 """
 
@@ -51,7 +51,7 @@ def code_stream(w, app, highlight_all: bool) -> dict:
     from dataclasses import replace
 
     from app.core import markdown as M
-    from app.core.view_models import MessageVM
+    from app.core.conversation.view_models import MessageVM
 
     saved = M._complete, M.STREAM_HIGHLIGHT_CHARS
     if highlight_all:  # the policy before: every block coloured on every update
@@ -287,7 +287,7 @@ def main() -> None:
         "token, so text held in a batch goes out within an interval even when the tokens after it show "
         "nothing: before that, a random model's run of text-less tokens kept one batch back ~400 ms).")
     res.notes.append(
-        "GC: automatic collection is off while the window lives; app/qt/gc_pacer.py collects young "
+        "GC: automatic collection is off while the window lives; app/qt/window/gc_pacer.py collects young "
         "generations from a GUI-thread timer and a full one only after a second without a reply. The last "
         "column is what a full collection would cost without gc.freeze() after the model load, and that "
         "automatic collection could trigger on any thread, mid-stream included; in the test process, with "

@@ -1,5 +1,5 @@
 """Opening a long conversation in the real window: time and memory, with the chat view building
-only the messages near the viewport (app/qt/widgets/chat_view.py, VIRTUALIZE) and, side by
+only the messages near the viewport (app/qt/conversation/chat_view.py, VIRTUALIZE) and, side by
 side in the same process, building every message's widget (what it did before); then the
 time of one scroll step (a wheel's worth, 120 px) through the conversation.
 

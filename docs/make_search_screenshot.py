@@ -41,7 +41,7 @@ def main() -> int:
 
     from shots import ready_window, settle, wait_until  # docs/shots.py, beside this script
 
-    from app.qt.widgets.sidebar import MARKED_ROLE
+    from app.qt.conversation.sidebar import MARKED_ROLE
     from engine.types import SamplerSettings
 
     try:

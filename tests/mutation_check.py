@@ -227,20 +227,20 @@ MUTATIONS: list[Mutation] = [
     # issue 31: the key in the keyring, not settings.ini; the workflows' checks
     Mutation(
         "a key stored in the keyring is also written to settings.ini",
-        (("app/core/api_keys.py", '            settings.remove(FILE_SETTING)\n            return "keyring"\n',
+        (("app/core/engine_link/api_keys.py", '            settings.remove(FILE_SETTING)\n            return "keyring"\n',
           '            settings.setValue(FILE_SETTING, key)\n            return "keyring"\n'),),
         ("tests/app/test_api_keys.py::test_a_remembered_key_is_in_the_keyring_not_in_settings_ini_and_survives_a_restart",
          "tests/gui/test_attached_to_server.py::test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
     ),
     Mutation(
         "the migration copies the key into the keyring but leaves it in settings.ini",
-        (("app/core/api_keys.py", "    settings.remove(FILE_SETTING)\n    log.info(", "    log.info("),),
+        (("app/core/engine_link/api_keys.py", "    settings.remove(FILE_SETTING)\n    log.info(", "    log.info("),),
         ("tests/app/test_api_keys.py::test_a_key_in_settings_ini_moves_to_the_keyring_at_the_next_start",
          "tests/gui/test_attached_to_server.py::test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
     ),
     Mutation(
         "keyring's fail backend taken for a keyring (the dialog claims a keyring it does not have)",
-        (("app/core/api_keys.py", "(fail.Keyring, null.Keyring)", "(null.Keyring,)"),),
+        (("app/core/engine_link/api_keys.py", "(fail.Keyring, null.Keyring)", "(null.Keyring,)"),),
         ("tests/app/test_api_keys.py::test_without_a_keyring_the_key_stays_in_settings_ini_and_the_dialog_says_so",),
     ),
     Mutation(
@@ -325,7 +325,7 @@ MUTATIONS: list[Mutation] = [
     # issue 28: the window's truth (the run shown, Send against the meter, drafts, the GUI thread)
     Mutation(
         "the run shown is not the one selected (the debug panel shows the latest run)",
-        (("app/core/view_models.py", "    if run is None and vm.shown is not None:\n        run = vm.runs[vm.shown]\n", ""),),
+        (("app/core/conversation/view_models.py", "    if run is None and vm.shown is not None:\n        run = vm.runs[vm.shown]\n", ""),),
         ("tests/gui/test_reply_report.py::test_the_run_picked_in_the_runs_menu_is_the_one_the_footer_badge_and_debug_panel_show",),
     ),
     Mutation(
@@ -336,7 +336,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a draft not saved at close",
-        (("app/qt/window.py", "        self.save_draft()  # what was typed and not sent is there at the next start\n", ""),),
+        (("app/qt/window/window.py", "        self.save_draft()  # what was typed and not sent is there at the next start\n", ""),),
         ("tests/gui/test_composer.py::test_drafts_are_stored_with_their_conversation_and_restored_at_start",),
     ),
     Mutation(
@@ -435,7 +435,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the chat view builds every message's widget (virtualization off)",
-        (("app/qt/widgets/chat_view.py", "VIRTUALIZE = True  #", "VIRTUALIZE = False  #"),),
+        (("app/qt/conversation/chat_view.py", "VIRTUALIZE = True  #", "VIRTUALIZE = False  #"),),
         ("tests/gui/test_long_conversation.py::test_a_long_conversation_builds_only_the_messages_near_the_viewport",),
     ),
     Mutation(
@@ -498,14 +498,14 @@ MUTATIONS: list[Mutation] = [
     # issue 39: a regenerate shown at once is still proved by its recomputation
     Mutation(
         "the replay skips the recomputation",
-        (("app/core/replay.py", "    return Replay(expected)\n",
+        (("app/core/generation/replay.py", "    return Replay(expected)\n",
           "    return Replay(expected, verified=len(expected.tokens), seen=len(expected.tokens), ended=True)\n"),),
         ("tests/gui/test_regenerate_replay.py::test_a_regenerate_shows_the_reply_at_once_and_verifies_it_as_it_is_recomputed",),
     ),
     # issue 39: a search hit in the open conversation is scrolled to
     Mutation(
         "search hit not scrolled into view",
-        (("app/qt/widgets/chat_view.py",
+        (("app/qt/conversation/chat_view.py",
           "        self._revealing = message_id  # the messages above may still grow as they lay out: follow it\n"
           "        self.widget().layout().activate()  # geometry up to date before scrolling to it\n"
           "        self.ensureWidgetVisible(w, 0, 40)\n",
@@ -579,7 +579,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a selected search result drawn in the palette's highlighted text (white on the pale selection)",
-        (("app/qt/widgets/sidebar.py",
+        (("app/qt/conversation/sidebar.py",
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.Text))\n",
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.HighlightedText))\n"),),
         ("tests/gui/test_conversations.py::test_a_selected_search_result_is_drawn_readably_on_the_selection",),

@@ -4,7 +4,7 @@ engine (the operations the widgets call on it, send, regenerate, edit, stop…, 
 `ChatModel` holds what the window shows: the open conversation and its active path (as view
 models, with each reply's runs), the *selected reply* (what Regenerate, Compare and Receipt act
 on: the one clicked, else the last), the pending reply and its streamed text, the loaded model
-and where it runs (in this process, or on a Verbatim server: `link`, app/core/server_link.py).
+and where it runs (in this process, or on a Verbatim server: `link`, app/core/engine_link/server_link.py).
 It emits what changed (app/core/evented.py); widgets subscribe and send intents; nothing is
 read back from a widget. Its fields are written by its own methods only (the flows in
 engine_flows.py and the window call them), so every writer of a field is in the class. One reply:
@@ -23,15 +23,15 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional
 
-from app.core.attachments import Attachments, token_cost
-from app.core.continuing import earlier_of, whole_result
-from app.core.context_budget import ContextBudget, budget_requests, measure_budget, refusal_text
+from app.core.composer.attachments import Attachments, token_cost
+from app.core.generation.continuing import earlier_of, whole_result
+from app.core.composer.context_budget import ContextBudget, budget_requests, measure_budget, refusal_text
 from app.core.evented import Evented
-from app.core.replay import Replay, expect
-from app.core.reply_recorder import ReplyRecorder
+from app.core.generation.replay import Replay, expect
+from app.core.generation.reply_recorder import ReplyRecorder
 from app.core.session import ChatSession, ChatSettings, PendingReply
 from app.core.store import StoreError
-from app.core.view_models import MessageVM, finished_text, progress_text, run_shown
+from app.core.conversation.view_models import MessageVM, finished_text, progress_text, run_shown
 from app.core.wording import hidden_note, user_message
 from engine.bridge import Done, engine_batches, engine_call
 from engine.documents.extract import Document
@@ -113,20 +113,20 @@ class ChatModel(Evented):
         self.runs_shown: dict[int, int] = {}  # reply id -> the run picked in its runs menu (else the latest)
         self.pending: Optional[PendingReply] = None
         self.stream = StreamState()
-        self.replay: Optional[Replay] = None  # the pending regenerate's verification (app/core/replay.py)
+        self.replay: Optional[Replay] = None  # the pending regenerate's verification (app/core/generation/replay.py)
         self._stream_offset = 0  # a Continue: tokens of the reply before it (event indices start after)
         self.model_spec = ""
         self.model_name = ""
         self.model_info: Optional[ModelInfo] = None
         self.model_ready = False
         # The loaded model's template's own system prompt ('' none; None not known yet): what the
-        # model gets when the conversation sets none (app/core/template_default.py).
+        # model gets when the conversation sets none (app/core/engine_link/template_default.py).
         self.template_system: Optional[str] = None
         self.cache_stats: dict[str, Any] = {}
         self.mlx_memory = 0
         self.verifying = False
         # The last cold runs (reply id -> model key, request, result, token texts): Verify's
-        # is Compare's B side, and the other way round (app/core/engine_flows.py).
+        # is Compare's B side, and the other way round (app/core/engine_link/flows.py).
         self.cold_runs: dict[int, tuple[str, Any, GenerationResult, list[str]]] = {}
         self.draft = ""
         self.link: Optional[ServerLink] = None  # set while the engine is a server
@@ -139,7 +139,7 @@ class ChatModel(Evented):
         self.budget_for: tuple[Optional[int], str] = (None, "")  # the conversation and draft it counted
         self._draft_timer: Optional[asyncio.TimerHandle] = None
         self._draft_seq = 0  # counts started; only the latest one's result is told
-        # The files attached to the message being written (app/core/attachments.py), and those
+        # The files attached to the message being written (app/core/composer/attachments.py), and those
         # of the other conversations' composers while another is open (kept until quit).
         self.attachments = Attachments(loop, self._document_tokens, self.recount)
         self._stashed: dict[Optional[int], tuple[Document, ...]] = {}
@@ -448,7 +448,7 @@ class ChatModel(Evented):
         self.show_stats(stats, memory)
 
     # ------------------------------------------------- the model, its engine and its server
-    # Written here only: the flows in app/core/engine_flows.py and the window call these.
+    # Written here only: the flows in app/core/engine_link/flows.py and the window call these.
     def use_engines(self, make_local: Callable[[], Any], fallback_spec: Optional[str]) -> None:
         """How to build the in-process engine again after a server (the window's factory), and
         what to load here when a server cannot be reached and no model is loaded."""

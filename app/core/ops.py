@@ -32,7 +32,7 @@ from app.core.chat import (
     ChatModel,
     hidden_note,
 )
-from app.core.continuing import begin_continue
+from app.core.generation.continuing import begin_continue
 from app.core.store import StoreError
 
 # The events a ChatModel tells (app/core/chat.py), named here so a widget imports one module.

@@ -22,7 +22,7 @@ from app.core.store import (
     StoreError,
     assistant_fields_from_result,
 )
-from app.core.view_models import ConversationItem, MessageVM, message_vm
+from app.core.conversation.view_models import ConversationItem, MessageVM, message_vm
 from engine.documents.extract import Document
 from engine.types import (
     CacheReport,
@@ -123,7 +123,7 @@ class PendingReply:
     message: Optional[Message] = None
     run: Optional[Run] = None
     hidden: int = 0  # later turns a regenerate of a middle reply leaves with the previous variant
-    earlier_text: str = ""  # a Continue: the reply's text so far (app/core/continuing.py)
+    earlier_text: str = ""  # a Continue: the reply's text so far (app/core/generation/continuing.py)
 
 
 class ChatSession:

@@ -1,4 +1,4 @@
-"""One-line texts the window says outside a reply's report (that is app/core/view_models.py):
+"""One-line texts the window says outside a reply's report (that is app/core/conversation/view_models.py):
 an error, and what a regenerate of a middle reply did to the turns after it."""
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model = last if isinstance(last, str) and last else "demo"
 
     from app.core.store import StoreError
-    from app.qt.window import MainWindow
+    from app.qt.window.window import MainWindow
 
     loop = jobs.gui_loop()
     try:

@@ -1,4 +1,4 @@
-"""app/core/api_keys.py: the API key the window remembers lives in the keyring, not in
+"""app/core/engine_link/api_keys.py: the API key the window remembers lives in the keyring, not in
 settings.ini; a key an older version left in settings.ini moves there at the next start; with
 no usable keyring it stays in the file, and the dialog's wording says so. Against a real
 settings.ini (QSettings, as the window uses) and a file-backed keyring (tests/file_keyring.py)."""
@@ -17,7 +17,7 @@ pytest.importorskip("PySide6")
 
 from PySide6.QtCore import QSettings  # noqa: E402
 
-from app.core import api_keys  # noqa: E402
+from app.core.engine_link import api_keys  # noqa: E402
 from tests.file_keyring import FileKeyring  # noqa: E402
 
 URL = "http://127.0.0.1:8765"

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from app.core import ops
-from app.core import engine_flows as flows
+from app.core.engine_link import flows
 from app.core.chat import ChatModel
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 
-from app.core.compare import Side, compare
+from app.core.conversation.compare import Side, compare
 from app.core.session import ChatSettings, ModelIdentity
 from app.core.store import ReplyOutcome
-from app.core.view_models import (
+from app.core.conversation.view_models import (
     FAST_NOTE,
     badge_state,
     compare_verdict,

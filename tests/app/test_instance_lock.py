@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.instance_lock import (
+from app.core.store.instance_lock import (
     InstanceLockedError,
     acquire_instance_lock,
     lock_holder_pid,

@@ -1,4 +1,4 @@
-"""The replay of a regenerate expected to repeat its reply (app/core/replay.py, no Qt): which
+"""The replay of a regenerate expected to repeat its reply (app/core/generation/replay.py, no Qt): which
 regenerates expect a repeat, the count verified as tokens arrive, and where a recomputation that
 does not repeat parts from the reply shown, driven by token streams that differ from it."""
 
@@ -9,7 +9,7 @@ from typing import Optional
 
 import pytest
 
-from app.core.replay import Replay, expect
+from app.core.generation.replay import Replay, expect
 from app.core.store import Message
 
 TOKENS = [11, 12, 13, 14, 15]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.core.markdown import render
+from app.core.conversation.markdown import render
 from app.core.session import ChatSession, ChatSettings, ModelIdentity, title_from
 from app.core.store import ConversationStore, ReplyOutcome
-from app.core.view_models import identity_text
+from app.core.conversation.view_models import identity_text
 from engine.engine import Engine
 from engine.types import Comparison, SamplerSettings
 
@@ -213,7 +213,7 @@ def _highlighted(html: str) -> list[bool]:
 
 
 def test_markdown_streaming_highlights_complete_blocks_within_a_budget_then_everything() -> None:
-    from app.core.markdown import STREAM_HIGHLIGHT_CHARS
+    from app.core.conversation.markdown import STREAM_HIGHLIGHT_CHARS
 
     small = "x = 1\nprint(x)"
     big = "\n".join(f"value_{i} = compute({i}, key='k{i}')" for i in range(80))  # > the budget
@@ -239,7 +239,7 @@ def test_chat_logic_does_not_import_qt() -> None:
     import subprocess
 
     code = (
-        "import sys, app.core.session, app.core.view_models, app.core.markdown, app.core.store, app.core.models; "
+        "import sys, app.core.session, app.core.conversation.view_models, app.core.conversation.markdown, app.core.store, app.core.engine_link.models; "
         "sys.exit(any(m.startswith('PySide6') for m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[2]
@@ -280,7 +280,7 @@ def test_python_m_app_starts_and_closes_cleanly_on_sigint(tiny_model: Path, tmp_
 
 
 def test_the_old_prompt_cache_moves_once_to_the_user_cache_folder(tmp_path: Path) -> None:
-    from app.core.cache_move import move_prompt_cache
+    from app.core.engine_link.cache_move import move_prompt_cache
 
     old, new = tmp_path / "data" / "cache", tmp_path / "user-cache" / "Verbatim" / "prompt-cache"
     assert move_prompt_cache(old, new) == "none"
@@ -328,7 +328,7 @@ def test_sending_is_one_commit(tmp_path: Path) -> None:
 
 CHILD = r"""
 import sys
-from app.core.reply_recorder import ReplyRecorder
+from app.core.generation.reply_recorder import ReplyRecorder
 from app.core.session import ChatSession, ChatSettings
 from app.core.store import ConversationStore
 from engine.engine import Engine

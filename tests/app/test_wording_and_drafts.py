@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
-from app.core.context_budget import ContextBudget, budget_requests
-from app.core.drafts import Drafts
-from app.core.filenames import safe_filename
-from app.core.import_hint import import_error_text
-from app.core.prefill_rate import PrefillRate, time_left_text
+from app.core.composer.context_budget import ContextBudget, budget_requests
+from app.core.composer.drafts import Drafts
+from app.core.conversation.filenames import safe_filename
+from app.core.conversation.import_hint import import_error_text
+from app.core.generation.prefill_rate import PrefillRate, time_left_text
 from app.core.session import ChatSettings
-from app.core.view_models import MessageVM
+from app.core.conversation.view_models import MessageVM
 from engine.receipts import RECEIPT_FORMAT
 from engine.types import SamplerSettings
 

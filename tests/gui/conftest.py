@@ -12,7 +12,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
 from app import build_main_window  # noqa: E402
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.cluster import Cluster, running  # noqa: E402
 from tests.gui.driver import LONG, settings, watch  # noqa: E402
 

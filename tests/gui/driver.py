@@ -58,7 +58,7 @@ def replies(w: Any) -> list[Any]:
 
 def connect(qtbot: Any, w: Any, url: str, key: str = "", remember: bool = False) -> None:
     """Models -> "Connect to a Verbatim server…", the address typed, Connect clicked."""
-    from app.qt.widgets.server_dialog import ServerDialog
+    from app.qt.engine_link.server_dialog import ServerDialog
 
     w.findChild(QAction, "connectServerAction").trigger()
     dlg = next(d for d in w.findChildren(ServerDialog, "serverDialog") if d.isVisible())
@@ -109,7 +109,7 @@ def watch(window: Any) -> Watch:
 
 def wait_compared(qtbot: Any, window: Any, action: Any, timeout: int = 20_000) -> Any:
     """Run `action` (a click that opens or changes the compare view) and wait until the view
-    shows a new comparison; returns it (app.core.compare.CompareData)."""
+    shows a new comparison; returns it (app.core.conversation.compare.CompareData)."""
     before = window.inspector.last
     action()
     qtbot.waitUntil(lambda: window.inspector.last is not before, timeout=timeout)

@@ -37,7 +37,7 @@ class RoundReport:
 
 @dataclass
 class WindowSoak:
-    w: Any  # app.qt.window.MainWindow, model loaded
+    w: Any  # app.qt.window.window.MainWindow, model loaded
     wait: Wait
     rounds: list[RoundReport] = field(default_factory=list)
 
@@ -79,7 +79,7 @@ class WindowSoak:
         """Settings (the window's own exec() path) and the model manager, opened and closed."""
         import shiboken6
 
-        from app.qt.widgets.settings_dialog import SettingsDialog
+        from app.qt.conversation.settings_dialog import SettingsDialog
 
         self.close_modal_when_shown(SettingsDialog)
         self.w.open_settings()  # returns when the dialog was rejected

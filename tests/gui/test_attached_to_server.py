@@ -19,8 +19,8 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtGui import QAction  # noqa: E402
 
-from app.qt.widgets.server_dialog import ServerDialog  # noqa: E402
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.engine_link.server_dialog import ServerDialog  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from engine.remote import RemoteEngine  # noqa: E402
 from tests.cluster import Cluster, running  # noqa: E402
 from tests.file_keyring import FileKeyring  # noqa: E402

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pytest
 from PySide6.QtCore import Qt
 
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from engine.engine import Engine
 from tests.gui.driver import LONG, LONG_PROMPT, TURN, replies, send, wait_idle, watch
 
@@ -143,8 +143,8 @@ def test_too_long_advice_only_suggests_lowering_max_tokens_when_that_would_fit(
 
 
 def test_the_meter_is_red_only_when_send_would_be_refused(qtbot: Any) -> None:
-    from app.core.context_budget import ContextBudget
-    from app.qt.widgets.context_meter import ContextMeter
+    from app.core.composer.context_budget import ContextBudget
+    from app.qt.composer.context_meter import ContextMeter
 
     meter = ContextMeter()
     qtbot.addWidget(meter)

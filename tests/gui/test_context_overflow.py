@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from app.core import ops
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from tests.gui.driver import TURN, replies, send, wait_idle, watch  # noqa: E402
 
 CONTEXT = 260
@@ -84,7 +84,7 @@ def test_every_follow_up_in_exact_mode_restores_the_earlier_turns(
 def test_the_context_limit_setting_applies_to_the_next_reply(
     qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
 ) -> None:
-    from app.qt.widgets.settings_dialog import SettingsDialog
+    from app.qt.conversation.settings_dialog import SettingsDialog
 
     w = open_window(max_tokens=8, temperature=0.0)  # no start-up override: the model's own context
     dlg = SettingsDialog(w.current_settings(), w)

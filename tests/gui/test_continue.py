@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QToolButton  # noqa: E402
 
 from app.core import ops  # noqa: E402
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.gui.driver import replies, send, settings, wait_idle, watch  # noqa: E402
 
 pytestmark = pytest.mark.gui

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 from PySide6.QtCore import Qt
 
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, replies, send, watch
 
 pytestmark = pytest.mark.gui
@@ -78,7 +78,7 @@ def test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_t
 ) -> None:
     from PySide6.QtCore import QPoint, QRect, Qt
 
-    from app.qt.widgets.sidebar import MARKED_ROLE
+    from app.qt.conversation.sidebar import MARKED_ROLE
 
     w = open_window(max_tokens=4)
     w.resize(900, 500)
@@ -147,7 +147,7 @@ def test_a_selected_search_result_is_drawn_readably_on_the_selection(
     result's rich text must follow it, not the palette's highlighted text (white). Its title
     (the first line, where the word found is not: the mark draws its own black on yellow) is
     what is measured."""
-    from app.qt.widgets.sidebar import MARKED_ROLE
+    from app.qt.conversation.sidebar import MARKED_ROLE
 
     w = open_window(max_tokens=4)
     send(qtbot, w, "Which rivers cross Vienna? " + "It is a city on a river in Europe. " * 6 + "The Danube does.")

@@ -19,7 +19,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QFileDialog, QToolButton, QWidget  # noqa: E402
 
 from app.core import ops  # noqa: E402
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.document_files import docx_bytes, pdf_bytes  # noqa: E402
 from tests.gui.driver import LONG, chips, counted, drop, replies, send, wait_idle  # noqa: E402
 

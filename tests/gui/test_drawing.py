@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QApplication
 
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from tests.gui.driver import send, shortcut_clashes
 
 pytestmark = pytest.mark.gui
@@ -65,8 +65,8 @@ def test_shortcuts_are_the_same_keys_on_every_platform_and_unambiguous(
 
 
 def test_code_block_copy_link_and_safe_rendering(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
-    from app.core.view_models import MessageVM
-    from app.qt.widgets.chat_view import MessageWidget
+    from app.core.conversation.view_models import MessageVM
+    from app.qt.conversation.chat_view import MessageWidget
 
     w = open_window(wait=False)
     text = "Try:\n\n```python\nprint('<b>hi</b>')\n```\n\n<img src='http://example.com/x.png'><script>x()</script>"
@@ -83,9 +83,9 @@ def test_code_block_copy_link_and_safe_rendering(qtbot: Any, open_window: Callab
 
 
 def test_streamed_code_is_plain_while_written_and_highlighted_once_complete(qtbot: Any) -> None:
-    from app.core.view_models import MessageVM
+    from app.core.conversation.view_models import MessageVM
     from app.qt.theme import theme_named
-    from app.qt.widgets.chat_view import ChatView
+    from app.qt.conversation.chat_view import ChatView
 
     view = ChatView(theme_named("light").code)
     qtbot.addWidget(view)
@@ -111,7 +111,7 @@ def test_a_reply_new_to_the_view_and_its_badge_are_shown_when_set_messages_retur
 ) -> None:
     # Qt shows a widget new to a layout by a queued call; CI once read the identity badge of a
     # reply the view had just rebuilt as hidden. No event may be needed between the two.
-    from app.core.view_models import MessageVM
+    from app.core.conversation.view_models import MessageVM
 
     w = open_window(wait=False)
     view = w.chat_view
@@ -183,8 +183,8 @@ def test_elided_label_keeps_its_text_and_shows_it_as_tooltip(qtbot: Any) -> None
 def test_the_window_module_names_only_files_that_exist() -> None:
     import re
 
-    import app.qt.window as window
+    import app.qt.window.window as window
 
-    root = Path(window.__file__).resolve().parents[2]
+    root = Path(window.__file__).resolve().parents[3]
     named = set(re.findall(r"app/[\w/]+\.py", window.__doc__ or ""))
     assert named and [p for p in sorted(named) if not (root / p).is_file()] == []

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from app.qt.gc_pacer import GcPacer  # noqa: E402
+from app.qt.window.gc_pacer import GcPacer  # noqa: E402
 from tests.gui.driver import Node, cycles  # noqa: E402
 
 

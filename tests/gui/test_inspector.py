@@ -18,8 +18,8 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QPoint, Qt  # noqa: E402
 
-from app.qt.widgets.compare_view import columns  # noqa: E402
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.inspector.compare_view import columns  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.gui.driver import LONG, ROOT, click, replies, send, wait_compared, wait_idle  # noqa: E402
 
 pytestmark = pytest.mark.gui

@@ -14,7 +14,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QRect, Qt  # noqa: E402
 
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.gui.driver import LONG, click, replies, send, wait_compared, wait_idle  # noqa: E402
 
 pytestmark = pytest.mark.gui

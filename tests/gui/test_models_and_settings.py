@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QPushButton
 
 from app.core import ops
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, replies, send, settings, wait_idle, watch
 
 pytestmark = pytest.mark.gui
@@ -26,7 +26,7 @@ def _placeholder_shown(qtbot: Any, w: MainWindow) -> str:
     """Settings opened from the window; the system prompt field's placeholder, then closed."""
     from PySide6.QtCore import QTimer
 
-    from app.qt.widgets.settings_dialog import SettingsDialog
+    from app.qt.conversation.settings_dialog import SettingsDialog
 
     seen: list[str] = []
 
@@ -122,7 +122,7 @@ def test_model_manager_has_a_close_button(qtbot: Any, open_window: Callable[...,
 def test_loading_a_gguf_imported_before_says_so_in_plain_english(
     qtbot: Any, open_window: Callable[..., MainWindow]
 ) -> None:
-    from app.core import engine_flows as flows
+    from app.core.engine_link import flows
 
     w = open_window(model="demo", max_tokens=4)  # the demo is a GGUF: imported by now
     shown: list[str] = []
@@ -147,7 +147,7 @@ def test_window_moves_an_old_prompt_cache_to_its_cache_folder(
 
 
 def test_settings_apply_to_the_next_reply(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
-    from app.qt.widgets.settings_dialog import SettingsDialog
+    from app.qt.conversation.settings_dialog import SettingsDialog
 
     w = open_window()
     dlg = SettingsDialog(w.current_settings(), w)

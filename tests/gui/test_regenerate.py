@@ -13,8 +13,8 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 
 from app.core import ops
-from app.core.view_models import format_seconds
-from app.qt.window import MainWindow
+from app.core.conversation.view_models import format_seconds
+from app.qt.window.window import MainWindow
 from tests.gui.driver import CTRL, LONG, click, replies, send, wait_idle, watch
 
 pytestmark = pytest.mark.gui

@@ -13,10 +13,10 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
 from app.core import ops  # noqa: E402
-from app.core.markdown import render  # noqa: E402
-from app.core.replay import REGENERATE_TIP, Replay  # noqa: E402
-from app.qt.widgets.message_widget import MessageBody  # noqa: E402
-from app.qt.window import MainWindow  # noqa: E402
+from app.core.conversation.markdown import render  # noqa: E402
+from app.core.generation.replay import REGENERATE_TIP, Replay  # noqa: E402
+from app.qt.conversation.message_widget import MessageBody  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.gui.driver import click, replies, send, settings, wait_idle, watch  # noqa: E402
 
 pytestmark = pytest.mark.gui

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication, QPushButton
 
 from app.core import ops
 from app.core.store import ConversationStore
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, LONG_PROMPT, click, replies, send, wait_idle, watch
 
 pytestmark = pytest.mark.gui

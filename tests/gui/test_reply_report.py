@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
 from app.core import ops
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, LONG_PROMPT, click, replies, send, wait_idle, watch
 
 pytestmark = pytest.mark.gui
@@ -134,7 +134,7 @@ def test_a_regenerate_that_ran_a_few_tokens_says_why_its_prefill_has_no_rate(
 
 # -- 11. the wording that misled ------------------------------------------------------------------
 def test_a_one_token_prefill_shows_no_rate_and_the_title_no_database_id() -> None:
-    from app.core.view_models import debug_vm, message_vm, prefill_rate_text
+    from app.core.conversation.view_models import debug_vm, message_vm, prefill_rate_text
     from app.core.store import Message, ReplyOutcome, Run
     from engine.types import CacheReport
 

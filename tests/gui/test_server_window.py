@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.core import ops
-from app.qt.window import MainWindow
+from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, replies, send, watch
 
 pytestmark = pytest.mark.gui
@@ -174,7 +174,7 @@ def test_a_regenerate_on_another_number_of_ranks_names_the_world_size_as_the_cau
 
     from app.core.session import ChatSession, ChatSettings
     from app.core.store import ConversationStore
-    from app.core.view_models import debug_vm
+    from app.core.conversation.view_models import debug_vm
     from engine.engine import Engine
     from engine.types import SamplerSettings
     from tests.engine_helpers import flip_low_bit
@@ -209,7 +209,7 @@ def test_the_connect_dialog_names_this_computer_as_it_is(qtbot: Any) -> None:
 
     from PySide6.QtWidgets import QLabel
 
-    from app.qt.widgets.server_dialog import ServerDialog
+    from app.qt.engine_link.server_dialog import ServerDialog
 
     dlg = ServerDialog()
     qtbot.addWidget(dlg)

@@ -17,7 +17,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.soak_probes import Bounds, none_is_immortal, sample  # noqa: E402
 from tests.gui.soak_window import WindowSoak  # noqa: E402
 

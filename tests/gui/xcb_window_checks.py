@@ -21,7 +21,7 @@ from PySide6.QtCore import QPoint, QRect, Qt  # noqa: E402
 from PySide6.QtWidgets import QLabel, QMessageBox, QWidget  # noqa: E402
 
 from app.core import ops  # noqa: E402
-from app.qt.window import MainWindow  # noqa: E402
+from app.qt.window.window import MainWindow  # noqa: E402
 from tests.gui.driver import LONG, send  # noqa: E402
 
 pytestmark = pytest.mark.gui
@@ -45,7 +45,7 @@ def _visible_rect(w: QWidget, ref: QWidget) -> QRect:
 def _problems(w: MainWindow) -> list[str]:
     """Every visible part of a message that extends past the conversation's viewport, a body
     shorter than its text, and parts of one message drawn over each other."""
-    from app.qt.widgets.chat_view import MessageBody
+    from app.qt.conversation.chat_view import MessageBody
 
     vp = w.chat_view.viewport()
     bad = []
@@ -162,7 +162,7 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w.resize(1400, 900)
     qtbot.waitUntil(lambda: w.width() == 1400, timeout=LONG)
     _settle(qtbot, w)
-    from app.qt.dock_width import WIDTH
+    from app.qt.window.dock_width import WIDTH
 
     assert w.debug_panel.width() >= WIDTH, w.debug_panel.width()
     header = w.debug_panel.layers.horizontalHeader()

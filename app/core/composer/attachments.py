@@ -1,0 +1,149 @@
+"""The files attached to the message being written (no Qt): read off the GUI thread, each
+counted in the loaded model's tokens, removable until Send saves them with the message.
+
+`Attachments` is an evented model (app/core/evented.py): the composer's chips subscribe to
+CHANGED and send intents (`add`, `remove`); ChatModel reads `documents` when it counts the next
+prompt and when it sends. Reading a PDF can take a while (pypdfium2, ~1 s for a few hundred
+pages), so it runs on a worker thread; counting needs the model's tokenizer, so it runs on the
+engine thread (`count`, given by the chat model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+from app.core.jobs import on_daemon_thread
+from app.core.evented import Evented
+from engine.documents.extract import Document, DocumentError, read_document
+from engine.types import GenerationRequest
+
+CHANGED = "changed"  # (list[Attachment]): the chips to show
+REFUSED = "refused"  # (list[str]): files that could not be attached, each "name: why"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One attached file: its document, and what it adds to the prompt (None until counted)."""
+
+    document: Document
+    tokens: Optional[int] = None
+
+    @property
+    def chip(self) -> str:
+        """'report.pdf · 12 pages · 6,120 tokens'."""
+        return chip_text(self.document, self.tokens)
+
+    @property
+    def tooltip(self) -> str:
+        d = self.document
+        return (f"{d.name}: {len(d.text):,} characters of {d.kind} text, read once and kept with the"
+                f" message (sha256 {d.digest[:16]}…). Documents go after the system prompt, so every"
+                " conversation about this file shares its prompt cache.")
+
+
+def chip_text(d: Document, tokens: Optional[int] = None) -> str:
+    parts = [d.name]
+    if d.pages:
+        parts.append(f"{d.pages} page" + ("s" if d.pages != 1 else ""))
+    if tokens is not None:
+        parts.append(f"{tokens:,} tokens")
+    return " · ".join(parts)
+
+
+def token_cost(engine: Any, document: Document, system_prompt: str) -> int:
+    """On the engine thread: the tokens `document` adds to a prompt (its block and separator in
+    the system message), as the engine's own placement renders it."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    probe = GenerationRequest(messages=system + [{"role": "user", "content": "?"}])
+    with_doc = engine.measure(replace(probe, documents=(document,))).prompt_tokens
+    return max(with_doc - engine.measure(probe).prompt_tokens, 0)
+
+
+def read_files(paths: Sequence[str]) -> tuple[list[Document], list[str]]:
+    """Each file's document, and each refusal as 'name: why' (a worker thread's job)."""
+    docs: list[Document] = []
+    refused: list[str] = []
+    for p in paths:
+        try:
+            docs.append(read_document(p))
+        except DocumentError as e:
+            refused.append(str(e))
+        except Exception as e:  # a reader's own failure on a hostile file: still named, nothing lost
+            refused.append(f"{Path(p).name}: cannot be read ({type(e).__name__}: {e})")
+    return docs, refused
+
+
+class Attachments(Evented):
+    """The composer's attached files, in attach order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: Callable[[Document], Awaitable[Optional[int]]],
+                 changed: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+        super().__init__()
+        self.loop = loop  # the GUI's (named: pytest-qt runs it without asyncio's running loop set)
+        self._count = count  # the tokens a document adds (engine thread), None when no model answers
+        self._changed = changed  # the chat model counts the next prompt again
+        self.items: list[Attachment] = []
+
+    @property
+    def documents(self) -> tuple[Document, ...]:
+        return tuple(a.document for a in self.items)
+
+    async def add(self, paths: Sequence[str], already: Sequence[Document] = ()) -> list[Document]:
+        """Read `paths` (off the GUI thread) and attach what can be read; a file attached already
+        (here, or earlier in the conversation: `already`) is not attached twice. Returns the
+        documents added; refusals are told (REFUSED), naming each file."""
+        docs, refused = await self._read(list(paths))
+        have = {d.digest for d in already} | {a.document.digest for a in self.items}
+        added = []
+        for d in docs:
+            if d.digest in have:
+                refused.append(f"{d.name}: already attached to this conversation")
+                continue
+            have.add(d.digest)
+            added.append(d)
+        self.items += [Attachment(d) for d in added]
+        if refused:
+            self.emit(REFUSED, refused)
+        if added:
+            self._told()
+            for d in added:
+                await self._count_one(d)
+        return added
+
+    def _read(self, paths: list[str]) -> "asyncio.Future[tuple[list[Document], list[str]]]":
+        """`read_files` on a daemon thread of its own (a stuck read must not hold up quitting)."""
+        return on_daemon_thread(self.loop, read_files, paths, name="verbatim-read")
+
+    async def _count_one(self, document: Document) -> None:
+        tokens = await self._count(document)
+        for i, a in enumerate(self.items):
+            if a.document is document:
+                self.items[i] = replace(a, tokens=tokens)
+                self.emit(CHANGED, list(self.items))
+
+    async def recount(self) -> None:
+        """Count every chip again (another model: another tokenizer)."""
+        for a in list(self.items):
+            await self._count_one(a.document)
+
+    def remove(self, index: int) -> None:
+        if 0 <= index < len(self.items):
+            del self.items[index]
+            self._told()
+
+    def set(self, documents: Sequence[Document]) -> None:
+        """Put documents back (a send the engine refused returns them with the text)."""
+        self.items = [Attachment(d) for d in documents]
+        self._told()
+
+    def clear(self) -> None:
+        if self.items:
+            self.items = []
+            self._told()
+
+    def _told(self) -> None:
+        self.emit(CHANGED, list(self.items))
+        self._changed()
