@@ -113,8 +113,8 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
     app = QApplication.instance()
     errors: list[str] = []
     updates = [0]  # text updates the chat view got, all replies together
-    w.chat.subscribe("error", lambda title, text: errors.append(text))
-    w.chat.subscribe("stream", lambda *_: updates.__setitem__(0, updates[0] + 1))
+    w.chat.notices.error_raised.connect(lambda title, text: errors.append(text))
+    w.chat.generation.streamed.connect(lambda *_: updates.__setitem__(0, updates[0] + 1))
 
     def spin_until(cond, timeout: float) -> None:
         end = time.perf_counter() + timeout
@@ -122,12 +122,12 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
             app.processEvents()
             time.sleep(0.001)
 
-    spin_until(lambda: w.chat.model_ready, 300)
-    if not w.chat.model_ready:
+    spin_until(lambda: w.chat.link.ready, 300)
+    if not w.chat.link.ready:
         raise RuntimeError(f"model did not load: {errors[-1] if errors else 'timed out'}")
     from dataclasses import replace
 
-    w.apply_settings(replace(w.current_settings(), random_seed=False,
+    w.settings.apply(replace(w.chat.conversation.settings(), random_seed=False,
                              sampler=SamplerSettings(temperature=0.8, max_tokens=max_tokens, seed=1)))
 
     gaps: list[float] = []
@@ -144,7 +144,7 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
-            collections.append((info["generation"], threading.current_thread().name, w.chat.generating))
+            collections.append((info["generation"], threading.current_thread().name, w.chat.generation.busy))
 
     gc.callbacks.append(on_gc)
     shown: dict[int, float] = {}
@@ -175,9 +175,9 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
         gaps.clear()
         w.composer.setPlainText(f"Tell me a long story, part {k + 1}. " + C.filler(30, 40 + k))
         clock.restart()
-        w.send()
+        w.reply_bar.send()
         t0 = time.perf_counter()
-        spin_until(lambda: not w.chat.generating, 300)
+        spin_until(lambda: not w.chat.generation.busy, 300)
         wall = time.perf_counter() - t0
         stalls = [g - TICK_MS for g in gaps[1:]]
         lat = [shown[i] - produced[i] for i in produced if i in shown]

@@ -66,14 +66,14 @@ def open_once(model: Path, n: int, virtualize: bool, app) -> dict:
         w = build_main_window(str(model), data)
         w.resize(1200, 800)
         w.show()
-        while not w.chat.model_ready:
+        while not w.chat.link.ready:
             app.processEvents()
-        w.show_conversation(None)
+        w.conversations.show(None)
         app.processEvents()
         gc.collect()
         before = rss_mb()
         t0 = time.perf_counter()
-        w.show_conversation(conv)
+        w.conversations.show(conv)
         app.processEvents()
         opened = time.perf_counter() - t0
         built = len(w.chat_view.widgets)

@@ -28,7 +28,7 @@ def window(model: Path, data: Path, minutes: float, reply_tokens: int) -> None:
     from PySide6.QtWidgets import QApplication
 
     from app import build_main_window
-    from app.core.session import ChatSettings
+    from app.core.store import ChatSettings
     from engine.types import SamplerSettings
     from tests.soak_probes import sample
     from tests.gui.soak_window import WindowSoak
@@ -44,8 +44,8 @@ def window(model: Path, data: Path, minutes: float, reply_tokens: int) -> None:
 
     w = build_main_window(str(model), data, chunk=16)
     w.show()
-    wait(lambda: w.chat.model_ready, 120_000)
-    w.apply_settings(ChatSettings(sampler=SamplerSettings(temperature=0.9, top_p=0.95, max_tokens=reply_tokens,
+    wait(lambda: w.chat.link.ready, 120_000)
+    w.settings.apply(ChatSettings(sampler=SamplerSettings(temperature=0.9, top_p=0.95, max_tokens=reply_tokens,
                                                           seed=7), random_seed=False))
     soak = WindowSoak(w, wait)
     end, i, first = time.monotonic() + 60 * minutes, 0, None

@@ -185,7 +185,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "identical to an existing variant decided on tokens alone",
-        (("app/core/session.py", "\n                    and m.logprobs == list(result.logprobs)):", "):"),),
+        (("app/core/store/session.py", "\n                    and m.logprobs == list(result.logprobs)):", "):"),),
         ("tests/app/test_regenerate_promises.py::test_a_regenerate_with_equal_tokens_but_other_logprobs_is_kept_as_a_variant",),
     ),
     Mutation(
@@ -196,8 +196,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "regenerate uses the Settings' current mode instead of the reply's own",
-        (("app/core/session.py", "            mode = reply.report.mode if reply.report is not None else settings.mode\n",
-          "            mode = settings.mode\n"),),
+        (("app/core/store/session.py", "        mode = reply.report.mode if reply.report is not None else settings.mode\n"
+          "        settings = replace(settings, sampler=sampler, mode=mode)\n",
+          "        mode = settings.mode\n        settings = replace(settings, sampler=sampler, mode=mode)\n"),),
         ("tests/app/test_regenerate_promises.py::test_regenerate_repeats_the_replys_mode_whatever_the_settings_say",
          "tests/gui/test_regenerate.py::test_window_regenerate_runs_in_the_replys_mode_after_settings_changed"),
     ),
@@ -330,13 +331,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "Send enabled (and sending) on a send the meter refuses",
-        (("app/core/chat.py", "        if b is None or not b.refused or self.budget_for != (self.conv_id, text):\n",
+        (("app/core/composer/model.py",
+          "        if b is None or not b.refused or self.budget_for != (self.conversation.conv_id, text):\n",
           "        if True:\n"),),
         ("tests/gui/test_composer.py::test_a_send_the_meter_refuses_is_disabled_and_never_touches_the_conversation",),
     ),
     Mutation(
         "a draft not saved at close",
-        (("app/qt/window/window.py", "        self.save_draft()  # what was typed and not sent is there at the next start\n", ""),),
+        (("app/qt/window/window.py", "        self.chat.composer.save()  # what was typed and not sent is there at the next start\n",
+          ""),),
         ("tests/gui/test_composer.py::test_drafts_are_stored_with_their_conversation_and_restored_at_start",),
     ),
     Mutation(
@@ -549,7 +552,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the window's reply is generated without the message's documents",
-        (("app/core/session.py", "                                    documents=self.store.documents_for_prompt(user_id))",
+        (("app/core/store/session.py", "                                    documents=self.store.documents_for_prompt(user_id))",
           "                                    documents=())"),),
         ("tests/gui/test_documents.py::test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_before_sending",
          "tests/gui/test_documents.py::test_regenerate_about_a_document_is_identical_and_a_new_conversation_restores_it"),

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from app.core.session import ChatSession
+from app.core.store.session import ChatSession
 from app.core.store import ConversationStore
 from engine.engine import Engine
 

@@ -1,18 +1,19 @@
-"""The chat model without Qt (app/core/chat.py): a plain asyncio loop, a real Engine on a tiny
-model on its executor thread. What a window sees, a test sees the same way: by subscribing."""
+"""The chat without Qt (app/core/chat.py and its sub-models): a plain asyncio loop, a real Engine
+on a tiny model on its executor thread. What a window sees, a test sees the same way: by
+connecting to the sub-models' signals."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
 from app.core import ops
-from app.core.engine_link import flows
-from app.core.chat import ChatModel
-from app.core.session import ChatSession, ChatSettings
+from app.core.chat import Chat
+from app.core.store import ChatSettings
+from app.core.store.session import ChatSession
 from app.core.store import ConversationStore
 from engine.engine import Engine
 from engine.executor import EngineExecutor
@@ -27,13 +28,17 @@ def settings(max_tokens: int = 24) -> ChatSettings:
 
 
 class Log:
-    """Every event of the model, in order, as (name, args)."""
+    """Every signal of the chat's sub-models that a view binds to, in order, as (name, args)."""
 
-    def __init__(self, chat: ChatModel) -> None:
+    def __init__(self, chat: Chat) -> None:
         self.events: list[tuple[str, tuple[Any, ...]]] = []
-        for name in (ops.PATH, ops.SELECTED, ops.PENDING, ops.STREAM, ops.PREFILL, ops.FINISHED, ops.ERROR,
-                     ops.DRAFT, ops.STATS):
-            chat.subscribe(name, lambda *args, name=name: self.events.append((name, args)))
+        signals = {"path": chat.conversation.path_changed, "selected": chat.conversation.selected_changed,
+                   "started": chat.generation.started, "ended": chat.generation.ended,
+                   "streamed": chat.generation.streamed, "prefilled": chat.generation.prefilled,
+                   "finished": chat.generation.finished, "error": chat.notices.error_raised,
+                   "budget": chat.composer.budget_changed, "stats": chat.link.stats_changed}
+        for name, signal in signals.items():
+            signal.connect(lambda *args, name=name: self.events.append((name, args)))
 
     def names(self) -> list[str]:
         return [n for n, _ in self.events]
@@ -42,100 +47,106 @@ class Log:
         return [a for n, a in self.events if n == name]
 
 
-def wait_for(chat: ChatModel, event: str, when: Callable[..., bool] = lambda *a: True) -> tuple[Any, ...]:
-    """Run the loop until `chat` emits `event` (with args `when` accepts); its args."""
-    fut: asyncio.Future[tuple[Any, ...]] = chat.loop.create_future()
+def wait_for(chat: Chat, signal: Any, when: Callable[..., bool] = lambda *a: True) -> tuple[Any, ...]:
+    """Run the loop until `signal` (one of `chat`'s sub-models') is emitted with args `when`
+    accepts; its args."""
+    fut: asyncio.Future[tuple[Any, ...]] = chat.jobs.loop.create_future()
 
     def seen(*args: Any) -> None:
         if not fut.done() and when(*args):
             fut.set_result(args)
 
-    stop = chat.subscribe(event, seen)
+    signal.connect(seen)
     try:
-        return chat.loop.run_until_complete(asyncio.wait_for(fut, TIMEOUT))
+        return chat.jobs.loop.run_until_complete(asyncio.wait_for(fut, TIMEOUT))
     finally:
-        stop()
+        signal.disconnect(seen)
 
 
-def make_chat(tmp_path: Path, max_tokens: int = 24) -> ChatModel:
+def make_chat(tmp_path: Path, defaults: Optional[ChatSettings] = None) -> Chat:
     loop = asyncio.new_event_loop()
     session = ChatSession(ConversationStore(tmp_path / "db.sqlite3"))
     executor = EngineExecutor(lambda: Engine(use_disk=False, chunk=16))
-    return ChatModel(session, executor, loop, loop.create_task, lambda: settings(max_tokens), chunk=16,
-                     batch_interval=0.02)
+    return Chat(session, executor, loop, loop.create_task, lambda: defaults or settings(), chunk=16,
+                batch_interval=0.02)
+
+
+def load(c: Chat, model: Path) -> None:
+    c.link.load(str(model))
+    wait_for(c, c.link.loaded)
+    assert c.link.ready
 
 
 @pytest.fixture
-def chat(tiny_model: Path, tmp_path: Path) -> Iterator[ChatModel]:
+def chat(tiny_model: Path, tmp_path: Path) -> Iterator[Chat]:
     c = make_chat(tmp_path)
-    flows.load_model(c, str(tiny_model))
-    wait_for(c, flows.MODEL, lambda what, *a: what in ("loaded", "failed"))
-    assert c.model_ready
+    load(c, tiny_model)
     yield c
     close(c)
 
 
-def close(c: ChatModel) -> None:
+def close(c: Chat) -> None:
     assert c.shutdown(TIMEOUT)
-    c.loop.run_until_complete(asyncio.sleep(0))  # let the cancelled coroutines go
+    c.jobs.loop.run_until_complete(asyncio.sleep(0))  # let the cancelled coroutines go
     c.session.close()
-    c.loop.close()
+    c.jobs.loop.close()
 
 
-def test_a_send_streams_in_batches_saves_and_selects_the_new_reply(chat: ChatModel) -> None:
+def test_a_send_streams_in_batches_saves_and_selects_the_new_reply(chat: Chat) -> None:
     log = Log(chat)
-    assert ops.send(chat, "Why is the sky blue?") and chat.generating
-    pending = chat.pending
-    assert [vm.role for vm in chat.vms] == ["user", "assistant"] and chat.selected.id == pending.reply_id
-    _, result = wait_for(chat, ops.FINISHED)
-    assert not chat.generating and log.of(ops.PENDING)[-1] == (None,)
-    texts = [text for rid, text, n in log.of(ops.STREAM)]
+    assert ops.send(chat, "Why is the sky blue?") and chat.generation.busy
+    pending = chat.generation.pending
+    assert [vm.role for vm in chat.conversation.vms] == ["user", "assistant"] and chat.conversation.selected.id == pending.reply_id
+    (done,) = wait_for(chat, chat.generation.finished)
+    result = done.result
+    assert not chat.generation.busy and log.of("ended")[-1] == (pending,)
+    texts = [text for rid, text, n in log.of("streamed")]
     assert texts and all(a == b[: len(a)] for a, b in zip(texts, texts[1:])) and texts[-1] == result.text
     assert len(texts) < len(result.tokens)  # batches, not one update per token
     names = log.names()
-    assert names.index(ops.PENDING) < names.index(ops.STREAM) < names.index(ops.FINISHED)
-    reply = chat.vms[-1]
+    assert names.index("started") < names.index("streamed") < names.index("finished")
+    reply = chat.conversation.vms[-1]
     stored = chat.session.message(reply.id)
     assert reply.id == pending.reply_id and stored.status == "complete" and stored.tokens == result.tokens
-    assert stored.logprobs == result.logprobs and chat.selected.id == reply.id and len(reply.runs) == 1
-    assert log.of(ops.SELECTED)[-1][0].id == reply.id
+    assert stored.logprobs == result.logprobs and chat.conversation.selected.id == reply.id and len(reply.runs) == 1
+    assert log.of("selected")[-1][0].id == reply.id
 
 
-def test_regenerate_acts_on_the_selected_reply(chat: ChatModel) -> None:
+def test_regenerate_acts_on_the_selected_reply(chat: Chat) -> None:
     ops.send(chat, "The capital of France is")
-    wait_for(chat, ops.FINISHED)
-    first = chat.vms[-1].id
+    wait_for(chat, chat.generation.finished)
+    first = chat.conversation.vms[-1].id
     ops.send(chat, "And of Italy?")
-    wait_for(chat, ops.FINISHED)
-    second = chat.vms[-1].id
-    chat.open(chat.conv_id)  # reopened: nothing picked, the last reply is the selected one
-    assert chat.selected_id is None and chat.selected.id == second
-    chat.select(chat.vms[0].id)  # a user message: not a reply, ignored
-    assert chat.selected.id == second
-    chat.select(first)
-    assert chat.selected.id == first
+    wait_for(chat, chat.generation.finished)
+    second = chat.conversation.vms[-1].id
+    ops.open_conversation(chat, chat.conversation.conv_id)  # reopened: nothing picked, the last reply is the selected one
+    assert chat.conversation.selected_id is None and chat.conversation.selected.id == second
+    chat.conversation.select(chat.conversation.vms[0].id)  # a user message: not a reply, ignored
+    assert chat.conversation.selected.id == second
+    chat.conversation.select(first)
+    assert chat.conversation.selected.id == first
     assert ops.regenerate(chat)
-    pending, result = wait_for(chat, ops.FINISHED)
-    assert pending.previous_id == first and pending.duplicate_of == first  # identical: a run of it
-    assert [vm.id for vm in chat.vms if vm.role == "assistant"] == [first, second]
-    runs = next(vm for vm in chat.vms if vm.id == first).runs
+    (done,) = wait_for(chat, chat.generation.finished)
+    result = done.result
+    assert done.pending.previous_id == first and done.saved.duplicate_of == first  # identical: a run of it
+    assert [vm.id for vm in chat.conversation.vms if vm.role == "assistant"] == [first, second]
+    runs = next(vm for vm in chat.conversation.vms if vm.id == first).runs
     assert len(runs) == 2 and runs[-1].report.restored == result.report.prompt_tokens - 1
-    assert chat.selected.id == first
+    assert chat.conversation.selected.id == first
 
 
 def test_stop_mid_stream_ends_with_the_result_and_keeps_the_tokens(tmp_path: Path, tiny_model: Path) -> None:
-    c = make_chat(tmp_path, max_tokens=3000)
-    c.default_settings = lambda: ChatSettings(sampler=SamplerSettings(temperature=0.0, max_tokens=3000))
-    flows.load_model(c, str(tiny_model))
-    wait_for(c, flows.MODEL, lambda what, *a: what in ("loaded", "failed"))
+    c = make_chat(tmp_path, ChatSettings(sampler=SamplerSettings(temperature=0.0, max_tokens=3000)))
+    load(c, tiny_model)
     ops.send(c, "Tell me a long story.")
-    wait_for(c, ops.STREAM)
+    wait_for(c, c.generation.streamed)
     assert ops.stop(c)
-    pending, result = wait_for(c, ops.FINISHED)
-    stored = c.session.message(pending.reply_id)
+    (done,) = wait_for(c, c.generation.finished)
+    result = done.result
+    stored = c.session.message(done.pending.reply_id)
     assert result.finish_reason == "cancelled" and 0 < len(result.tokens) < 3000
     assert stored.status == "interrupted" and stored.tokens == result.tokens and stored.content == result.text
-    assert "stopped" in c.vms[-1].footer
+    assert "stopped" in c.conversation.vms[-1].footer
     close(c)
 
 
@@ -143,24 +154,26 @@ def test_an_engine_error_is_told_and_the_message_kept(tmp_path: Path) -> None:
     c = make_chat(tmp_path)  # no model loaded
     log = Log(c)
     assert ops.send(c, "hello?")
-    title, text = wait_for(c, ops.ERROR)
+    title, text = wait_for(c, c.notices.error_raised)
     assert title == "The reply could not be generated" and "no model loaded" in text
-    assert not c.generating and [vm.role for vm in c.vms] == ["user"]  # the empty placeholder went
-    assert ops.FINISHED not in log.names()
+    assert not c.generation.busy and [vm.role for vm in c.conversation.vms] == ["user"]  # the empty placeholder went
+    assert "finished" not in log.names()
     close(c)
 
 
-def test_the_draft_is_counted_off_the_loop_with_the_limit_in_force(chat: ChatModel) -> None:
+def test_the_draft_is_counted_off_the_loop_with_the_limit_in_force(chat: Chat) -> None:
     ops.send(chat, "hi")
-    wait_for(chat, ops.FINISHED)
-    chat.session.set_settings(chat.conv_id, ChatSettings(context_length=1000))
+    wait_for(chat, chat.generation.finished)
+    chat.session.set_settings(chat.conversation.conv_id, ChatSettings(context_length=1000))
     text = "a longer draft, typed on"
-    chat.set_draft("a first")
-    chat.set_draft(text)  # debounced: only this one is counted
-    (budget,) = wait_for(chat, ops.DRAFT, lambda b: b is not None and b.draft > 0)
-    messages = chat.session.draft_messages(chat.conv_id, text, chat.settings())
-    expected = chat.executor.submit(lambda e: len(e.prompt_ids(messages))).result(TIMEOUT)
-    alone = chat.executor.submit(lambda e: len(e.prompt_ids(messages[-1:]))).result(TIMEOUT)
+    chat.composer.type("a first")
+    chat.composer.recount()
+    chat.composer.type(text)
+    chat.composer.recount()  # the latest count wins: only this text is told
+    (budget,) = wait_for(chat, chat.composer.budget_changed, lambda b: b is not None and b.draft > 0)
+    messages = chat.session.draft_messages(chat.conversation.conv_id, text, chat.conversation.settings())
+    expected = chat.jobs.executor.submit(lambda e: len(e.prompt_ids(messages))).result(TIMEOUT)
+    alone = chat.jobs.executor.submit(lambda e: len(e.prompt_ids(messages[-1:]))).result(TIMEOUT)
     assert budget.used == expected and budget.limit == 1000 and budget.draft == alone
-    assert chat.budget is budget and budget.fits and budget.warning == ""
+    assert chat.composer.budget is budget and budget.fits and budget.warning == ""
     assert messages[-1] == {"role": "user", "content": text} and messages[-2]["role"] == "assistant"

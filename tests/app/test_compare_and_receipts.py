@@ -7,7 +7,9 @@ import json
 
 
 from app.core.conversation.compare import Side, compare
-from app.core.session import ChatSettings, ModelIdentity
+from app.core.conversation.model import read_path
+from app.core.store import ChatSettings
+from app.core.store.session import ModelIdentity
 from app.core.store import ReplyOutcome
 from app.core.conversation.view_models import (
     FAST_NOTE,
@@ -38,15 +40,16 @@ def run(session, engine, pending, stop_after=None):
 def test_regenerate_of_a_stopped_reply_is_compared_over_its_length(session_engine) -> None:
     session, engine = session_engine
     conv = session.new_conversation(settings())
-    stopped = run(session, engine, session.begin_send(conv, "Why is the sky blue?"), stop_after=5)
+    stopped = run(session, engine, session.begin_send(conv, "Why is the sky blue?"), stop_after=5).message
     assert stopped.status == "interrupted" and len(stopped.tokens) == 5
     p = session.begin_regenerate(stopped.id)
-    again = run(session, engine, p)
-    assert again.id != stopped.id and p.duplicate_of is None  # a complete reply is new, not a copy
+    saved = run(session, engine, p)
+    again = saved.message
+    assert again.id != stopped.id and saved.duplicate_of is None  # a complete reply is new, not a copy
     assert again.tokens[:5] == stopped.tokens and len(again.tokens) > 5
     c = again.outcome.comparison
     assert c.identical and c.upto == 5
-    vm = session.view(conv)[-1]
+    vm = read_path(session, conv)[-1]
     assert vm.identity == "identical up to where the first one stopped" and vm.badge_state == "same"
     assert identity_text(again.outcome, long=True) == "identical up to where the first one stopped (5 tokens)"
     assert ReplyOutcome.from_dict(again.cache_report).comparison.upto == 5  # stored
@@ -55,19 +58,20 @@ def test_regenerate_of_a_stopped_reply_is_compared_over_its_length(session_engin
 def test_new_variant_is_not_marked_differs_and_duplicates_are_not_added(session_engine) -> None:
     session, engine = session_engine
     conv = session.new_conversation(settings())
-    first = run(session, engine, session.begin_send(conv, "The capital of France is"))
-    variant = run(session, engine, session.begin_regenerate(first.id, fresh=True))
+    first = run(session, engine, session.begin_send(conv, "The capital of France is")).message
+    variant = run(session, engine, session.begin_regenerate(first.id, fresh=True)).message
     assert variant.tokens != first.tokens and variant.outcome.comparison is None
-    vm = session.view(conv)[-1]
+    vm = read_path(session, conv)[-1]
     assert (vm.identity, vm.badge, vm.badge_state, vm.navigator) == ("new seed", "new seed", "info", "2 / 2")
     # Regenerating either variant reproduces it: nothing is added, the variant is made active.
     for target in (first, variant):
         p = session.begin_regenerate(target.id)
-        kept = run(session, engine, p)
-        assert kept.id == target.id and p.duplicate_of == target.id and p.outcome.comparison.identical
-        assert [vm.id for vm in session.view(conv)][-1] == target.id
-        assert session.view(conv)[-1].navigator.endswith("/ 2")
-        assert identity_text(p.outcome) == "identical to an existing variant (not added again)"
+        saved = run(session, engine, p)
+        kept = saved.message
+        assert kept.id == target.id and saved.duplicate_of == target.id and saved.outcome.comparison.identical
+        assert [vm.id for vm in read_path(session, conv)][-1] == target.id
+        assert read_path(session, conv)[-1].navigator.endswith("/ 2")
+        assert identity_text(saved.outcome) == "identical to an existing variant (not added again)"
 
 
 def test_wording_of_badges_and_verdicts() -> None:
@@ -100,7 +104,7 @@ def test_compare_data_rows_and_plot_series() -> None:
 def test_receipt_of_a_stored_reply_replays_and_rides_in_the_export(session_engine, tiny_model, tmp_path) -> None:
     session, engine = session_engine
     conv = session.new_conversation(settings())
-    reply = run(session, engine, session.begin_send(conv, "Why is the sky blue?"))
+    reply = run(session, engine, session.begin_send(conv, "Why is the sky blue?")).message
     model = ModelIdentity(str(tiny_model), engine.info.key, engine.info.name, engine.info.dequantized)
     receipt = session.receipt(reply.id, model)
     assert receipt.tokens == reply.tokens and receipt.model.spec == str(tiny_model)

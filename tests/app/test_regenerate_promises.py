@@ -9,7 +9,8 @@ import dataclasses
 
 import pytest
 
-from app.core.session import ChatSettings
+from app.core.conversation.model import read_path
+from app.core.store import ChatSettings
 from engine.types import SamplerSettings
 from tests.engine_helpers import flip_low_bit
 
@@ -25,20 +26,21 @@ def test_a_regenerate_with_equal_tokens_but_other_logprobs_is_kept_as_a_variant(
     session, engine = session_engine
     conv = session.new_conversation(settings("exact"))
     p1 = session.begin_send(conv, "Why is the sky blue?")
-    first = session.finish(p1, engine.generate(p1.request))
+    first = session.finish(p1, engine.generate(p1.request)).message
     p2 = session.begin_regenerate(first.id)
     result = engine.generate(p2.request)
     assert (result.tokens, result.logprobs) == (first.tokens, first.logprobs)  # the real regenerate: identical
     k = 3
     lps = list(result.logprobs)
     lps[k] = flip_low_bit(lps[k])  # the same tokens, one logprob one float32 ulp away
-    reply = session.finish(p2, dataclasses.replace(result, logprobs=lps))
-    assert p2.duplicate_of is None and reply.id != first.id
+    saved = session.finish(p2, dataclasses.replace(result, logprobs=lps))
+    reply = saved.message
+    assert saved.duplicate_of is None and reply.id != first.id
     stored = session.store.get_message(reply.id)
     assert stored.tokens == first.tokens and stored.logprobs == lps and stored.status == "complete"
-    assert p2.outcome.comparison.identical is False and p2.outcome.comparison.first_diff is None
+    assert saved.outcome.comparison.identical is False and saved.outcome.comparison.first_diff is None
     assert [m.id for m in session.store.siblings(first.id)] == [first.id, reply.id]
-    assert session.view(conv)[-1].navigator == "2 / 2"
+    assert read_path(session, conv)[-1].navigator == "2 / 2"
 
 
 # -- mutation "regenerate uses the Settings' mode" -------------------------------------------------
@@ -49,7 +51,7 @@ def test_regenerate_repeats_the_replys_mode_whatever_the_settings_say(session_en
     session, engine = session_engine
     conv = session.new_conversation(settings(made))
     p1 = session.begin_send(conv, "The capital of France is")
-    first = session.finish(p1, engine.generate(p1.request))
+    first = session.finish(p1, engine.generate(p1.request)).message
     assert first.report.mode == made
     session.set_settings(conv, settings(now))
     pending = session.begin_regenerate(first.id)

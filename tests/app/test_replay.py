@@ -10,7 +10,7 @@ from typing import Optional
 import pytest
 
 from app.core.generation.replay import Replay, expect
-from app.core.store import Message
+from app.core.store import Action, Message
 
 TOKENS = [11, 12, 13, 14, 15]
 LOGPROBS = [-0.5, -1.25, -0.125, -2.0, -0.75]
@@ -23,7 +23,7 @@ def reply(status: str = "complete", model_key: Optional[str] = "m1", tokens: Opt
 
 
 def replayed(tokens: list[int], logprobs: list[float], pieces: list[str], stopped: bool = False) -> Replay:
-    r = expect("regenerate", "exact", "m1", reply())
+    r = expect(Action.REGENERATE, "exact", "m1", reply())
     assert r is not None
     for i, (t, lp, text) in enumerate(zip(tokens, logprobs, pieces)):
         r.feed(i, t, lp, text)
@@ -32,21 +32,21 @@ def replayed(tokens: list[int], logprobs: list[float], pieces: list[str], stoppe
 
 
 def test_only_a_regenerate_of_a_complete_exact_reply_by_the_loaded_model_expects_a_repeat() -> None:
-    r = expect("regenerate", "exact", "m1", reply())
+    r = expect(Action.REGENERATE, "exact", "m1", reply())
     assert r is not None and r.expected.tokens == tuple(TOKENS) and r.expected.text == "Hello, sea and sky"
     assert (r.verified, r.total, r.state) == (0, 5, "checking") and r.badge == "re-checking… verified 0 / 5"
     assert r.shown_text == "Hello, sea and sky"  # the previous reply's text, before any token
-    assert expect("variant", "exact", "m1", reply()) is None  # a fresh seed: nothing to repeat
-    assert expect("regenerate", "fast", "m1", reply()) is None  # fast mode: not promised bit-equal
-    assert expect("regenerate", "exact", "m2", reply()) is None  # another model
-    assert expect("regenerate", "exact", "m1", reply(model_key=None)) is None  # made by an unknown one
-    assert expect("regenerate", "exact", "m1", reply(status="interrupted")) is None  # stopped: goes on past it
-    assert expect("regenerate", "exact", "m1", reply(tokens=[])) is None
-    assert expect("regenerate", "exact", "m1", None) is None
+    assert expect(Action.VARIANT, "exact", "m1", reply()) is None  # a fresh seed: nothing to repeat
+    assert expect(Action.REGENERATE, "fast", "m1", reply()) is None  # fast mode: not promised bit-equal
+    assert expect(Action.REGENERATE, "exact", "m2", reply()) is None  # another model
+    assert expect(Action.REGENERATE, "exact", "m1", reply(model_key=None)) is None  # made by an unknown one
+    assert expect(Action.REGENERATE, "exact", "m1", reply(status="interrupted")) is None  # stopped: goes on past it
+    assert expect(Action.REGENERATE, "exact", "m1", reply(tokens=[])) is None
+    assert expect(Action.REGENERATE, "exact", "m1", None) is None
 
 
 def test_a_repeat_is_verified_token_by_token_and_confirmed_only_at_its_end() -> None:
-    r = expect("regenerate", "exact", "m1", reply())
+    r = expect(Action.REGENERATE, "exact", "m1", reply())
     assert r is not None
     counts = []
     for i in range(5):

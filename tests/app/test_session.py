@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from app.core.conversation.markdown import render
-from app.core.session import ChatSession, ChatSettings, ModelIdentity, title_from
+from app.core.conversation.model import read_path
+from app.core.store import ChatSettings
+from app.core.store.session import ChatSession, ModelIdentity, ReplyMaker, title_from
 from app.core.store import ConversationStore, ReplyOutcome
 from app.core.conversation.view_models import identity_text
 from engine.engine import Engine
@@ -17,7 +19,7 @@ from engine.types import Comparison, SamplerSettings
 
 
 def run(session: ChatSession, engine: Engine, pending):
-    return session.finish(pending, engine.generate(pending.request))
+    return session.finish(pending, engine.generate(pending.request)).message
 
 
 def settings(**kw) -> ChatSettings:
@@ -27,7 +29,7 @@ def settings(**kw) -> ChatSettings:
 def test_send_regenerate_variant_edit_without_qt(session_engine) -> None:
     session, engine = session_engine
     conv = session.new_conversation(settings(system_prompt="Be brief."))
-    p1 = session.begin_send(conv, "Why is the sky blue?", model_name="tiny")
+    p1 = session.begin_send(conv, "Why is the sky blue?", ReplyMaker("tiny"))
     assert session.store.get_message(p1.reply_id).status == "generating"  # saved before generating
     assert p1.request.messages[0] == {"role": "system", "content": "Be brief."}
     first = run(session, engine, p1)
@@ -37,28 +39,29 @@ def test_send_regenerate_variant_edit_without_qt(session_engine) -> None:
     # Regenerate reproduces the reply: no copy is added, the existing variant stays (and is active).
     p2 = session.begin_regenerate(first.id)
     result = engine.generate(p2.request)
-    again = session.finish(p2, result)
-    assert again.id == first.id and p2.duplicate_of == first.id
+    saved = session.finish(p2, result)
+    again = saved.message
+    assert again.id == first.id and saved.duplicate_of == first.id
     assert result.tokens == first.tokens and result.logprobs == first.logprobs
-    outcome = p2.outcome
+    outcome = saved.outcome
     assert outcome.comparison.identical is True and outcome.action == "regenerate" and outcome.previous_id == first.id
     assert result.report.restored == result.report.prompt_tokens - 1
-    assert [vm.id for vm in session.view(conv)][-1] == first.id and session.view(conv)[-1].navigator == "1 / 1"
+    assert [vm.id for vm in read_path(session, conv)][-1] == first.id and read_path(session, conv)[-1].navigator == "1 / 1"
 
     variant = run(session, engine, session.begin_regenerate(first.id, fresh=True))
     assert variant.seed != first.seed and variant.outcome.action == "variant"
     assert variant.outcome.comparison is None  # a new seed is not compared ("new seed")
-    view = session.view(conv)
+    view = read_path(session, conv)
     assert [vm.role for vm in view] == ["user", "assistant"]
     assert view[-1].navigator == "2 / 2" and view[-1].prev_id == first.id
     assert view[-1].identity == "new seed" and view[-1].badge_state == "info"
 
     edited = session.begin_edit(p1.user_id, "What is Rome?")
     reply = run(session, engine, edited)
-    view = session.view(conv)
+    view = read_path(session, conv)
     assert view[0].content == "What is Rome?" and view[0].navigator == "2 / 2" and view[1].id == reply.id
     session.store.set_active(p1.user_id)
-    assert [vm.id for vm in session.view(conv)][0] == p1.user_id
+    assert [vm.id for vm in read_path(session, conv)][0] == p1.user_id
 
 
 def test_verify_inputs_reproduce_the_reply_cold(session_engine, tiny_model: Path) -> None:
@@ -68,7 +71,7 @@ def test_verify_inputs_reproduce_the_reply_cold(session_engine, tiny_model: Path
     reply = run(session, engine, session.begin_send(conv, "The capital of France is"))
     pending = session.begin_regenerate(reply.id)
     result = engine.generate(pending.request)
-    again = session.finish(pending, result)
+    again = session.finish(pending, result).message
     assert 0 < result.report.restored == result.report.prompt_tokens - 1
     request, tokens, logprobs = session.verify_inputs(again.id)
     assert (tokens, logprobs) == (result.tokens, result.logprobs)  # what the store kept, bit for bit
@@ -112,20 +115,20 @@ def test_footer_shows_the_latest_run_and_every_run_is_kept(session_engine) -> No
     session, engine = session_engine
     conv = session.new_conversation(settings())
     reply = run(session, engine, session.begin_send(conv, "hi"))
-    vm = session.view(conv)[-1]
+    vm = read_path(session, conv)[-1]
     assert vm.footer.startswith(f"{len(reply.tokens)} token") and "TTFT" in vm.footer
     assert "cache: restored 0 / " in vm.footer and len(vm.runs) == 1
     # A regenerate identical to it adds no message, only a run, with its own report: the footer
     # shows that run (restored all but the last prompt token, from memory), the first stays listed.
     again = session.begin_regenerate(reply.id)
     result = engine.generate(again.request)
-    session.finish(again, result)
-    vm = session.view(conv)[-1]
+    saved = session.finish(again, result)
+    vm = read_path(session, conv)[-1]
     assert vm.id == reply.id and [r.report.restored for r in vm.runs] == [0, result.report.prompt_tokens - 1]
     assert vm.footer.startswith("run 2 of 2 · ") and f"cache: restored {result.report.prompt_tokens - 1} / " in vm.footer
     assert "(memory)" in vm.footer and vm.run_lines[0].startswith("run 1 of 2 · ")
     assert vm.report.restored == result.report.prompt_tokens - 1 and vm.outcome.duplicate_of == reply.id
-    assert again.run is not None and again.run.message_id == reply.id and vm.runs[-1].id == again.run.id
+    assert saved.run.message_id == reply.id and vm.runs[-1].id == saved.run.id
     assert "Regenerate (Ctrl+R) repeats this reply's own settings" in vm.settings_note
     # The engine's "identical to the last reply of the same prompt" and the session's comparison
     # are kept apart in a run (in the message's JSON column they share the key "identical").
@@ -143,8 +146,7 @@ def test_a_reply_cut_short_keeps_its_tokens_across_a_crash(session_engine, tmp_p
     regenerate (over the shared length)."""
     session, engine = session_engine
     conv = session.new_conversation(settings())
-    pending = session.begin_send(conv, "Tell me a story.")
-    pending.model_key, pending.chunk = engine.info.key, engine.chunk
+    pending = session.begin_send(conv, "Tell me a story.", ReplyMaker(key=engine.info.key, chunk=engine.chunk))
     full = engine.generate(pending.request)
     cut = 5
     text = "".join(engine.token_texts(full.tokens[:cut]))
@@ -154,7 +156,7 @@ def test_a_reply_cut_short_keeps_its_tokens_across_a_crash(session_engine, tmp_p
     session = ChatSession(ConversationStore(path))
     m = session.message(pending.reply_id)
     assert m.status == "interrupted" and m.tokens == full.tokens[:cut] and m.logprobs == full.logprobs[:cut]
-    vm = session.view(conv)[-1]
+    vm = read_path(session, conv)[-1]
     assert vm.tokens == cut and vm.footer == f"{cut} tokens · stopped (not finished)" and vm.runs == ()
     request, tokens, _ = session.verify_inputs(m.id)  # a cold run reproduces the part it got
     assert tokens == full.tokens[:cut] and request.sampler.max_tokens == cut and request.mode == "exact"
@@ -165,8 +167,8 @@ def test_a_reply_cut_short_keeps_its_tokens_across_a_crash(session_engine, tmp_p
     again = session.begin_regenerate(m.id)
     assert again.request.sampler.seed == m.seed
     result = engine.generate(again.request)
-    session.finish(again, result)
-    assert again.outcome.comparison.identical and again.outcome.comparison.upto == cut
+    saved = session.finish(again, result)
+    assert saved.outcome.comparison.identical and saved.outcome.comparison.upto == cut
     session.close()
 
 
@@ -239,7 +241,7 @@ def test_chat_logic_does_not_import_qt() -> None:
     import subprocess
 
     code = (
-        "import sys, app.core.session, app.core.conversation.view_models, app.core.conversation.markdown, app.core.store, app.core.engine_link.models; "
+        "import sys, app.core.ops, app.core.chat, app.core.conversation.markdown, app.core.engine_link.models; "
         "sys.exit(any(m.startswith('PySide6') for m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[2]
@@ -315,12 +317,12 @@ def test_sending_is_one_commit(tmp_path: Path) -> None:
     session = ChatSession(store)
     commits: list[str] = []
     store._conn.set_trace_callback(lambda sql: sql.strip().upper() == "COMMIT" and commits.append(sql))
-    pending = session.begin_send(None, "Hello there", "model", settings(system_prompt="Be brief."))
+    pending = session.begin_send(None, "Hello there", ReplyMaker("model"), settings(system_prompt="Be brief."))
     assert len(commits) == 1
     assert session.title(pending.conversation_id) == "Hello there"
     assert [m.role for m in store.messages(pending.conversation_id)] == ["user", "assistant"]
     commits.clear()
-    session.begin_send(pending.conversation_id, "And again", "model")
+    session.begin_send(pending.conversation_id, "And again", ReplyMaker("model"))
     assert len(commits) == 1
     store._conn.set_trace_callback(None)
     store.close()
@@ -329,7 +331,8 @@ def test_sending_is_one_commit(tmp_path: Path) -> None:
 CHILD = r"""
 import sys
 from app.core.generation.reply_recorder import ReplyRecorder
-from app.core.session import ChatSession, ChatSettings
+from app.core.store import ChatSettings
+from app.core.store.session import ChatSession, ReplyMaker
 from app.core.store import ConversationStore
 from engine.engine import Engine
 from engine.types import SamplerSettings
@@ -340,8 +343,7 @@ engine = Engine(use_disk=False, chunk=16)
 engine.load(model)
 settings = ChatSettings(sampler=SamplerSettings(temperature=0.0, max_tokens=4000), random_seed=False)
 conv = session.new_conversation(settings)
-pending = session.begin_send(conv, "Tell me everything.")
-pending.model_key, pending.chunk = engine.info.key, engine.chunk
+pending = session.begin_send(conv, "Tell me everything.", ReplyMaker(key=engine.info.key, chunk=engine.chunk))
 recorder = ReplyRecorder(session, pending, every=0.0)  # save after every token
 for event in engine.stream(pending.request):
     recorder(event)

@@ -11,7 +11,7 @@ from app.core.composer.drafts import Drafts
 from app.core.conversation.filenames import safe_filename
 from app.core.conversation.import_hint import import_error_text
 from app.core.generation.prefill_rate import PrefillRate, time_left_text
-from app.core.session import ChatSettings
+from app.core.store import ChatSettings
 from app.core.conversation.view_models import MessageVM
 from engine.receipts import RECEIPT_FORMAT
 from engine.types import SamplerSettings

@@ -30,10 +30,10 @@ def open_window(qtbot: Any, tiny_model: Path, tmp_path: Path) -> Iterator[Callab
         opened.append(w)
         watch(w)  # what the chat model tells, from the start
         if wait:
-            qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
+            qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
             w.activateWindow()  # window shortcuts (Esc, Ctrl+R, Ctrl+D) need the active window
             qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
-            w.apply_settings(settings(max_tokens, temperature))
+            w.settings.apply(settings(max_tokens, temperature))
         return w
 
     yield make

@@ -6,7 +6,6 @@ last-values kept in the app for tests). The fixtures that build windows are in c
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,8 +13,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QPushButton, QWidget
 
-from app.core import ops
-from app.core.session import ChatSettings
+from app.core.store import ChatSettings
 from engine.types import SamplerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,13 +35,13 @@ def settings(max_tokens: int = 24, temperature: float = 0.9, **kw: Any) -> ChatS
 def send(qtbot: Any, w: Any, text: str, wait: bool = True) -> None:
     w.composer.setPlainText(text)
     qtbot.mouseClick(w.findChild(QPushButton, "sendButton"), Qt.MouseButton.LeftButton)
-    assert w.chat.generating
+    assert w.chat.generation.busy
     if wait:
         wait_idle(qtbot, w)
 
 
 def wait_idle(qtbot: Any, w: Any) -> None:
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
 
 
 def click(qtbot: Any, w: Any, name: str) -> None:
@@ -53,7 +51,7 @@ def click(qtbot: Any, w: Any, name: str) -> None:
 
 
 def replies(w: Any) -> list[Any]:
-    return [vm for vm in w.chat.vms if vm.role == "assistant"]
+    return [vm for vm in w.chat.conversation.vms if vm.role == "assistant"]
 
 
 def connect(qtbot: Any, w: Any, url: str, key: str = "", remember: bool = False) -> None:
@@ -70,24 +68,18 @@ def connect(qtbot: Any, w: Any, url: str, key: str = "", remember: bool = False)
     qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
 
 
-@dataclass
-class Finished:
-    pending: Any  # app.core.session.PendingReply, as the reply ended (outcome, duplicate_of, run)
-    result: Any  # engine.types.GenerationResult
-
-
 class Watch:
-    """Every STREAM / PREFILL / FINISHED / ERROR event of one chat model."""
+    """Every streamed batch, prefill step, finished reply and error of one window's chat."""
 
-    def __init__(self, chat: ops.ChatModel) -> None:
+    def __init__(self, chat: Any) -> None:
         self.stream_updates = 0  # text updates the views got (batching evidence)
         self.prefill: list[tuple[int, int]] = []
-        self.finished: Optional[Finished] = None
+        self.finished: Optional[Any] = None  # app.core.generation.model.FinishedReply: pending, result, saved
         self.errors: list[tuple[str, str]] = []
-        chat.subscribe(ops.STREAM, self._stream)
-        chat.subscribe(ops.PREFILL, lambda rid, done, total: self.prefill.append((done, total)))
-        chat.subscribe(ops.FINISHED, lambda pending, result: setattr(self, "finished", Finished(pending, result)))
-        chat.subscribe(ops.ERROR, lambda title, text: self.errors.append((title, text)))
+        chat.generation.streamed.connect(self._stream)
+        chat.generation.prefilled.connect(lambda rid, done, total: self.prefill.append((done, total)))
+        chat.generation.finished.connect(lambda done: setattr(self, "finished", done))
+        chat.notices.error_raised.connect(lambda title, text: self.errors.append((title, text)))
 
     def _stream(self, reply_id: int, text: str, count: int) -> None:
         self.stream_updates += 1
@@ -157,7 +149,7 @@ def chips(w: Any) -> list[str]:
 def counted(w: Any, n: int) -> None:
     """Wait until `n` chips show their token count."""
     def done() -> bool:
-        items = w.chat.attachments.items
+        items = w.chat.composer.attachments.items
         return len(items) == n and all(a.tokens is not None for a in items) and len(chips(w)) == n
     return done  # type: ignore[return-value]
 

@@ -48,10 +48,10 @@ class WindowSoak:
         button.click()
 
     def idle(self) -> None:
-        self.wait(lambda: not self.w.chat.generating, LONG)
+        self.wait(lambda: not self.w.chat.generation.busy, LONG)
 
     def replies(self) -> list[Any]:
-        return [vm for vm in self.w.chat.vms if vm.role == "assistant"]
+        return [vm for vm in self.w.chat.conversation.vms if vm.role == "assistant"]
 
     def stored(self, message_id: int) -> Any:
         return self.w.session.store.get_message(message_id)
@@ -59,7 +59,7 @@ class WindowSoak:
     def send(self, text: str, wait: bool = True) -> None:
         self.w.composer.setPlainText(text)
         self.click("sendButton")
-        assert self.w.chat.generating
+        assert self.w.chat.generation.busy
         if wait:
             self.idle()
 
@@ -82,8 +82,8 @@ class WindowSoak:
         from app.qt.conversation.settings_dialog import SettingsDialog
 
         self.close_modal_when_shown(SettingsDialog)
-        self.w.open_settings()  # returns when the dialog was rejected
-        mgr = self.w.open_model_manager()
+        self.w.settings.open_dialog()  # returns when the dialog was rejected
+        mgr = self.w.models.open_manager()
         self.wait(lambda: mgr.isVisible() and ("found" in mgr.status.text() or "No models" in mgr.status.text()), LONG)
         mgr.close()  # WA_DeleteOnClose: gone at the next event-loop turn
         self.wait(lambda: not shiboken6.isValid(mgr), LONG)
@@ -97,16 +97,16 @@ class WindowSoak:
         assert {data.a.message_id, data.b.message_id} == {a_id, b_id}
         assert data.a.tokens == list(self.stored(data.a.message_id).tokens)
         view.close()
-        self.w.debug_action.trigger()
+        self.w.menus.debug_action.trigger()
         assert self.w.debug_panel.isVisible()
-        self.w.debug_action.trigger()
+        self.w.menus.debug_action.trigger()
         assert not self.w.debug_panel.isVisible()
 
     # ----------------------------------------------------------------------------- a round
     def round(self) -> RoundReport:
         w, n = self.w, len(self.rounds)
         previous: Optional[int] = self.rounds[-1].conv_id if self.rounds else None
-        w.new_conversation()
+        w.conversations.new()
         self.send(f"{PROMPTS[n % len(PROMPTS)]} (round {n})")
         first = self.replies()[-1]
         first_tokens = list(self.stored(first.id).tokens)
@@ -128,8 +128,8 @@ class WindowSoak:
         self.send("Go on, please.", wait=False)  # stopped mid-stream
         # A reply may also end on its own (an end token) before 20 characters: then there is
         # nothing left to stop (Stop is disabled), and waiting for more text would never end.
-        self.wait(lambda: len(w.chat.stream_text) > 20 or not w.chat.generating, LONG)
-        if w.chat.generating:
+        self.wait(lambda: len(w.chat.generation.stream.text) > 20 or not w.chat.generation.busy, LONG)
+        if w.chat.generation.busy:
             self.click("stopButton")
         self.idle()
         stopped = self.stored(self.replies()[-1].id)
@@ -137,15 +137,15 @@ class WindowSoak:
         # engine: a race the stop tests cover; here the session only has to go on.
         assert stopped.status in ("interrupted", "complete") and stopped.tokens, stopped.status
         tokens, made = tokens + len(stopped.tokens), made + 1
-        conv_id = w.conv_id
-        assert conv_id is not None and len(w.chat.vms) == 4
+        conv_id = w.chat.conversation.conv_id
+        assert conv_id is not None and len(w.chat.conversation.vms) == 4
 
         self.inspect(second.id, first.id)
         self.dialogs()
         if previous is not None:  # the previous round's conversation, from the sidebar
             self.wait(lambda: previous in w.sidebar.ids(), LONG)
             w.sidebar.list.setCurrentRow(w.sidebar.ids().index(previous))
-            assert w.conv_id == previous and len(w.chat.vms) == 4
+            assert w.chat.conversation.conv_id == previous and len(w.chat.conversation.vms) == 4
         report = RoundReport(conv_id, tokens, made, len(stopped.tokens))
         self.rounds.append(report)
         return report

@@ -37,21 +37,21 @@ def test_the_window_attached_to_a_two_rank_server(
     qtbot: Any, open_window: Callable[..., MainWindow], cluster: Cluster, tmp_path: Path  # noqa: F811
 ) -> None:
     w = open_window()  # the tiny model in process first
-    w.chat.link_interval = 0.2  # probe often: the test waits on what the window shows
+    w.chat.link.interval = 0.2  # probe often: the test waits on what the window shows
     connect(qtbot, w, cluster.url)
-    qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+    qtbot.waitUntil(lambda: w.chat.link.server is not None and w.chat.link.ready, timeout=SERVER)
     served = cluster.get("/verbatim/model")
     where = f"{Path(served['id']).name} · 2 ranks at 127.0.0.1:{cluster.port}"
-    assert w.model_label.text() == where and w.chat.model_info.key == served["key"]
+    assert w.models.model_label.text() == where and w.chat.link.info.key == served["key"]
     assert w.qsettings.value("server/url") == cluster.url and w.qsettings.value("model/last") == cluster.url
     assert w.findChild(QAction, "disconnectServerAction").isEnabled()
     assert not w.debug_panel.clear_button.isEnabled()  # the server's cache is the server's
 
     send(qtbot, w, "Why is the sky blue?", wait=False)
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=SERVER)
     first = watch(w).finished.result
     reply = replies(w)[-1]
-    reply_conv = w.conv_id
+    reply_conv = w.chat.conversation.conv_id
     n = first.report.prompt_tokens
     stored = w.session.store.get_message(reply.id)
     assert len(first.tokens) == 24 and stored.tokens == first.tokens and stored.logprobs == first.logprobs
@@ -59,9 +59,9 @@ def test_the_window_attached_to_a_two_rank_server(
 
     # The meter counts the next prompt with the server's tokenizer, against the served context.
     w.composer.setPlainText("And why are sunsets red?")
-    qtbot.waitUntil(lambda: w.chat.budget is not None and w.chat.budget.draft > 0, timeout=SERVER)
-    budget = w.chat.budget
-    turns = [{"role": vm.role, "content": vm.content} for vm in w.chat.vms]
+    qtbot.waitUntil(lambda: w.chat.composer.budget is not None and w.chat.composer.budget.draft > 0, timeout=SERVER)
+    budget = w.chat.composer.budget
+    turns = [{"role": vm.role, "content": vm.content} for vm in w.chat.conversation.vms]
     expected = RemoteEngine(cluster.url).prompt_ids(turns + [{"role": "user", "content": "And why are sunsets red?"}])
     assert budget.limit == served["context_length"] and budget.used == len(expected)
     assert w.context_meter.label.text() == f"{budget.used:,} / {budget.limit:,}"
@@ -74,12 +74,12 @@ def test_the_window_attached_to_a_two_rank_server(
     again = watch(w).finished
     assert again.result.tokens == first.tokens and again.result.logprobs == first.logprobs
     assert again.result.report.restored == n - 1 and again.result.report.source == "memory"
-    assert again.pending.duplicate_of == reply.id and [vm.id for vm in replies(w)] == [reply.id]
+    assert again.saved.duplicate_of == reply.id and [vm.id for vm in replies(w)] == [reply.id]
     widget = w.chat_view.widget_for(reply.id)
     assert widget.identity.text().startswith("✓ identical") and widget.footer.text().startswith("run 2 of 2")
 
     # The debug panel: a row per rank, each restored n-1 with every layer there.
-    w.debug_action.trigger()
+    w.menus.debug_action.trigger()
     assert w.debug_panel.rank_box.isVisible()
     assert w.debug_panel.rank_box.title() == "Ranks (2)"
     lines = w.debug_panel.ranks.text().splitlines()
@@ -104,7 +104,7 @@ def test_the_window_attached_to_a_two_rank_server(
 
     # Verify against a cold run: the server runs it with no cache.
     qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not w.chat.verifying, timeout=SERVER)
+    qtbot.waitUntil(lambda: not w.chat.cold_runs.verifying, timeout=SERVER)
     assert w.debug_panel.value("verify").startswith("✓ identical")
 
     # A receipt of the reply names the server: `python -m engine verify` replays it there.
@@ -118,35 +118,35 @@ def test_the_window_attached_to_a_two_rank_server(
     assert "replaying on" in proc.stderr and "2 ranks" in proc.stderr and "environment differs" not in proc.stdout
 
     # Stop mid-reply: the reply keeps what it has, its token ids too (the stream names them).
-    w.new_conversation()
-    w.apply_settings(settings(max_tokens=3000))
+    w.conversations.new()
+    w.settings.apply(settings(max_tokens=3000))
     send(qtbot, w, "Tell me a long story.", wait=False)
-    qtbot.waitUntil(lambda: w.chat.stream.tokens >= 3, timeout=SERVER)
-    qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+    qtbot.waitUntil(lambda: w.chat.generation.stream.tokens >= 3, timeout=SERVER)
+    qtbot.mouseClick(w.reply_bar.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=SERVER)
     stopped = w.session.store.get_message(replies(w)[-1].id)
     assert stopped.status == "interrupted" and 3 <= len(stopped.tokens) < 3000
     assert len(stopped.logprobs) == len(stopped.tokens) and all(t >= 0 for t in stopped.tokens)
-    w.apply_settings(settings())
-    w.show_conversation(reply_conv)
-    assert w.chat.selected.id == reply.id
+    w.settings.apply(settings())
+    w.conversations.show(reply_conv)
+    assert w.chat.conversation.selected.id == reply.id
 
     # The server stops: the window says so; what is typed stays, and Enter sends nothing.
     assert cluster.stop() == [0, 0], cluster.log()
     draft = "A question typed while the server is away"
     w.composer.setPlainText(draft)
-    qtbot.waitUntil(lambda: "not reachable" in w.model_label.text(), timeout=SERVER)
+    qtbot.waitUntil(lambda: "not reachable" in w.models.model_label.text(), timeout=SERVER)
     assert w.banner.isVisible() and "The server is not reachable" in w.banner.text()
-    assert not w.send_button.isEnabled() and not w.regenerate_button.isEnabled()
+    assert not w.reply_bar.send_button.isEnabled() and not w.reply_bar.regenerate_button.isEnabled()
     w.composer.setFocus()
     qtbot.keyClick(w.composer, Qt.Key.Key_Return)
-    assert not w.chat.generating and w.composer.toPlainText() == draft
-    assert [vm.role for vm in w.chat.vms] == ["user", "assistant"]  # nothing was sent
+    assert not w.chat.generation.busy and w.composer.toPlainText() == draft
+    assert [vm.role for vm in w.chat.conversation.vms] == ["user", "assistant"]  # nothing was sent
 
     # It comes back where it was (its cache on disk): the window works again by itself.
     cluster.start(same_port=True)
-    qtbot.waitUntil(lambda: w.chat.link.up, timeout=SERVER)
-    assert w.model_label.text() == where and not w.banner.isVisible() and w.send_button.isEnabled()
+    qtbot.waitUntil(lambda: w.chat.link.server.up, timeout=SERVER)
+    assert w.models.model_label.text() == where and not w.banner.isVisible() and w.reply_bar.send_button.isEnabled()
     assert w.composer.toPlainText() == draft
     before = watch(w).finished
     w.activateWindow()
@@ -162,8 +162,8 @@ def test_the_window_attached_to_a_two_rank_server(
     # Back to a model in this process: the local engine again, the same tokens as the server's
     # would not be promised (world size is part of the identity), but a reply comes.
     w.findChild(QAction, "disconnectServerAction").trigger()
-    qtbot.waitUntil(lambda: w.chat.link is None and w.chat.model_ready, timeout=LONG)
-    assert "ranks" not in w.model_label.text() and w.debug_panel.clear_button.isEnabled()
+    qtbot.waitUntil(lambda: w.chat.link.server is None and w.chat.link.ready, timeout=LONG)
+    assert "ranks" not in w.models.model_label.text() and w.debug_panel.clear_button.isEnabled()
 
 
 def test_a_server_that_cannot_be_reached_keeps_the_model_loaded(
@@ -172,16 +172,16 @@ def test_a_server_that_cannot_be_reached_keeps_the_model_loaded(
     from tests.cluster import free_ports
 
     w = open_window()
-    before = w.chat.model_info
+    before = w.chat.link.info
     connect(qtbot, w, f"127.0.0.1:{free_ports(1)[0]}")  # nothing listens there
     qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=LONG)
     title, text = watch(w).errors[-1]
     assert title == "Cannot connect to the server" and "cannot reach the server" in text
-    assert w.chat.link is None and w.chat.model_ready and w.chat.model_info is before
+    assert w.chat.link.server is None and w.chat.link.ready and w.chat.link.info is before
     errors = len(watch(w).errors)
     send(qtbot, w, "Still here?")  # the model loaded before still answers
     assert len(watch(w).errors) == errors, watch(w).errors[-1]
-    assert [(vm.role, vm.status) for vm in w.chat.vms] == [("user", "complete"), ("assistant", "complete")]
+    assert [(vm.role, vm.status) for vm in w.chat.conversation.vms] == [("user", "complete"), ("assistant", "complete")]
 
 
 def test_a_remembered_server_gone_at_start_falls_back_to_the_last_model_here(
@@ -192,11 +192,11 @@ def test_a_remembered_server_gone_at_start_falls_back_to_the_last_model_here(
     data = tmp_path / "data"
     open_window(data_dir=data).close()  # the tiny model was the last one used here
     w = open_window(data_dir=data, model=f"http://127.0.0.1:{free_ports(1)[0]}", wait=False)
-    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
     title, text = watch(w).errors[-1]
     assert title == "Cannot connect to the server" and "cannot reach the server" in text
     assert f"Using {tiny_model.name} on this computer instead" in text
-    assert w.chat.link is None and w.chat.model_spec == str(tiny_model) and w.model_label.text() == tiny_model.name
+    assert w.chat.link.server is None and w.chat.link.spec == str(tiny_model) and w.models.model_label.text() == tiny_model.name
     send(qtbot, w, "Still here?")
     assert replies(w)[-1].status == "complete"
 
@@ -214,7 +214,7 @@ def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
         w = open_window(data_dir=data)
         connect(qtbot, w, server.url)  # no key: refused, the local model stays
         qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=SERVER)
-        assert "missing or wrong API key" in watch(w).errors[-1][1] and w.chat.link is None and w.chat.model_ready
+        assert "missing or wrong API key" in watch(w).errors[-1][1] and w.chat.link.server is None and w.chat.link.ready
         w.findChild(QAction, "connectServerAction").trigger()
         dlg = next(d for d in w.findChildren(ServerDialog, "serverDialog") if d.isVisible())
         assert dlg.remember.text() == "Remember the key (kept in the system keyring)"  # not "not encrypted"
@@ -222,20 +222,20 @@ def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
         # What to do in this window, not the header an HTTP client sends.
         assert "Authorization" not in watch(w).errors[-1][1] and "Models → Connect" in watch(w).errors[-1][1]
         connect(qtbot, w, server.url, key="s3cret", remember=True)
-        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
-        assert w.model_label.text().endswith(f"1 process at 127.0.0.1:{server.port}")
+        qtbot.waitUntil(lambda: w.chat.link.server is not None and w.chat.link.ready, timeout=SERVER)
+        assert w.models.model_label.text().endswith(f"1 process at 127.0.0.1:{server.port}")
         w.qsettings.sync()
         assert "s3cret" not in ini.read_text(encoding="utf-8")
         assert file_keyring.items() == {"Verbatim": {server.url: "s3cret"}}
         send(qtbot, w, "Why is the sky blue?", wait=False)
-        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=SERVER)
         first = watch(w).finished.result
         w.close()
 
         again = open_window(data_dir=data, model=str(w.qsettings.value("model/last")))
-        again.chat.link_interval = 0.2
-        assert again.chat.link is not None and again.chat.link.api_key == "s3cret"
-        assert again.model_label.text() == w.model_label.text()
+        again.chat.link.interval = 0.2
+        assert again.chat.link.server is not None and again.chat.link.server.api_key == "s3cret"
+        assert again.models.model_label.text() == w.models.model_label.text()
         before = watch(again).finished
         qtbot.keyClick(again, Qt.Key.Key_R, CTRL)
         qtbot.waitUntil(lambda: watch(again).finished is not before, timeout=SERVER)
@@ -250,6 +250,6 @@ def test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start(
         old.sync()
         file_keyring.delete_password("Verbatim", server.url)
         third = open_window(data_dir=data, model=server.url)
-        assert third.chat.link is not None and third.chat.link.api_key == "s3cret"
+        assert third.chat.link.server is not None and third.chat.link.server.api_key == "s3cret"
         assert "s3cret" not in ini.read_text(encoding="utf-8")
         assert file_keyring.items() == {"Verbatim": {server.url: "s3cret"}}

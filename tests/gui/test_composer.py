@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gui
 
 
 def path_messages(w: MainWindow) -> list[dict[str, str]]:
-    return [{"role": vm.role, "content": vm.content} for vm in w.chat.vms]
+    return [{"role": vm.role, "content": vm.content} for vm in w.chat.conversation.vms]
 
 
 @pytest.fixture
@@ -42,11 +42,11 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[dict[str, 
 
 def prompt_tokens(w: MainWindow, messages: list[dict[str, str]]) -> int:
     """The engine's own count of a prompt (on its thread), to compare the meter with."""
-    return len(w.chat.executor.submit(lambda e: e.prompt_ids(messages)).result(timeout=LONG / 1000))
+    return len(w.chat.jobs.executor.submit(lambda e: e.prompt_ids(messages)).result(timeout=LONG / 1000))
 
 
 def path_of(w: MainWindow) -> list[tuple[int, str, str]]:
-    return [(vm.id, vm.role, vm.content) for vm in w.chat.vms]
+    return [(vm.id, vm.role, vm.content) for vm in w.chat.conversation.vms]
 
 
 def test_the_meter_counts_the_draft_as_typed_off_the_gui_thread_against_the_conversation_limit(
@@ -58,7 +58,7 @@ def test_the_meter_counts_the_draft_as_typed_off_the_gui_thread_against_the_conv
     n = prompt_tokens(w, history)
     label = w.context_meter.label
     qtbot.waitUntil(lambda: label.text() == f"{n:,} / 4,096", timeout=LONG)  # the model's own context
-    w.apply_settings(replace(w.current_settings(), context_length=2048))  # this conversation's limit
+    w.settings.apply(replace(w.chat.conversation.settings(), context_length=2048))  # this conversation's limit
     qtbot.waitUntil(lambda: label.text() == f"{n:,} / 2,048", timeout=LONG)
     measured.clear()
     draft = "And why are sunsets red?"
@@ -84,7 +84,7 @@ def test_the_meter_warns_before_send_with_what_will_happen(qtbot: Any, open_wind
     history = path_messages(w)
     n = prompt_tokens(w, history)
     limit = n + 40  # the conversation fits, with room for a short message and its reply
-    w.apply_settings(replace(w.current_settings(), context_length=limit, context_policy="truncate"))
+    w.settings.apply(replace(w.chat.conversation.settings(), context_length=limit, context_policy="truncate"))
     warning, label = w.context_meter.warning, w.context_meter.label
     short = prompt_tokens(w, history + [{"role": "user", "content": "short"}])
     qtbot.keyClicks(w.composer, "short")
@@ -94,7 +94,7 @@ def test_the_meter_warns_before_send_with_what_will_happen(qtbot: Any, open_wind
     qtbot.waitUntil(lambda: warning.isVisibleTo(w), timeout=LONG)
     assert warning.text().startswith("Will not fit: ") and f"the {limit:,}-token context" in warning.text()
     assert warning.text().endswith("Send will leave the oldest turns out of the prompt.")
-    w.apply_settings(replace(w.current_settings(), context_policy="refuse"))
+    w.settings.apply(replace(w.chat.conversation.settings(), context_policy="refuse"))
     qtbot.waitUntil(lambda: "Send will be refused" in warning.text(), timeout=LONG)
     w.composer.setPlainText(LONG_PROMPT)  # ~1000 tokens: more than the whole limit on its own
     qtbot.waitUntil(lambda: warning.text().startswith("Too long: this message alone needs"), timeout=LONG)
@@ -108,7 +108,7 @@ def test_after_old_turns_were_left_out_the_meter_counts_the_whole_conversation(
     """The prompt sent was cut to fit; the meter shows what the next one holds (the whole path),
     not the cut prompt (it read '76 / 2,048' for a 13,473-token conversation)."""
     w = open_window(max_tokens=8, temperature=0.0)
-    w.apply_settings(replace(w.current_settings(), context_length=200))
+    w.settings.apply(replace(w.chat.conversation.settings(), context_length=200))
     for i in range(4):
         send(qtbot, w, f"{i}: tell me more about the colours of the evening sky over the sea, please.")
     assert replies(w)[-1].report.context.dropped_messages > 0
@@ -127,7 +127,7 @@ def test_too_long_advice_only_suggests_lowering_max_tokens_when_that_would_fit(
 
     w = open_window(max_tokens=200, temperature=0.0)
     warning = w.context_meter.warning
-    w.apply_settings(replace(w.current_settings(), context_length=512))
+    w.settings.apply(replace(w.chat.conversation.settings(), context_length=512))
     w.composer.setPlainText(LONG_PROMPT)  # ~1000 tokens: more than the whole context on its own
     qtbot.waitUntil(lambda: warning.text().startswith("Too long: this message alone needs"), timeout=LONG)
     assert "max tokens" not in warning.text().split("Send will be refused:")[1]  # it cannot help
@@ -138,7 +138,7 @@ def test_too_long_advice_only_suggests_lowering_max_tokens_when_that_would_fit(
     assert alone < 512 < alone + 200
     w.composer.setPlainText(text)
     qtbot.waitUntil(lambda: f"lower max tokens in Settings to {512 - alone:,} or less" in warning.text(), timeout=LONG)
-    w.apply_settings(replace(w.current_settings(), sampler=replace(w.current_settings().sampler, max_tokens=512 - alone)))
+    w.settings.apply(replace(w.chat.conversation.settings(), sampler=replace(w.chat.conversation.settings().sampler, max_tokens=512 - alone)))
     qtbot.waitUntil(lambda: not warning.isVisibleTo(w), timeout=LONG)  # and then it fits
 
 
@@ -161,26 +161,26 @@ def test_a_send_the_meter_refuses_is_disabled_and_never_touches_the_conversation
     w = open_window(max_tokens=8, temperature=0.0)
     send(qtbot, w, "Hello there.")
     limit = 120  # this conversation's own limit; the model's is larger
-    w.apply_settings(replace(w.current_settings(), context_length=limit), as_default=False)
+    w.settings.apply(replace(w.chat.conversation.settings(), context_length=limit), as_default=False)
     before = path_of(w)
     draft = TURN * 3  # ~150 tokens alone: no turn left out can make room
     w.composer.setPlainText(draft)
     qtbot.waitUntil(lambda: "Send will be refused" in w.context_meter.warning.text(), timeout=LONG)
-    assert not w.send_button.isEnabled()
-    assert w.send_button.toolTip() == w.context_meter.warning.text()
+    assert not w.reply_bar.send_button.isEnabled()
+    assert w.reply_bar.send_button.toolTip() == w.context_meter.warning.text()
     qtbot.keyClick(w.composer, Qt.Key.Key_Return)  # Enter: refused as the button is
-    assert not w.chat.generating and path_of(w) == before and w.composer.toPlainText() == draft
+    assert not w.chat.generation.busy and path_of(w) == before and w.composer.toPlainText() == draft
     # Typed and sent before the meter counted it: the engine refuses, the send is taken back.
     again = draft + " And the stars?"
     w.composer.setPlainText(again)
-    assert w.send_button.isEnabled()  # not counted yet: the meter does not know
-    qtbot.mouseClick(w.send_button, Qt.MouseButton.LeftButton)
+    assert w.reply_bar.send_button.isEnabled()  # not counted yet: the meter does not know
+    qtbot.mouseClick(w.reply_bar.send_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=LONG)
     wait_idle(qtbot, w)
     assert path_of(w) == before and w.composer.toPlainText() == again
     title, text = watch(w).errors[-1]
     assert title == "Not sent" and f"this conversation's {limit:,}-token context limit" in text
-    model = w.chat.model_info.context_length
+    model = w.chat.link.info.context_length
     assert f"the model's own is {model:,}" in text and "model's context is" not in text
 
 
@@ -189,13 +189,13 @@ def test_a_refused_first_message_makes_no_conversation(
 ) -> None:
     w = open_window(max_tokens=8, temperature=0.0, context_length=100)  # the model's own context
     send(qtbot, w, "Hello there.")
-    w.new_conversation()
+    w.conversations.new()
     chats = w.sidebar.list.count()
     w.composer.setPlainText(TURN * 3)
-    qtbot.mouseClick(w.send_button, Qt.MouseButton.LeftButton)  # before the count: the engine refuses
+    qtbot.mouseClick(w.reply_bar.send_button, Qt.MouseButton.LeftButton)  # before the count: the engine refuses
     qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=LONG)
     wait_idle(qtbot, w)
-    assert w.conv_id is None and w.chat.vms == [] and w.sidebar.list.count() == chats
+    assert w.chat.conversation.conv_id is None and w.chat.conversation.vms == [] and w.sidebar.list.count() == chats
     assert len(w.session.store.list_conversations()) == chats
     assert w.composer.toPlainText() == TURN * 3
     assert "the model's 100-token context" in watch(w).errors[-1][1]
@@ -206,18 +206,18 @@ def test_each_conversation_keeps_its_draft_and_a_new_chat_starts_empty(
 ) -> None:
     w = open_window(max_tokens=4)
     send(qtbot, w, "first chat")
-    first = w.conv_id
-    w.new_conversation()
+    first = w.chat.conversation.conv_id
+    w.conversations.new()
     send(qtbot, w, "second chat")
-    second = w.conv_id
+    second = w.chat.conversation.conv_id
     qtbot.keyClicks(w.composer, "draft for the second")
     w.sidebar.list.setCurrentRow(w.sidebar.ids().index(first))
-    assert w.conv_id == first and w.composer.toPlainText() == ""
+    assert w.chat.conversation.conv_id == first and w.composer.toPlainText() == ""
     qtbot.keyClicks(w.composer, "draft for the first")
     w.sidebar.list.setCurrentRow(w.sidebar.ids().index(second))
     assert w.composer.toPlainText() == "draft for the second"
-    w.new_conversation()
-    assert w.conv_id is None and w.composer.toPlainText() == ""
+    w.conversations.new()
+    assert w.chat.conversation.conv_id is None and w.composer.toPlainText() == ""
     w.sidebar.list.setCurrentRow(w.sidebar.ids().index(first))
     assert w.composer.toPlainText() == "draft for the first"
     send(qtbot, w, "draft for the first")  # sent: the draft is gone, here and after a switch
@@ -233,21 +233,21 @@ def test_drafts_are_stored_with_their_conversation_and_restored_at_start(
     data = tmp_path / "data"
     w = open_window(data_dir=data, max_tokens=4)
     send(qtbot, w, "first chat")
-    first = w.conv_id
-    w.new_conversation()
+    first = w.chat.conversation.conv_id
+    w.conversations.new()
     send(qtbot, w, "second chat")
-    second = w.conv_id
+    second = w.chat.conversation.conv_id
     qtbot.keyClicks(w.composer, "a draft for the second")
     w.sidebar.list.setCurrentRow(w.sidebar.ids().index(first))
     qtbot.keyClicks(w.composer, "a draft for the first")
     w.close()  # right away: the draft being typed is saved at close
     again = open_window(data_dir=data, max_tokens=4)
-    assert again.conv_id == second and again.composer.toPlainText() == "a draft for the second"
+    assert again.chat.conversation.conv_id == second and again.composer.toPlainText() == "a draft for the second"
     again.sidebar.list.setCurrentRow(again.sidebar.ids().index(first))
     assert again.composer.toPlainText() == "a draft for the first"
     send(qtbot, again, "sent now")  # sent: no longer a draft, after a restart either
     again.close()
     third = open_window(data_dir=data, max_tokens=4)
-    assert third.conv_id == first and third.composer.toPlainText() == ""
+    assert third.chat.conversation.conv_id == first and third.composer.toPlainText() == ""
     third.sidebar.list.setCurrentRow(third.sidebar.ids().index(second))
     assert third.composer.toPlainText() == "a draft for the second"

@@ -20,7 +20,7 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
     for i in range(6):
         send(qtbot, w, f"{i}: {TURN}")
-    vms = w.chat.vms
+    vms = w.chat.conversation.vms
     last = replies(w)[-1]
     ctx = last.report.context
     assert ctx.limit == CONTEXT and ctx.dropped_messages >= 2 and ctx.prompt_tokens + 8 <= CONTEXT
@@ -33,7 +33,7 @@ def test_oldest_turns_left_out_with_a_marker_a_meter_and_identical_regenerate(
     # The meter counts the next prompt: the whole path (more than fits, hence the marker), not
     # the prompt that was cut to fit (tests/test_app_window_ui.py: the draft too).
     path = [{"role": vm.role, "content": vm.content} for vm in vms]
-    used = len(w.chat.executor.submit(lambda e: e.prompt_ids(path)).result(timeout=60))
+    used = len(w.chat.jobs.executor.submit(lambda e: e.prompt_ids(path)).result(timeout=60))
     qtbot.waitUntil(lambda: w.context_meter.label.text() == f"{used:,} / {CONTEXT:,}", timeout=20_000)
     assert used > CONTEXT and w.context_meter.bar.value() == 1000
     w.debug_panel.show()  # the panel fills itself when shown
@@ -53,14 +53,14 @@ def test_refuse_setting_shows_the_numbers_and_gives_the_message_back(
     qtbot: Any, open_window: Callable[..., MainWindow]  # noqa: F811
 ) -> None:
     w = open_window(context_length=CONTEXT, max_tokens=8, temperature=0.0)
-    w.apply_settings(replace(w.current_settings(), context_policy="refuse"))
+    w.settings.apply(replace(w.chat.conversation.settings(), context_policy="refuse"))
     send(qtbot, w, "0: " + TURN)
-    before = [(vm.id, vm.content) for vm in w.chat.vms]
+    before = [(vm.id, vm.content) for vm in w.chat.conversation.vms]
     send(qtbot, w, "1: " + TURN * 3)  # ~150 more tokens: no longer fits (sent before the meter counted it)
     text = watch(w).last_error or ""
     assert text.startswith("Not sent: the prompt needs ") and f"the model's {CONTEXT}-token context" in text
     # Refused: the conversation is as it was, the message back in the composer to shorten.
-    assert [(vm.id, vm.content) for vm in w.chat.vms] == before and w.composer.toPlainText() == "1: " + TURN * 3
+    assert [(vm.id, vm.content) for vm in w.chat.conversation.vms] == before and w.composer.toPlainText() == "1: " + TURN * 3
     assert not w.chat_view.marker.isVisible()
 
 
@@ -69,7 +69,7 @@ def test_every_follow_up_in_exact_mode_restores_the_earlier_turns(
 ) -> None:
     """Chunk size 512 and short turns: only the message-boundary cuts make a follow-up warm."""
     w = open_window(chunk=512, max_tokens=8, temperature=0.0)
-    assert w.current_settings().mode == "exact"
+    assert w.chat.conversation.settings().mode == "exact"
     for i in range(4):
         send(qtbot, w, f"Question {i}: why is the sky blue?")
     footers = [w.chat_view.widget_for(vm.id).footer.text() for vm in replies(w)]
@@ -87,11 +87,11 @@ def test_the_context_limit_setting_applies_to_the_next_reply(
     from app.qt.conversation.settings_dialog import SettingsDialog
 
     w = open_window(max_tokens=8, temperature=0.0)  # no start-up override: the model's own context
-    dlg = SettingsDialog(w.current_settings(), w)
+    dlg = SettingsDialog(w.chat.conversation.settings(), w)
     qtbot.addWidget(dlg)
     assert dlg.context_length.value() == 0 and dlg.context_length.text() == "the model's own"
     dlg.context_length.setValue(CONTEXT)
-    w.apply_settings(dlg.value())
+    w.settings.apply(dlg.value())
     for i in range(4):
         send(qtbot, w, f"{i}: {TURN}")
     ctx = replies(w)[-1].report.context

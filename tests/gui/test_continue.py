@@ -31,8 +31,8 @@ def continue_button(w: MainWindow, reply_id: int) -> QToolButton:
 
 def unstopped(qtbot: Any, w: MainWindow, max_tokens: int, temperature: float) -> Any:
     """The same question in a new conversation, never stopped: the reply to compare with."""
-    w.apply_settings(settings(max_tokens, temperature))
-    w.new_conversation()
+    w.settings.apply(settings(max_tokens, temperature))
+    w.conversations.new()
     send(qtbot, w, QUESTION)
     return w.session.store.get_message(replies(w)[-1].id)
 
@@ -69,7 +69,7 @@ def test_continue_a_reply_that_ended_at_max_tokens(qtbot: Any, open_window: Call
     button = continue_button(w, first.id)
     assert button.isVisible() and "no prompt processing" in button.toolTip()
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
-    assert w.chat.generating
+    assert w.chat.generation.busy
     wait_idle(qtbot, w)
     assert [vm.id for vm in replies(w)] == [first.id]  # in place: the same reply, not a variant
     assert replies(w)[-1].navigator == "1 / 1"
@@ -88,7 +88,7 @@ def test_continue_a_stopped_reply(qtbot: Any, open_window: Callable[..., MainWin
             stop_once["done"] = True
             ops.stop(w.chat)
 
-    w.chat.subscribe(ops.STREAM, stop_early)
+    w.chat.generation.streamed.connect(stop_early)
     send(qtbot, w, QUESTION)
     first = replies(w)[-1]
     stopped = w.session.store.get_message(first.id)
@@ -112,8 +112,8 @@ def test_continue_attached_to_a_server(qtbot: Any, open_window: Callable[..., Ma
     try:
         w = open_window(max_tokens=8, temperature=0.9)
         connect(qtbot, w, srv.url.removesuffix("/v1"))
-        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=60_000)
-        w.apply_settings(settings(8, 0.9))
+        qtbot.waitUntil(lambda: w.chat.link.server is not None and w.chat.link.ready, timeout=60_000)
+        w.settings.apply(settings(8, 0.9))
         send(qtbot, w, QUESTION)
         first = replies(w)[-1]
         assert first.continuable

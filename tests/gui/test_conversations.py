@@ -11,6 +11,7 @@ from typing import Any, Callable
 import pytest
 from PySide6.QtCore import Qt
 
+from app.core.conversation import listing
 from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, replies, send, watch
 
@@ -21,21 +22,21 @@ pytestmark = pytest.mark.gui
 def test_conversations_new_rename_search_delete(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window(max_tokens=4)
     send(qtbot, w, "apples and pears")
-    first = w.conv_id
+    first = w.chat.conversation.conv_id
     qtbot.keyClick(w, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
-    assert w.conv_id is None and w.chat.vms == []
+    assert w.chat.conversation.conv_id is None and w.chat.conversation.vms == []
     send(qtbot, w, "bananas")
-    assert w.conv_id != first and w.sidebar.list.count() == 2
-    w.rename_conversation(first, "Fruit salad")
+    assert w.chat.conversation.conv_id != first and w.sidebar.list.count() == 2
+    w.conversations.rename(first, "Fruit salad")
     assert "Fruit salad" in [w.sidebar.list.item(i).text() for i in range(w.sidebar.list.count())]
     w.sidebar.search.setText("pears")
     qtbot.waitUntil(lambda: w.sidebar.ids() == [first], timeout=LONG)
     w.sidebar.search.clear()
     qtbot.waitUntil(lambda: len(w.sidebar.ids()) == 2, timeout=LONG)
     w.sidebar.list.setCurrentRow(w.sidebar.ids().index(first))
-    assert w.conv_id == first and w.chat.vms[0].content == "apples and pears"
-    w.delete_conversation(first, confirm=False)
-    assert w.conv_id is None and len(w.sidebar.ids()) == 1
+    assert w.chat.conversation.conv_id == first and w.chat.conversation.vms[0].content == "apples and pears"
+    w.conversations.delete(first, confirm=False)
+    assert w.chat.conversation.conv_id is None and len(w.sidebar.ids()) == 1
 
 
 def test_search_runs_off_the_gui_thread_and_a_hit_scrolls_to_its_message(
@@ -50,20 +51,20 @@ def test_search_runs_off_the_gui_thread_and_a_hit_scrolls_to_its_message(
     send(qtbot, w, "Which rivers cross Vienna? The Danube does.")
     for i in range(6):
         send(qtbot, w, f"filler message {i} " + "words " * 40)
-    first = w.conv_id
-    hit_id = w.chat.vms[0].id
-    w.new_conversation()
+    first = w.chat.conversation.conv_id
+    hit_id = w.chat.conversation.vms[0].id
+    w.conversations.new()
     send(qtbot, w, "something else")
     threads: list[str] = []
-    search = w.session.conversation_items
-    monkeypatch.setattr(w.session, "conversation_items",
-                        lambda q: (threads.append(threading.current_thread().name), search(q))[1])  # fmt: skip
+    search = listing.items
+    monkeypatch.setattr(listing, "items",
+                        lambda session, q: (threads.append(threading.current_thread().name), search(session, q))[1])
     w.sidebar.search.setText("danube")
     qtbot.waitUntil(lambda: w.sidebar.ids() == [first], timeout=LONG)
     assert threads and threading.main_thread().name not in threads
     assert "Danube" in w.sidebar.list.item(0).text()
     w.sidebar.list.setCurrentRow(0)
-    assert w.conv_id == first
+    assert w.chat.conversation.conv_id == first
     target = w.chat_view.widget_for(hit_id)
     assert target.property("flash") is True
     qtbot.waitUntil(lambda: w.chat_view.following is None, timeout=LONG)  # the layout settled
@@ -85,7 +86,7 @@ def test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_t
     send(qtbot, w, "Which rivers cross Vienna? The Danube does.")
     for i in range(6):
         send(qtbot, w, f"filler message {i} " + "words " * 40)
-    hit_id = w.chat.vms[0].id
+    hit_id = w.chat.conversation.vms[0].id
     bar, vp = w.chat_view.verticalScrollBar(), w.chat_view.viewport()
     qtbot.waitUntil(lambda: bar.value() == bar.maximum() > 0, timeout=LONG)  # at the bottom
     w.sidebar.search.setText("danube")
@@ -119,14 +120,14 @@ def test_a_search_hit_in_the_middle_of_a_long_conversation_is_scrolled_to_and_hi
         send(qtbot, w, f"filler message {i} " + "words " * 60)
         if i == 4:
             send(qtbot, w, "Which rivers cross Vienna? The Danube does.")
-    first = w.conv_id
-    hit_id = next(vm.id for vm in w.chat.vms if "Danube" in vm.content)
-    w.new_conversation()
+    first = w.chat.conversation.conv_id
+    hit_id = next(vm.id for vm in w.chat.conversation.vms if "Danube" in vm.content)
+    w.conversations.new()
     send(qtbot, w, "something else")
     w.sidebar.search.setText("danube")
     qtbot.waitUntil(lambda: w.sidebar.ids() == [first], timeout=LONG)
     w.sidebar.list.setCurrentRow(0)
-    assert w.conv_id == first
+    assert w.chat.conversation.conv_id == first
     target = w.chat_view.widget_for(hit_id)
     assert target.property("flash") is True  # highlighted
     bar = w.chat_view.verticalScrollBar()
@@ -174,10 +175,10 @@ def test_a_search_typed_just_before_closing_never_reaches_the_closed_store(
     send(qtbot, w, "fruit salad")
     qtbot.keyClicks(w.sidebar.search, "fruit")  # debounced: the search starts once typing pauses
     w.close()  # the store closes with the window
-    qtbot.waitUntil(lambda: not w.sidebar._debounce.isActive(), timeout=LONG)
     w.sidebar.search.setText("")  # a late change (Qt clears a field as it goes): nothing runs
     w.sidebar.searchChanged.emit("fruit")
-    w.refresh_conversations()  # pytest-qt fails the test on an exception raised in any of these
+    w.chat.listing.search("fruit")
+    w.chat.listing.refresh()  # pytest-qt fails the test on an exception raised in any of these
     assert w.engine_closed and w.windowTitle() == "fruit salad — Verbatim"
 
 
@@ -203,11 +204,11 @@ def test_composer_grows_with_wrapped_lines_and_the_open_chat_is_highlighted_afte
     w.composer.setPlainText("short")
     qtbot.waitUntil(lambda: w.composer.height() == two_lines, timeout=LONG)
     send(qtbot, w, "first chat")
-    w.new_conversation()
+    w.conversations.new()
     send(qtbot, w, "second chat")
     w.close()
     w2 = open_window(data)
-    assert w2.conv_id is not None and w2.sidebar.current_id() == w2.conv_id
+    assert w2.chat.conversation.conv_id is not None and w2.sidebar.current_id() == w2.chat.conversation.conv_id
     assert w2.sidebar.list.currentItem().isSelected()
 
 
@@ -227,7 +228,7 @@ def test_export_suggests_a_safe_file_name_in_the_documents_folder_then_the_last_
         return answer[0], ""
 
     monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName", save_dialog)
-    w.export_conversation(w.conv_id)
+    w.conversations.export(w.chat.conversation.conv_id)
     # In the documents folder (platformdirs), not the process's working directory.
     # (Home where there is no documents folder: Qt's dialog would open the working directory.)
     start = documents_dir() if documents_dir().is_dir() else Path.home()
@@ -235,7 +236,7 @@ def test_export_suggests_a_safe_file_name_in_the_documents_folder_then_the_last_
     folder = tmp_path / "exports"
     folder.mkdir()
     answer[0] = str(folder / "sky.md")
-    w.export_conversation(w.conv_id)
+    w.conversations.export(w.chat.conversation.conv_id)
     assert "Why is the sky blue?" in (folder / "sky.md").read_text(encoding="utf-8")
     w.inspector.export_receipt(replies(w)[-1].id)  # the receipt dialog starts in the folder used last
     assert suggested[-1] == str(folder / f"reply-{replies(w)[-1].id}.receipt.json")
@@ -257,10 +258,10 @@ def test_export_starts_in_documents_or_home_when_there_is_none_never_the_working
     docs = tmp_path / "Documents"
     monkeypatch.setattr(platformdirs, "user_documents_dir", lambda: str(docs))
     docs.mkdir()
-    w.export_conversation(w.conv_id)
+    w.conversations.export(w.chat.conversation.conv_id)
     assert Path(suggested[-1]).parent == docs  # the user's Documents (as the other dialogs)
     docs.rmdir()  # a system with no Documents folder (a fresh account, a container): Qt would open the cwd
-    w.export_conversation(w.conv_id)
+    w.conversations.export(w.chat.conversation.conv_id)
     assert Path(suggested[-1]).parent == Path.home() and Path(suggested[-1]).parent.is_dir()
 
 
@@ -275,7 +276,7 @@ def test_importing_a_receipt_says_what_it_is_and_how_to_verify_it(
     path = str(tmp_path / "reply.receipt.json")
     assert w.inspector.export_receipt(replies(w)[-1].id, path) == path
     monkeypatch.setattr(dialogs, "import_path", lambda parent, settings: path)
-    w.import_conversation()
+    w.conversations.import_()
     assert errors.last_error.startswith("reply.receipt.json is a receipt of one reply, not a conversation")
     assert f"python -m engine verify {path}" in errors.last_error
     assert len(w.sidebar.ids()) == 1  # nothing imported

@@ -19,6 +19,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QFileDialog, QToolButton, QWidget  # noqa: E402
 
 from app.core import ops  # noqa: E402
+from app.core.conversation.listing import items
+from app.core.conversation.model import read_path
 from app.qt.window.window import MainWindow  # noqa: E402
 from tests.document_files import docx_bytes, pdf_bytes  # noqa: E402
 from tests.gui.driver import LONG, chips, counted, drop, replies, send, wait_idle  # noqa: E402
@@ -75,21 +77,21 @@ def test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_
     assert pdf_chip.startswith("report.pdf · 2 pages · ") and md_chip.startswith("notes.md · ")
     # The meter counts both (they share one system message: a little less than the chips' sum).
     w.composer.setPlainText("What grew?")
-    qtbot.waitUntil(lambda: w.chat.budget is not None and w.chat.budget.documents > 0, timeout=LONG)
-    both = w.chat.budget.documents
+    qtbot.waitUntil(lambda: w.chat.composer.budget is not None and w.chat.composer.budget.documents > 0, timeout=LONG)
+    both = w.chat.composer.budget.documents
     assert max(tokens_of(pdf_chip), tokens_of(md_chip)) < both <= tokens_of(pdf_chip) + tokens_of(md_chip)
-    assert f"(documents: {both:,})" in w.chat.budget.tooltip
+    assert f"(documents: {both:,})" in w.chat.composer.budget.tooltip
     # × on the second chip: it is gone before anything is sent, and the prompt grows by exactly
     # what the remaining chip says.
     w.attach.bar.chips.chips[1].remove_button.click()
     qtbot.waitUntil(lambda: chips(w) == [pdf_chip], timeout=LONG)
-    qtbot.waitUntil(lambda: w.chat.budget.documents != both, timeout=LONG)
-    assert w.chat.budget.documents == tokens_of(pdf_chip)
+    qtbot.waitUntil(lambda: w.chat.composer.budget.documents != both, timeout=LONG)
+    assert w.chat.composer.budget.documents == tokens_of(pdf_chip)
     send(qtbot, w, "What grew?")
-    user = next(vm for vm in w.chat.vms if vm.role == "user")
+    user = next(vm for vm in w.chat.conversation.vms if vm.role == "user")
     assert [d.name for d in user.documents] == ["report.pdf"] and user.documents[0].pages == 2
     assert w.chat_view.widget_for(user.id).doc_chips.texts() == ["report.pdf · 2 pages"]
-    assert chips(w) == [] and not w.chat.attachments.items  # sent with the message
+    assert chips(w) == [] and not w.chat.composer.attachments.items  # sent with the message
     rows = w.session.store.documents([user.id])[user.id]
     assert rows[0].digest == __import__("hashlib").sha256(files["pdf"].read_bytes()).hexdigest()
     assert "Quarterly report" in rows[0].text
@@ -97,9 +99,9 @@ def test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_
     assert [(d["name"], d["source"]) for d in report.documents] == [("report.pdf", "prefilled")]
     assert report.documents[0]["tokens"] > 0
     # The engine keeps the file's state warm while a conversation has it, and no longer after.
-    in_use = lambda: w.chat.executor.submit(lambda engine: engine.eviction.in_use).result()  # noqa: E731
+    in_use = lambda: w.chat.jobs.executor.submit(lambda engine: engine.eviction.in_use).result()  # noqa: E731
     assert in_use() == {rows[0].digest}
-    w.delete_conversation(w.conv_id, confirm=False)
+    w.conversations.delete(w.chat.conversation.conv_id, confirm=False)
     send(qtbot, w, "Anything else?")
     assert in_use() == frozenset()
 
@@ -115,7 +117,7 @@ def test_a_dropped_file_is_attached_not_pasted_on_the_composer_and_on_the_conver
     assert drop(w.chat_view.viewport(), files["md"]) == (True, True)
     qtbot.waitUntil(counted(w, 2), timeout=LONG)
     assert [c.split(" · ")[0] for c in chips(w)] == ["contract.docx", "notes.md"]
-    assert "Pay within 30 days" in w.chat.attachments.items[0].document.text
+    assert "Pay within 30 days" in w.chat.composer.attachments.items[0].document.text
     assert drop(w.composer, files["md"]) == (True, True)  # the same file again: not attached twice
     qtbot.waitUntil(lambda: "notes.md: already attached" in w.attach.bar.note.text(), timeout=LONG)
     assert len(chips(w)) == 2
@@ -150,7 +152,7 @@ def test_regenerate_about_a_document_is_identical_and_a_new_conversation_restore
     assert again.report.identical is True and again.report.restored == again.report.prompt_tokens - 1
     assert again.report.documents[0]["source"] == "memory"
     # A new conversation about the same file: its state is restored, only the question is new.
-    w.new_conversation()
+    w.conversations.new()
     drop(w.composer, files["pdf"])
     qtbot.waitUntil(counted(w, 1), timeout=LONG)
     send(qtbot, w, "What fell?")
@@ -158,7 +160,7 @@ def test_regenerate_about_a_document_is_identical_and_a_new_conversation_restore
     doc = r.documents[0]
     assert doc["source"] == "memory" and r.restored >= doc["end"] == first.report.documents[0]["end"]
     w.debug_panel.show()
-    w.chat.select(replies(w)[-1].id)
+    w.chat.conversation.select(replies(w)[-1].id)
     assert w.debug_panel.document_box.isVisibleTo(w.debug_panel)
     assert w.debug_panel.documents.text().startswith(f"report.pdf: {doc['tokens']:,} tokens")
     assert "restored from memory" in w.debug_panel.documents.text()
@@ -175,14 +177,14 @@ def test_after_a_restart_the_document_is_restored_from_disk_and_shown_so(
     end = replies(w)[-1].report.documents[0]["end"]
     w.close()  # flushes the prompt cache's disk tier
     w2 = open_window(data_dir=data)
-    w2.new_conversation()  # (the window reopens the last conversation, which has the file already)
+    w2.conversations.new()  # (the window reopens the last conversation, which has the file already)
     drop(w2.composer, files["pdf"])
     qtbot.waitUntil(counted(w2, 1), timeout=LONG)
     send(qtbot, w2, "What fell?")
     r = replies(w2)[-1].report
     assert r.documents[0]["source"] == "disk" and r.restored >= end
     w2.debug_panel.show()
-    w2.chat.select(replies(w2)[-1].id)
+    w2.chat.conversation.select(replies(w2)[-1].id)
     assert "restored from disk" in w2.debug_panel.documents.text()
 
 
@@ -193,28 +195,28 @@ def test_an_edit_keeps_the_documents_and_export_import_carries_them(
     drop(w.composer, files["md"])
     qtbot.waitUntil(counted(w, 1), timeout=LONG)
     send(qtbot, w, "When do we ship?")
-    user = next(vm for vm in w.chat.vms if vm.role == "user")
+    user = next(vm for vm in w.chat.conversation.vms if vm.role == "user")
     ops.edit(w.chat, user.id, "Who reviews the numbers?")
     wait_idle(qtbot, w)
-    edited = next(vm for vm in w.chat.vms if vm.role == "user")
+    edited = next(vm for vm in w.chat.conversation.vms if vm.role == "user")
     assert edited.id != user.id and [d.digest for d in edited.documents] == [d.digest for d in user.documents]
     assert replies(w)[-1].report.documents[0]["name"] == "notes.md"
-    exported = w.session.export(w.conv_id, as_json=True)
+    exported = w.session.export(w.chat.conversation.conv_id, as_json=True)
     rows = [m for m in json.loads(exported)["messages"] if m.get("documents")]
     assert len(rows) == 2 and rows[0]["documents"][0]["text"].startswith("# Notes")
     new_id = w.session.import_conversation(exported.encode())
-    imported = w.session.view(new_id)
+    imported = read_path(w.session, new_id)
     assert [d.name for d in imported[0].documents] == ["notes.md"]
     assert imported[0].documents[0].digest == edited.documents[0].digest
-    markdown = w.session.export(w.conv_id, as_json=False)
+    markdown = w.session.export(w.chat.conversation.conv_id, as_json=False)
     assert "*Attached: notes.md (sha256 " in markdown
     # A hostile file: documents on a reply are refused, nothing is imported.
     bad = json.loads(exported)
     bad["messages"][1]["documents"] = bad["messages"][0]["documents"]
-    before = len(w.session.conversation_items())
+    before = len(items(w.session))
     with pytest.raises(Exception, match="only a user message can carry documents"):
         w.session.import_conversation(json.dumps(bad).encode())
-    assert len(w.session.conversation_items()) == before
+    assert len(items(w.session)) == before
 
 
 def test_a_document_too_long_for_the_context_is_refused_before_sending_with_what_would_fit(
@@ -223,7 +225,7 @@ def test_a_document_too_long_for_the_context_is_refused_before_sending_with_what
     from tests.gui.driver import settings
 
     w = open_window()
-    w.apply_settings(settings(24, context_length=400))
+    w.settings.apply(settings(24, context_length=400))
     big = tmp_path / "files" / "long.pdf"
     big.write_bytes(pdf_bytes([f"Page {i}. " + "The numbers went up and then down again. " * 12 for i in range(8)]))
     drop(w.composer, big)
@@ -233,9 +235,9 @@ def test_a_document_too_long_for_the_context_is_refused_before_sending_with_what
     warning = w.context_meter.warning.text()
     assert "400-token context" in warning and "documents are never cut" in warning
     assert re.search(r"attach about \d+ of the 8 pages", warning) and "remove a document" in warning
-    assert not w.send_button.isEnabled() or not ops.send(w.chat, "Summarise it")
-    assert w.chat.conv_id is None and not w.chat.vms  # nothing saved
-    assert len(w.chat.attachments.items) == 1  # the file stays attached
+    assert not w.reply_bar.send_button.isEnabled() or not ops.send(w.chat, "Summarise it")
+    assert w.chat.conversation.conv_id is None and not w.chat.conversation.vms  # nothing saved
+    assert len(w.chat.composer.attachments.items) == 1  # the file stays attached
 
 
 def test_attached_in_the_middle_of_a_conversation_the_window_says_what_it_costs(
@@ -243,16 +245,16 @@ def test_attached_in_the_middle_of_a_conversation_the_window_says_what_it_costs(
 ) -> None:
     w = open_window()
     send(qtbot, w, "Hello there")
-    first = w.conv_id
+    first = w.chat.conversation.conv_id
     drop(w.composer, files["md"])
     qtbot.waitUntil(counted(w, 1), timeout=LONG)
     w.composer.setPlainText("And this file?")
     qtbot.waitUntil(lambda: "reads the conversation's" in w.attach.bar.note.text(), timeout=LONG)
     assert re.search(r"conversation's [\d,.k]+ earlier tokens again, once", w.attach.bar.note.text())
     # The file stays with the conversation it was attached in.
-    w.new_conversation()
+    w.conversations.new()
     qtbot.waitUntil(lambda: chips(w) == [], timeout=LONG)
-    w.open_conversation(first)
+    w.conversations.open(first)
     qtbot.waitUntil(lambda: [c.split(" · ")[0] for c in chips(w)] == ["notes.md"], timeout=LONG)
 
 
@@ -265,19 +267,19 @@ def test_attached_to_a_server_the_document_goes_as_a_file_part_and_a_new_convers
     w = open_window(chunk=16)
     with running(str(tiny_model), 1, tmp_path, "--chunk", "16") as server:
         connect(qtbot, w, server.url)
-        qtbot.waitUntil(lambda: w.chat.link is not None and w.chat.model_ready, timeout=SERVER)
+        qtbot.waitUntil(lambda: w.chat.link.server is not None and w.chat.link.ready, timeout=SERVER)
         drop(w.composer, files["pdf"])
         qtbot.waitUntil(counted(w, 1), timeout=SERVER)  # counted by the server's tokenizer
         local = tokens_of(chips(w)[0])
         send(qtbot, w, "What grew?", wait=False)
-        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=SERVER)
         first = replies(w)[-1].report
         assert [(d["name"], d["source"]) for d in first.documents] == [("report.pdf", "prefilled")]
         assert first.documents[0]["tokens"] <= local  # the chip counted the block and its system message
-        w.new_conversation()
+        w.conversations.new()
         drop(w.composer, files["pdf"])
         qtbot.waitUntil(counted(w, 1), timeout=SERVER)
         send(qtbot, w, "What fell?", wait=False)
-        qtbot.waitUntil(lambda: not w.chat.generating, timeout=SERVER)
+        qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=SERVER)
         r = replies(w)[-1].report
         assert r.documents[0]["source"] == "memory" and r.restored >= r.documents[0]["end"]

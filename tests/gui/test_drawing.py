@@ -129,7 +129,7 @@ def test_disabled_regenerate_and_new_variant_are_drawn_disabled(
     qtbot: Any, open_window: Callable[..., MainWindow]
 ) -> None:
     w = open_window(max_tokens=4)
-    buttons = (w.regenerate_button, w.new_variant_button)
+    buttons = (w.reply_bar.regenerate_button, w.reply_bar.new_variant_button)
     assert not any(b.isEnabled() for b in buttons)  # an empty chat: nothing to regenerate
     disabled = [_ink(b) for b in buttons]
     send(qtbot, w, "one")
@@ -147,9 +147,9 @@ def test_a_disabled_menu_item_is_drawn_unlike_an_enabled_one(
     from PySide6.QtGui import QAction
 
     w = open_window(wait=False, theme=theme)
-    menu = w.disconnect_action.associatedObjects()[0]  # the Models menu
+    menu = w.models.disconnect_action.associatedObjects()[0]  # the Models menu
     connect = w.findChild(QAction, "connectServerAction")
-    assert not w.disconnect_action.isEnabled() and connect.isEnabled()  # not attached to a server
+    assert not w.models.disconnect_action.isEnabled() and connect.isEnabled()  # not attached to a server
     menu.adjustSize()
     image = menu.grab().toImage()
 
@@ -160,7 +160,7 @@ def test_a_disabled_menu_item_is_drawn_unlike_an_enabled_one(
         return max(abs(image.pixelColor(x, y).lightness() - bg)
                    for x in range(r.left(), r.right()) for y in range(r.top(), r.bottom()))  # fmt: skip
 
-    enabled, disabled = ink(connect), ink(w.disconnect_action)
+    enabled, disabled = ink(connect), ink(w.models.disconnect_action)
     assert disabled < 0.75 * enabled, (enabled, disabled)
 
 

@@ -126,12 +126,12 @@ def test_compare_never_shows_another_comparison_and_reuses_the_cold_run_verify_m
     send(qtbot, w, "Why is the sky blue? " * 8)
     earlier = wait_compared(qtbot, w, lambda: w.inspector.open_compare(replies(w)[-1].id))  # B: a cold run
     assert len(cold_runs) == 1 and w.inspector.view.data is earlier
-    w.new_conversation()
+    w.conversations.new()
     send(qtbot, w, "Hi.")
     reply = replies(w)[-1]
     w.debug_panel.show()
     qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not w.chat.verifying, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.cold_runs.verifying, timeout=LONG)
     assert w.debug_panel.value("verify").startswith("✓ identical") and len(cold_runs) == 2
     view = w.inspector.open_compare(reply.id)
     # At once: nothing of the earlier conversation's comparison is on screen.

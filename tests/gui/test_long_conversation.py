@@ -35,13 +35,13 @@ def long_chat(qtbot: Any, w: MainWindow) -> tuple[int, Any, Any]:
     click(qtbot, w, "newVariantButton")
     wait_idle(qtbot, w)
     second = replies(w)[-1]
-    conv = w.conv_id
+    conv = w.chat.conversation.conv_id
     parent = second.id
     for i in range(2, N):
         parent = w.session.store.add_message(conv, parent, "user" if i % 2 == 0 else "assistant", filler(i)).id
-    w.show_conversation(None)
-    w.show_conversation(conv)
-    assert len(w.chat.vms) == N
+    w.conversations.show(None)
+    w.conversations.show(conv)
+    assert len(w.chat.conversation.vms) == N
     return conv, first, second
 
 
@@ -73,7 +73,7 @@ def test_a_long_conversation_builds_only_the_messages_near_the_viewport(
     bar = view.verticalScrollBar()
     qtbot.waitUntil(lambda: bar.value() == bar.maximum() and bar.maximum() > 0, timeout=LONG)
     assert len(view.widgets) <= BUILT_MAX and len(view.message_widgets()) <= BUILT_MAX
-    last = w.chat.vms[-1]
+    last = w.chat.conversation.vms[-1]
     assert in_viewport(w, view.widgets[last.id]) and view.widgets[last.id].text() == last.content
     # The spacers stand for the rest: the canvas is about as tall as all of it.
     assert view.top_pad.height() > 50 * N
@@ -86,7 +86,7 @@ def test_a_long_conversation_builds_only_the_messages_near_the_viewport(
     assert middle and all(x.text() == filler(int(x.vm.content.split(":")[0].split()[1]))
                           for x in middle if x.vm.content.startswith("message "))
     assert len(view.widgets) <= BUILT_MAX
-    index = w.chat.vms.index(middle[0].vm)
+    index = w.chat.conversation.vms.index(middle[0].vm)
     assert 100 < index < N - 100
 
     # Scroll up step by step from there: the message at the top stays put as the window moves.
@@ -120,7 +120,7 @@ def test_far_messages_keep_their_variants_selection_inspector_badge_and_search(
 
     # The inspector: Compare the far reply with its other variant, and its tokens.
     qtbot.mouseClick(widget, Qt.MouseButton.LeftButton)  # selected: the reply the inspector acts on
-    assert w.chat.selected is not None and w.chat.selected.id == second.id
+    assert w.chat.conversation.selected is not None and w.chat.conversation.selected.id == second.id
     data = wait_compared(qtbot, w, widget.compare_button.click)
     assert data.a.message_id == second.id and data.b.message_id == first.id
     with qtbot.waitSignal(w.inspector.tokensShown, timeout=LONG):
@@ -132,9 +132,9 @@ def test_far_messages_keep_their_variants_selection_inspector_badge_and_search(
     # A search hit near the top, from the bottom: revealed in view and flashed.
     view.scroll_to_bottom()
     qtbot.waitUntil(lambda: view.verticalScrollBar().value() == view.verticalScrollBar().maximum(), timeout=LONG)
-    target = w.chat.vms[6]
+    target = w.chat.conversation.vms[6]
     assert target.id not in view.widgets or not in_viewport(w, view.widgets[target.id])
-    w.reveal_message(target.id)
+    w.conversations.reveal(target.id)
     shown = view.widgets[target.id]
     qtbot.waitUntil(lambda: in_viewport(w, shown), timeout=LONG)
     assert shown.text() == target.content
@@ -142,21 +142,21 @@ def test_far_messages_keep_their_variants_selection_inspector_badge_and_search(
     # Selecting the far reply makes it the one Regenerate acts on.
     widget = view.widget_for(second.id)
     qtbot.mouseClick(widget, Qt.MouseButton.LeftButton)
-    assert w.chat.selected is not None and w.chat.selected.id == second.id
+    assert w.chat.conversation.selected is not None and w.chat.conversation.selected.id == second.id
     runs_before = len(w.session.store.runs(conv).get(second.id, []))
     click(qtbot, w, "regenerateButton")
     wait_idle(qtbot, w)
     # Same seed, same prompt: the far reply again, bit for bit: a run of it, not a new variant.
     assert len(w.session.store.runs(conv)[second.id]) == runs_before + 1
-    assert len(w.session.store.children(w.chat.vms[0].id)) == 2
-    assert w.chat.vms[1].id == second.id and len(w.chat.vms) == N and len(view.widgets) <= BUILT_MAX
+    assert len(w.session.store.children(w.chat.conversation.vms[0].id)) == 2
+    assert w.chat.conversation.vms[1].id == second.id and len(w.chat.conversation.vms) == N and len(view.widgets) <= BUILT_MAX
 
     # Its runs menu: two runs now; picking the first shows it in the footer.
     widget = view.widget_for(second.id)
     runs = widget.runs_button.menu().actions()
     assert len(runs) == runs_before + 1 and widget.runs_button.isVisible()
     runs[0].trigger()
-    qtbot.waitUntil(lambda: w.chat.runs_shown.get(second.id) == 0, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.conversation.runs_shown.get(second.id) == 0, timeout=LONG)
     widget = view.widget_for(second.id)
     assert widget.footer.text().startswith(f"run 1 of {runs_before + 1} · ")
 
@@ -168,10 +168,10 @@ def test_far_messages_keep_their_variants_selection_inspector_badge_and_search(
 
     # Its variants from far up: the first (its path ends there), then back to the long one.
     view.widget_for(second.id).prev_button.click()
-    qtbot.waitUntil(lambda: len(w.chat.vms) == 2 and w.chat.vms[1].id == first.id, timeout=LONG)
+    qtbot.waitUntil(lambda: len(w.chat.conversation.vms) == 2 and w.chat.conversation.vms[1].id == first.id, timeout=LONG)
     view.widget_for(first.id).next_button.click()
-    qtbot.waitUntil(lambda: len(w.chat.vms) == N, timeout=LONG)
-    assert w.chat.vms[1].id == second.id and len(view.widgets) <= BUILT_MAX
+    qtbot.waitUntil(lambda: len(w.chat.conversation.vms) == N, timeout=LONG)
+    assert w.chat.conversation.vms[1].id == second.id and len(view.widgets) <= BUILT_MAX
 
 
 def test_a_reply_streams_at_the_bottom_of_a_long_conversation(
@@ -183,11 +183,11 @@ def test_a_reply_streams_at_the_bottom_of_a_long_conversation(
     view = w.chat_view
     bar = view.verticalScrollBar()
     send(qtbot, w, "And one more question?", wait=False)
-    pending = w.chat.pending
+    pending = w.chat.generation.pending
     qtbot.waitUntil(lambda: pending.reply_id in view.widgets and view.widgets[pending.reply_id].streaming,
                     timeout=LONG)
     wait_idle(qtbot, w)
-    reply = view.widgets[w.chat.vms[-1].id]
-    assert reply.text() == w.chat.vms[-1].content and w.chat.vms[-1].content
+    reply = view.widgets[w.chat.conversation.vms[-1].id]
+    assert reply.text() == w.chat.conversation.vms[-1].content and w.chat.conversation.vms[-1].content
     qtbot.waitUntil(lambda: bar.value() == bar.maximum(), timeout=LONG)
     assert in_viewport(w, reply) and len(view.widgets) <= BUILT_MAX

@@ -36,7 +36,7 @@ def _placeholder_shown(qtbot: Any, w: MainWindow) -> str:
         dlg.reject()
 
     QTimer.singleShot(0, look)
-    w.open_settings()
+    w.settings.open_dialog()
     return seen[0]
 
 
@@ -49,13 +49,13 @@ def test_broken_model_shows_error(qtbot: Any, open_window: Callable[..., MainWin
     box = w.findChild(QMessageBox, "errorDialog")
     assert box is not None and box.isVisible()
     assert "broken-model" in box.text() and "config.json" in box.text()
-    assert not w.chat.model_ready and w.model_label.text() == "No model"
+    assert not w.chat.link.ready and w.models.model_label.text() == "No model"
     box.close()
     # Sending without a model: the message is kept, the failure is explained.
     watch(w).errors.clear()
     send(qtbot, w, "hello?")
     assert watch(w).last_error and "no model" in watch(w).last_error.lower()
-    assert [vm.role for vm in w.chat.vms] == ["user"]
+    assert [vm.role for vm in w.chat.conversation.vms] == ["user"]
 
 
 def test_model_manager_lists_imports_and_reports_download_errors(
@@ -67,7 +67,7 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: the error must be clear
     w = open_window(max_tokens=4)
-    mgr = w.open_model_manager()
+    mgr = w.models.open_manager()
     qtbot.waitUntil(lambda: "found" in mgr.status.text() or "No models" in mgr.status.text(), timeout=LONG)
     before = len(mgr.entries)
     # Import a GGUF (on the engine thread, with progress), then it is listed and usable.
@@ -91,7 +91,7 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     mgr.import_gguf(str(bad))
     qtbot.waitUntil(lambda: "Import failed" in mgr.status.text(), timeout=LONG)
     assert "broken.gguf" in mgr.status.text() or "GGUF" in mgr.status.text()
-    w.apply_settings(settings(3000))
+    w.settings.apply(settings(3000))
     send(qtbot, w, "a long reply keeps the engine busy", wait=False)
     mgr.import_gguf(str(gguf))
     qtbot.mouseClick(mgr.cancel_button, Qt.MouseButton.LeftButton)
@@ -99,12 +99,12 @@ def test_model_manager_lists_imports_and_reports_download_errors(
     wait_idle(qtbot, w)
     qtbot.waitUntil(lambda: "Import cancelled" in mgr.status.text(), timeout=LONG)
     assert mgr.import_button.isEnabled() and not mgr.cancel_button.isVisible()
-    w.apply_settings(settings(4))
+    w.settings.apply(settings(4))
     # Use the imported model.
     row = next(i for i, e in enumerate(mgr.entries) if e.source == "gguf")
     mgr.table.selectRow(row)
     qtbot.mouseClick(mgr.use_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
     assert w.model_picker.currentData() == str(mgr.entries[row].path)
     send(qtbot, w, "hello")
     assert replies(w)[-1].status == "complete"
@@ -112,7 +112,7 @@ def test_model_manager_lists_imports_and_reports_download_errors(
 
 def test_model_manager_has_a_close_button(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window()
-    dlg = w.open_model_manager()
+    dlg = w.models.open_manager()
     qtbot.waitUntil(dlg.isVisible, timeout=LONG)
     qtbot.mouseClick(dlg.findChild(QPushButton, "closeManagerButton"), Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not dlg.isVisible(), timeout=LONG)
@@ -122,13 +122,11 @@ def test_model_manager_has_a_close_button(qtbot: Any, open_window: Callable[...,
 def test_loading_a_gguf_imported_before_says_so_in_plain_english(
     qtbot: Any, open_window: Callable[..., MainWindow]
 ) -> None:
-    from app.core.engine_link import flows
-
     w = open_window(model="demo", max_tokens=4)  # the demo is a GGUF: imported by now
     shown: list[str] = []
-    w.chat.subscribe(flows.MODEL, lambda what, *a: what == "progress" and shown.append(w.model_status.text()))
-    w.load_model("demo")  # again: its content was converted already
-    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=LONG)
+    w.chat.link.progress.connect(lambda *a: shown.append(w.model_status.text()))
+    w.models.load("demo")  # again: its content was converted already
+    qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
     assert "imported before: using the converted copy" in shown, shown
     assert not any("already imported" in s or "100%" in s for s in shown), shown
 
@@ -150,19 +148,19 @@ def test_settings_apply_to_the_next_reply(qtbot: Any, open_window: Callable[...,
     from app.qt.conversation.settings_dialog import SettingsDialog
 
     w = open_window()
-    dlg = SettingsDialog(w.current_settings(), w)
+    dlg = SettingsDialog(w.chat.conversation.settings(), w)
     qtbot.addWidget(dlg)
     dlg.max_tokens.setValue(5)
     dlg.random_seed.setChecked(False)
     dlg.seed.setValue(1234)
     dlg.mode.setCurrentIndex(dlg.mode.findData("fast"))
     dlg.system_prompt.setPlainText("You are terse.")
-    w.apply_settings(dlg.value())
-    assert "fast" in w.settings_summary.text() and "seed 1234" in w.settings_summary.text()
+    w.settings.apply(dlg.value())
+    assert "fast" in w.reply_bar.summary.text() and "seed 1234" in w.reply_bar.summary.text()
     send(qtbot, w, "hi")
     reply = w.session.store.get_message(replies(w)[-1].id)
     assert reply.seed == 1234 and len(reply.tokens) <= 5 and reply.cache_report["mode"] == "fast"
-    assert w.session.store.messages_for_prompt(w.conv_id, reply.parent_id)[0] == {"role": "system", "content": "You are terse."}
+    assert w.session.store.messages_for_prompt(w.chat.conversation.conv_id, reply.parent_id)[0] == {"role": "system", "content": "You are terse."}
 
 
 def test_a_conversation_context_limit_does_not_carry_into_new_chats(
@@ -170,12 +168,12 @@ def test_a_conversation_context_limit_does_not_carry_into_new_chats(
 ) -> None:
     w = open_window(max_tokens=4)
     send(qtbot, w, "hello")
-    w.apply_settings(replace(w.current_settings(), context_length=300))  # "as default", as the dialog's box is
-    assert w.current_settings().context_length == 300  # this conversation's
-    w.new_conversation()
-    assert w.current_settings().context_length == 0  # a new chat: the model's own context
+    w.settings.apply(replace(w.chat.conversation.settings(), context_length=300))  # "as default", as the dialog's box is
+    assert w.chat.conversation.settings().context_length == 300  # this conversation's
+    w.conversations.new()
+    assert w.chat.conversation.settings().context_length == 0  # a new chat: the model's own context
     send(qtbot, w, "a new chat")
-    assert w.current_settings().context_length == 0 and w.current_settings().sampler.max_tokens == 4
+    assert w.chat.conversation.settings().context_length == 0 and w.chat.conversation.settings().sampler.max_tokens == 4
 
 
 @pytest.mark.parametrize("model", ["demo", "tiny"])
@@ -183,7 +181,7 @@ def test_the_system_prompt_placeholder_shows_what_the_model_gets(
     qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, model: str
 ) -> None:
     w = open_window(model="demo" if model == "demo" else str(tiny_model), max_tokens=4)
-    qtbot.waitUntil(lambda: w.chat.template_system is not None, timeout=LONG)  # rendered on the engine thread
+    qtbot.waitUntil(lambda: w.chat.link.template_system is not None, timeout=LONG)  # rendered on the engine thread
     if model == "demo":  # SmolLM2's template puts its own in when there is no system message
         assert _placeholder_shown(qtbot, w) == ("None set: the model's chat template adds its own: “You are a "
                                                 "helpful AI assistant named SmolLM, trained by Hugging Face”")

@@ -38,7 +38,7 @@ def test_regenerate_is_identical_and_restores_all_but_last_token(
     send(qtbot, w, "Explain how a prompt cache works in two sentences.")
     first = replies(w)[-1]
     qtbot.keyClick(w, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)  # Ctrl/Cmd+R
-    assert w.chat.generating
+    assert w.chat.generation.busy
     wait_idle(qtbot, w)
     # Identical: no copy is added; the existing reply stays selected and says so.
     second = replies(w)[-1]
@@ -86,15 +86,15 @@ def test_window_regenerate_runs_in_the_replys_mode_after_settings_changed(qtbot:
     send(qtbot, w, "The capital of France is")
     first = replies(w)[-1]
     assert w.session.store.get_message(first.id).cache_report["mode"] == "exact"
-    w.apply_settings(dataclasses.replace(w.current_settings(), mode="fast"))
-    assert "fast" in w.settings_summary.text()
+    w.settings.apply(dataclasses.replace(w.chat.conversation.settings(), mode="fast"))
+    assert "fast" in w.reply_bar.summary.text()
     w.findChild(QAction, "debugAction").trigger()
     w.findChild(QAction, "regenerateAction").trigger()
-    assert w.chat.generating
+    assert w.chat.generation.busy
     wait_idle(qtbot, w)
     assert w.debug_panel.value("mode") == "exact"  # the run's own report, shown for the reply it matched
     assert replies(w)[-1].id == first.id  # identical: no copy added
-    assert "fast" in w.settings_summary.text()  # the Settings stay as the user set them
+    assert "fast" in w.reply_bar.summary.text()  # the Settings stay as the user set them
 
 
 def test_after_regenerate_the_footer_shows_the_latest_run_and_the_first_is_a_click_away(
@@ -140,10 +140,10 @@ def test_the_reply_regenerate_acts_on_is_marked_and_a_click_on_its_text_selects_
     second = replies(w)[-1]
     assert selected(w) == [second.id]
     # Opened again, the conversation marks its last reply: the default.
-    conv = w.conv_id
-    w.new_conversation()
-    w.show_conversation(conv)
-    assert selected(w) == [second.id] and w.chat.selected.id == second.id
+    conv = w.chat.conversation.conv_id
+    w.conversations.new()
+    w.conversations.show(conv)
+    assert selected(w) == [second.id] and w.chat.conversation.selected.id == second.id
     # A click anywhere on a reply (here its text) selects it; the debug panel follows.
     w.debug_panel.show()
     assert w.debug_panel.reply_id == second.id
@@ -153,11 +153,11 @@ def test_the_reply_regenerate_acts_on_is_marked_and_a_click_on_its_text_selects_
     # Ctrl+R regenerates that reply (identical: it stays, and so do the turns after it).
     qtbot.keyClick(w, Qt.Key.Key_R, CTRL)
     wait_idle(qtbot, w)
-    done = watch(w).finished.pending
-    assert done.previous_id == first.id and done.duplicate_of == first.id
+    done = watch(w).finished
+    assert done.pending.previous_id == first.id and done.saved.duplicate_of == first.id
     assert [vm.id for vm in replies(w)] == [first.id, second.id] and selected(w) == [first.id]
     # A click on a user message leaves the selection alone.
-    user = w.chat_view.widget_for(w.chat.vms[0].id)
+    user = w.chat_view.widget_for(w.chat.conversation.vms[0].id)
     qtbot.mouseClick(user.body.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(5, 5))
     assert selected(w) == [first.id]
 
@@ -171,12 +171,12 @@ def test_the_window_says_regenerate_repeats_the_replys_settings(
     tip = w.chat_view.widget_for(reply.id).footer.toolTip()
     assert "Regenerate (Ctrl+R) repeats this reply's own settings" in tip and f"seed {reply.seed}" in tip
     assert "New variant (Ctrl+Shift+R) uses the current settings" in tip
-    assert "regenerate" not in w.settings_summary.text()  # same settings: nothing to explain
+    assert "regenerate" not in w.reply_bar.summary.text()  # same settings: nothing to explain
     # Settings -> fast: the bar says what a send / new variant uses and that Regenerate stays exact.
-    w.apply_settings(replace(w.current_settings(), mode="fast"))
-    bar = w.settings_summary.text()
+    w.settings.apply(replace(w.chat.conversation.settings(), mode="fast"))
+    bar = w.reply_bar.summary.text()
     assert bar.startswith("new: fast") and "regenerate: exact, as the reply" in bar
-    assert "New variant (Ctrl+Shift+R) uses the current settings" in w.settings_summary.toolTip()
+    assert "New variant (Ctrl+Shift+R) uses the current settings" in w.reply_bar.summary.toolTip()
     qtbot.keyClick(w, Qt.Key.Key_R, CTRL)
     wait_idle(qtbot, w)
     assert watch(w).finished.result.report.mode == "exact"
@@ -192,10 +192,10 @@ def test_each_reply_has_its_own_regenerate_that_regenerates_that_reply(
     send(qtbot, w, "one")
     first = replies(w)[-1]
     send(qtbot, w, "two")
-    assert w.chat.selected.id != first.id  # the last reply is the one the button under the chat acts on
+    assert w.chat.conversation.selected.id != first.id  # the last reply is the one the button under the chat acts on
     started: list[Any] = []
-    w.chat.subscribe(ops.PENDING, lambda p: p is not None and started.append((p.action, p.previous_id)))
-    user = w.chat_view.widget_for(w.chat.vms[0].id)
+    w.chat.generation.started.connect(lambda p: started.append((p.action, p.previous_id)))
+    user = w.chat_view.widget_for(w.chat.conversation.vms[0].id)
     assert not user.regen_button.isVisibleTo(user)  # a user message has Edit instead
     widget = w.chat_view.widget_for(first.id)
     assert widget.regen_button.isVisibleTo(widget) and widget.regen_button.text() == "↻"
@@ -217,7 +217,7 @@ def test_a_branch_explained_at_1200_px_with_the_dock_open_is_shown_whole_until_t
     first = replies(w)[-1]
     send(qtbot, w, "two")
     send(qtbot, w, "three")
-    w.chat.select(first.id)
+    w.chat.conversation.select(first.id)
     ops.regenerate(w.chat, fresh=True)  # a new variant of the first reply: the later turns stay behind
     wait_idle(qtbot, w)
     said = "The 4 later messages stay with the previous variant (‹ › on the reply shows them again)."
@@ -237,12 +237,12 @@ def test_regenerating_a_middle_reply_says_where_the_later_turns_went(
     first = replies(w)[-1]
     send(qtbot, w, "two")
     send(qtbot, w, "three")
-    w.chat.select(first.id)
+    w.chat.conversation.select(first.id)
     said: list[str] = []
-    w.chat.subscribe(ops.STATUS, lambda text, ms: said.append(text))
+    w.chat.notices.status_changed.connect(lambda text, ms: said.append(text))
     ops.regenerate(w.chat, fresh=True)  # a new variant of the first reply
     wait_idle(qtbot, w)
-    assert len(w.chat.vms) == 2  # the later turns belong to the previous variant
+    assert len(w.chat.conversation.vms) == 2  # the later turns belong to the previous variant
     assert said[-1].endswith(" · the 4 later messages stay with the previous variant (‹ › on the reply shows them again)")
 
 
@@ -252,12 +252,12 @@ def test_a_stopped_regenerate_is_described_as_identical_as_far_as_it_got(
 ) -> None:
     w = open_window(max_tokens=2000, temperature=0.0)  # greedy: runs to the limit, never an early EOS
     send(qtbot, w, "Tell me a long story.", wait=False)
-    qtbot.waitUntil(lambda: w.chat.stream.tokens > 40, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.generation.stream.tokens > 40, timeout=LONG)
     ops.stop(w.chat)  # the first reply: stopped too, but longer than the regenerate will get
     wait_idle(qtbot, w)
     first = replies(w)[-1]
     ops.regenerate(w.chat, fresh=False)
-    qtbot.waitUntil(lambda: w.chat.stream.tokens > 8, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.generation.stream.tokens > 8, timeout=LONG)
     ops.stop(w.chat)
     wait_idle(qtbot, w)
     again = replies(w)[-1]
@@ -268,7 +268,7 @@ def test_a_stopped_regenerate_is_described_as_identical_as_far_as_it_got(
     identity = w.debug_panel.value("identity")
     assert identity == f"identical to previous as far as this one got ({n} tokens, bit-equal logprobs; it was stopped)"
     assert w.chat_view.widget_for(again.id).identity.text() == "✓ identical to previous as far as it got"
-    w.new_conversation()  # read back from the store, the same words
+    w.conversations.new()  # read back from the store, the same words
     w.sidebar.list.setCurrentRow(0)
-    w.chat.select(again.id)
+    w.chat.conversation.select(again.id)
     assert w.debug_panel.value("identity") == identity

@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from app.core import ops  # noqa: E402
 from app.core.conversation.markdown import render  # noqa: E402
 from app.core.generation.replay import REGENERATE_TIP, Replay  # noqa: E402
 from app.qt.conversation.message_widget import MessageBody  # noqa: E402
@@ -30,7 +29,7 @@ class Seen:
         self.w = w
         self.events: list[dict[str, Any]] = []
         self.last: Replay | None = None
-        w.chat.subscribe(ops.REPLAY, self._on)
+        w.chat.generation.replayed.connect(self._on)
 
     def _on(self, reply_id: int, replay: Replay) -> None:
         widget = self.w.chat_view.widget_for(reply_id)
@@ -58,13 +57,13 @@ def test_a_regenerate_shows_the_reply_at_once_and_verifies_it_as_it_is_recompute
     n = len(stored.tokens)
     shown_before = w.chat_view.widget_for(first.id).body.toPlainText()
     assert n > 4 and shown_before.strip()
-    assert w.regenerate_button.toolTip() == REGENERATE_TIP and "decode speed" in REGENERATE_TIP
+    assert w.reply_bar.regenerate_button.toolTip() == REGENERATE_TIP and "decode speed" in REGENERATE_TIP
     seen = Seen(w)
     streamed = watch(w).stream_updates
     click(qtbot, w, "regenerateButton")
     # At once, before the engine handed over a single token: the previous reply's whole text,
     # marked as being re-checked, nothing verified yet.
-    assert w.chat.generating and watch(w).stream_updates == streamed
+    assert w.chat.generation.busy and watch(w).stream_updates == streamed
     start = seen.events[0]
     assert start["seen"] == 0 and start["body"] == shown_before and start["text"] == stored.content
     assert start["badge"] == f"re-checking… verified 0 / {n}" and start["state"] == "checking" and start["badge_shown"]
@@ -99,7 +98,7 @@ def test_a_regenerate_that_parts_from_the_reply_is_marked_where_it_parts(
     # The system prompt changed since the reply: the app cannot tell before the run (the reply
     # keeps its seed and sampler, not its prompt), so it still expects a repeat; the
     # recomputation shows it is not one.
-    w.apply_settings(settings(40, 0.9, system_prompt="You are a pirate. Answer as one."))
+    w.settings.apply(settings(40, 0.9, system_prompt="You are a pirate. Answer as one."))
     seen = Seen(w)
     click(qtbot, w, "regenerateButton")
     assert seen.events[0]["badge"] == f"re-checking… verified 0 / {n}"

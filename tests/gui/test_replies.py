@@ -14,7 +14,6 @@ import pytest
 from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QPushButton
 
-from app.core import ops
 from app.core.store import ConversationStore
 from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, LONG_PROMPT, click, replies, send, wait_idle, watch
@@ -29,7 +28,7 @@ def test_object_names_and_first_reply_streams(qtbot: Any, open_window: Callable[
                  "regenerateButton", "newVariantButton", "debugPanel", "modelPicker"):  # fmt: skip
         assert w.findChild(QObject, name) is not None, name
     seen: list[str] = []
-    w.chat.subscribe(ops.STREAM, lambda rid, text, n: seen.append(w.chat_view.widget_for(w.chat.pending.reply_id).text()))
+    w.chat.generation.streamed.connect(lambda rid, text, n: seen.append(w.chat_view.widget_for(w.chat.generation.pending.reply_id).text()))
     send(qtbot, w, "Why is the sky blue?")
     reply = replies(w)[-1]
     assert reply.status == "complete" and reply.content
@@ -39,7 +38,7 @@ def test_object_names_and_first_reply_streams(qtbot: Any, open_window: Callable[
     assert watch(w).stream_updates < n_tokens
     assert "tokens" in reply.footer and "cache: restored 0 / " in reply.footer and "tok/s" in reply.footer
     assert w.sidebar.list.count() == 1 and w.sidebar.list.item(0).text() == "Why is the sky blue?"
-    assert re.fullmatch(r"Memory \d+(\.\d+)? [KMG]B \(MLX \d+(\.\d+)? [KMG]?B\)", w.memory_label.text()), w.memory_label.text()
+    assert re.fullmatch(r"Memory \d+(\.\d+)? [KMG]B \(MLX \d+(\.\d+)? [KMG]?B\)", w.models.memory_label.text()), w.models.memory_label.text()
 
 
 def test_composer_enter_sends_shift_enter_newline(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
@@ -49,20 +48,20 @@ def test_composer_enter_sends_shift_enter_newline(qtbot: Any, open_window: Calla
     qtbot.keyClick(w.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
     qtbot.keyClicks(w.composer, "line two")
     assert w.composer.toPlainText() == "line one\nline two"
-    assert not w.chat.generating
+    assert not w.chat.generation.busy
     qtbot.keyClick(w.composer, Qt.Key.Key_Return)
-    assert w.chat.generating and w.composer.toPlainText() == ""
+    assert w.chat.generation.busy and w.composer.toPlainText() == ""
     wait_idle(qtbot, w)
-    assert [vm.content for vm in w.chat.vms if vm.role == "user"] == ["line one\nline two"]
+    assert [vm.content for vm in w.chat.conversation.vms if vm.role == "user"] == ["line one\nline two"]
 
 
 def test_stop_mid_prefill(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window(chunk=4)  # ~250 small forwards: plenty of time to stop in the middle
     progress: list[tuple[int, int]] = []
-    w.chat.subscribe(ops.PREFILL, lambda rid, done, total: progress.append((done, total)))
+    w.chat.generation.prefilled.connect(lambda rid, done, total: progress.append((done, total)))
     send(qtbot, w, LONG_PROMPT, wait=False)
     qtbot.waitUntil(lambda: any(0 < d < t for d, t in progress), timeout=LONG)
-    assert w.chat.stream_text == ""  # still reading the prompt
+    assert w.chat.generation.stream.text == ""  # still reading the prompt
     click(qtbot, w, "stopButton")
     wait_idle(qtbot, w)
     reply = w.session.store.get_message(replies(w)[-1].id)
@@ -81,7 +80,7 @@ def test_stop_mid_decode_with_escape(qtbot: Any, open_window: Callable[..., Main
     # tiny model runs to the token limit.
     w = open_window(max_tokens=2000, temperature=0.0)
     send(qtbot, w, "Tell me a long story.", wait=False)
-    qtbot.waitUntil(lambda: len(w.chat.stream_text) > 10, timeout=LONG)
+    qtbot.waitUntil(lambda: len(w.chat.generation.stream.text) > 10, timeout=LONG)
     qtbot.keyClick(w.composer, Qt.Key.Key_Escape)
     wait_idle(qtbot, w)
     reply = w.session.store.get_message(replies(w)[-1].id)
@@ -93,33 +92,33 @@ def test_stop_mid_decode_with_escape(qtbot: Any, open_window: Callable[..., Main
 def test_edit_user_message_branches(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window()
     send(qtbot, w, "first question")
-    old_user, old_reply = w.chat.vms
+    old_user, old_reply = w.chat.conversation.vms
     widget = w.chat_view.widget_for(old_user.id)
     qtbot.mouseClick(widget.edit_button, Qt.MouseButton.LeftButton)
     assert widget.editor.isVisible() and widget.editor.toPlainText() == "first question"
     widget.editor.setPlainText("second question")
     qtbot.mouseClick(widget.save_edit, Qt.MouseButton.LeftButton)
     wait_idle(qtbot, w)
-    user, reply = w.chat.vms
+    user, reply = w.chat.conversation.vms
     assert user.content == "second question" and user.navigator == "2 / 2"
     assert reply.id != old_reply.id and reply.status == "complete"
     # The original branch, with its own reply, is one click away.
     qtbot.mouseClick(w.chat_view.widget_for(user.id).prev_button, Qt.MouseButton.LeftButton)
-    assert [vm.id for vm in w.chat.vms] == [old_user.id, old_reply.id]
+    assert [vm.id for vm in w.chat.conversation.vms] == [old_user.id, old_reply.id]
 
 
 def test_copy_and_delete_message(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window()
     send(qtbot, w, "copy me")
-    user, reply = w.chat.vms
+    user, reply = w.chat.conversation.vms
     qtbot.mouseClick(w.chat_view.widget_for(reply.id).copy_button, Qt.MouseButton.LeftButton)
     assert QApplication.clipboard().text() == reply.content
-    w.delete_message(reply.id, confirm=False)
-    assert [vm.id for vm in w.chat.vms] == [user.id]
+    w.conversations.delete_message(reply.id, confirm=False)
+    assert [vm.id for vm in w.chat.conversation.vms] == [user.id]
     # A trailing user message without a reply: Regenerate answers it.
     click(qtbot, w, "regenerateButton")
     wait_idle(qtbot, w)
-    assert [vm.role for vm in w.chat.vms] == ["user", "assistant"]
+    assert [vm.role for vm in w.chat.conversation.vms] == ["user", "assistant"]
 
 
 def test_restart_keeps_everything_and_regenerates_identically(
@@ -136,12 +135,12 @@ def test_restart_keeps_everything_and_regenerates_identically(
     assert w1.engine_closed  # the engine thread ended
     w2 = open_window(data)
     assert w2.size().toTuple() == small  # geometry remembered
-    assert [vm.id for vm in w2.chat.vms][-1] == first.id
+    assert [vm.id for vm in w2.chat.conversation.vms][-1] == first.id
     click(qtbot, w2, "regenerateButton")
     wait_idle(qtbot, w2)
     finished = watch(w2).finished
-    assert finished.result.text == first.content and finished.pending.outcome.comparison.identical is True
-    assert finished.pending.duplicate_of == first.id and replies(w2)[-1].id == first.id
+    assert finished.result.text == first.content and finished.saved.outcome.comparison.identical is True
+    assert finished.saved.duplicate_of == first.id and replies(w2)[-1].id == first.id
     report = finished.result.report
     assert report.source == "disk" and report.restored == report.prompt_tokens - 1
 
@@ -152,8 +151,8 @@ def test_close_mid_generation_saves_partial_reply(
     data = tmp_path / "data"
     w = open_window(data, max_tokens=3000, temperature=0.0)  # greedy: no early EOS
     send(qtbot, w, "Tell me everything.", wait=False)
-    qtbot.waitUntil(lambda: len(w.chat.stream_text) > 5, timeout=LONG)
-    reply_id = w.chat.pending.reply_id
+    qtbot.waitUntil(lambda: len(w.chat.generation.stream.text) > 5, timeout=LONG)
+    reply_id = w.chat.generation.pending.reply_id
     w.close()  # stops the reply (status "interrupted" below), not waits for its 3000 tokens
     assert w.engine_closed
     with ConversationStore(data / "verbatim.sqlite3", read_only=True) as store:
@@ -187,20 +186,20 @@ def test_gui_thread_never_waits_on_the_engine_during_generation(
     gui = threading.current_thread()
     # Collections from here on: a worker thread an earlier test's window left (its model
     # discovery, finishing with the collector on between windows) is not this window's doing.
-    qtbot.waitUntil(lambda: w._discovery is None or w._discovery.done(), timeout=LONG)
+    qtbot.waitUntil(lambda: w.models.discovery is None or w.models.discovery.done(), timeout=LONG)
     gc_collections.clear()
     waits: list[str] = []  # engine jobs the GUI thread blocked on, while generating
     for name in ("result", "exception"):
         original = getattr(concurrent.futures.Future, name)
 
         def checked(self: Any, timeout: Any = None, _original: Any = original, _name: str = name) -> Any:
-            if threading.current_thread() is gui and not self.done() and w.chat.generating:
+            if threading.current_thread() is gui and not self.done() and w.chat.generation.busy:
                 waits.append(_name)
             return _original(self, timeout)
 
         monkeypatch.setattr(concurrent.futures.Future, name, checked)
     gc.set_threshold(300, 1, 1)  # a full collection due after every second young one
-    gc_collections.flag = lambda: w.chat.generating
+    gc_collections.flag = lambda: w.chat.generation.busy
     gaps: list[float] = []
     state = {"last": time.perf_counter(), "was": False}
 
@@ -209,7 +208,7 @@ def test_gui_thread_never_waits_on_the_engine_during_generation(
         if state["was"]:
             gaps.append(now - state["last"])
         cycles(200)  # ~400 objects of garbage per beat: a young collection due every tick
-        state.update(last=now, was=w.chat.generating)
+        state.update(last=now, was=w.chat.generation.busy)
 
     timer = QTimer()
     timer.setTimerType(Qt.TimerType.PreciseTimer)
@@ -254,7 +253,7 @@ def test_second_window_on_the_same_data_is_read_only(
     send(qtbot, w1, "only the first window writes")
     w2 = open_window(data, wait=False)
     assert w2.read_only and w2.banner.isVisible() and "read-only" in w2.banner.text()
-    assert w2.chat.vms[0].content == "only the first window writes"  # it can read
-    qtbot.waitUntil(lambda: w2.chat.model_ready, timeout=LONG)
+    assert w2.chat.conversation.vms[0].content == "only the first window writes"  # it can read
+    qtbot.waitUntil(lambda: w2.chat.link.ready, timeout=LONG)
     assert not w2.findChild(QPushButton, "sendButton").isEnabled()
     assert not w2.findChild(QPushButton, "regenerateButton").isEnabled()

@@ -24,20 +24,20 @@ pytestmark = pytest.mark.gui
 def test_debug_panel_verify_and_clear_cache(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
     w = open_window()
     send(qtbot, w, "Why is the sky blue?")
-    w.debug_action.trigger()
+    w.menus.debug_action.trigger()
     assert w.debug_panel.isVisible()
     qtbot.waitUntil(lambda: w.debug_panel.value("entries") not in ("–", "0"), timeout=LONG)
     qtbot.mouseClick(w.debug_panel.verify_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not w.chat.verifying, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.cold_runs.verifying, timeout=LONG)
     assert w.debug_panel.value("verify").startswith("✓ identical")
     qtbot.mouseClick(w.debug_panel.clear_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.chat.cache_stats.get("memory_entries") == 0, timeout=LONG)
+    qtbot.waitUntil(lambda: w.chat.link.stats.get("memory_entries") == 0, timeout=LONG)
     assert w.debug_panel.value("entries") == "0"
     # After a clear, regenerate is a cold prefill but still reproduces the reply exactly.
     click(qtbot, w, "regenerateButton")
     wait_idle(qtbot, w)
-    assert watch(w).finished.pending.outcome.comparison.identical is True
-    assert watch(w).finished.pending.duplicate_of == replies(w)[-1].id
+    assert watch(w).finished.saved.outcome.comparison.identical is True
+    assert watch(w).finished.saved.duplicate_of == replies(w)[-1].id
     assert w.debug_panel.value("restored").startswith("0 / ")  # this run's report
 
 
@@ -69,7 +69,7 @@ def test_restored_means_of_the_prompt_in_footer_status_and_debug_panel(
     assert f"restored {shown}" in w.chat_view.widget_for(reply.id).footer.text()
     assert f"restored {shown}" in w.statusBar().currentMessage()
     w.debug_panel.show()
-    w.chat.select(reply.id)
+    w.chat.conversation.select(reply.id)
     assert w.debug_panel.value("restored") == shown  # the same numbers, the same meaning
     keys = [label.text() for label in w.debug_panel.findChildren(QLabel, "debugKey")]
     assert "Restored" in keys and "Snapshot length" in keys and "Restored / stored" not in keys
@@ -81,11 +81,11 @@ def test_no_runs_button_where_there_are_no_runs(qtbot: Any, open_window: Callabl
 
     w = open_window()
     send(qtbot, w, "Why is the sky blue?", wait=False)
-    qtbot.waitUntil(lambda: w.chat.pending is not None, timeout=LONG)
-    streaming = w.chat_view.widget_for(w.chat.pending.reply_id)
+    qtbot.waitUntil(lambda: w.chat.generation.pending is not None, timeout=LONG)
+    streaming = w.chat_view.widget_for(w.chat.generation.pending.reply_id)
     assert not streaming.runs_button.isVisibleTo(streaming)  # a reply while it streams: no runs yet
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
-    user = w.chat_view.widget_for(next(vm.id for vm in w.chat.vms if vm.role == "user"))
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
+    user = w.chat_view.widget_for(next(vm.id for vm in w.chat.conversation.vms if vm.role == "user"))
     assert not user.runs_button.isVisibleTo(user)  # a user message never has runs
     # The footer row adds no height: the message is its role line and body (and margins) only.
     m = user.layout().contentsMargins()
@@ -93,7 +93,7 @@ def test_no_runs_button_where_there_are_no_runs(qtbot: Any, open_window: Callabl
     assert user.sizeHint().height() <= m.top() + head + user.layout().spacing() + user.body.height() + m.bottom() + 2
     reply = replies(w)[-1]
     ops.regenerate(w.chat, fresh=False)  # the same tokens: a second run of the same reply
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
     widget = w.chat_view.widget_for(reply.id)
     assert widget.runs_button.isVisibleTo(widget) and widget.runs_button.text() == "2 runs"
 
@@ -104,7 +104,7 @@ def test_a_new_chat_that_matched_a_prefix_but_restored_none_says_why(
 ) -> None:
     w = open_window(max_tokens=4)
     send(qtbot, w, "Why is the sky blue?")
-    w.new_conversation()
+    w.conversations.new()
     send(qtbot, w, "Name three rivers.")  # the template's head is shared with the first chat, no more
     r = replies(w)[-1].report
     assert r is not None and r.matched > 0 and r.restored == 0 and not r.declines, (r.matched, r.restored)
@@ -123,7 +123,7 @@ def test_a_regenerate_that_ran_a_few_tokens_says_why_its_prefill_has_no_rate(
     send(qtbot, w, "Why is the sky blue?")
     ops.regenerate(w.chat, fresh=False)  # the prompt but its last token restored: one token run
     wait_idle(qtbot, w)
-    reply = w.chat.selected
+    reply = w.chat.conversation.selected
     r = reply.runs[-1].report
     assert r.prefill_tokens < 16 and r.restored > 0
     w.debug_panel.show()
@@ -159,7 +159,7 @@ def test_prefill_progress_shows_the_rate_and_the_time_left(qtbot: Any, open_wind
         body = w.chat_view.widget_for(reply_id).body.toPlainText()
         seen.append((w.statusBar().currentMessage(), body))
 
-    w.chat.subscribe(ops.PREFILL, look)
+    w.chat.generation.prefilled.connect(look)
     send(qtbot, w, LONG_PROMPT)
     line = re.compile(r"Reading the prompt: [\d,]+ / [\d,]+ · [\d.,]+ tok/s · about \d+ (s|min) left")
     assert any(line.fullmatch(status) and line.fullmatch(body) for status, body in seen), seen[:5]

@@ -34,8 +34,8 @@ def test_toggle_serves_the_loaded_model_while_the_window_stays_responsive(
 
     w = build_main_window(str(tiny_model), tmp_path / "data", chunk=8)
     qtbot.addWidget(w)
-    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=TIMEOUT * 1000)
-    toggle = w.server_toggle
+    qtbot.waitUntil(lambda: w.chat.link.ready, timeout=TIMEOUT * 1000)
+    toggle = w.models.server_toggle
     toggle.port = 0  # any free port
     app = QApplication.instance()
     quits = app.quitOnLastWindowClosed()
@@ -67,7 +67,7 @@ def test_toggle_serves_the_loaded_model_while_the_window_stays_responsive(
         assert url is not None and toggle.action.isChecked() and url in toggle.label.text()
 
         # The reply is the engine's own: the same tokens as the window's worker gives directly.
-        expected = await asyncio.wrap_future(w.chat.executor.submit(lambda e: e.generate(GenerationRequest(
+        expected = await asyncio.wrap_future(w.chat.jobs.executor.submit(lambda e: e.generate(GenerationRequest(
             MSGS, SamplerSettings(max_tokens=8, seed=0), use_cache=False)).tokens))
         first = await asyncio.wait_for(asyncio.wrap_future(pool.submit(ask, url)), TIMEOUT)
         assert first.verbatim["token_ids"] == expected
@@ -75,7 +75,7 @@ def test_toggle_serves_the_loaded_model_while_the_window_stays_responsive(
         # Hold the worker: a request queues behind it, visibly, and the window keeps handling
         # events while it waits (the GUI thread never waits on MLX or on the server).
         release = threading.Event()
-        w.chat.executor.submit(lambda e: release.wait(TIMEOUT))
+        w.chat.jobs.executor.submit(lambda e: release.wait(TIMEOUT))
         pending = pool.submit(ask, url)
         await until(lambda st: st.waiting == 1)
         assert "1 request" in toggle.label.text()
@@ -138,11 +138,11 @@ def test_api_clients_reach_the_windows_conversation_only_when_sharing_is_on(
     secret = "My bank PIN is 4831. Keep it safe for me."
     w = build_main_window(str(tiny_model), tmp_path / "data", chunk=8)
     qtbot.addWidget(w)
-    qtbot.waitUntil(lambda: w.chat.model_ready, timeout=TIMEOUT * 1000)
+    qtbot.waitUntil(lambda: w.chat.link.ready, timeout=TIMEOUT * 1000)
     w.composer.setPlainText(secret)
     qtbot.mouseClick(w.findChild(QPushButton, "sendButton"), Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=TIMEOUT * 1000)
-    toggle = w.server_toggle
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=TIMEOUT * 1000)
+    toggle = w.models.server_toggle
     toggle.port = 0
     share = toggle.share_action
     assert share.objectName() == "shareCacheAction" and not share.isChecked()  # off by default

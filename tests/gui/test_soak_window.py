@@ -50,4 +50,4 @@ def test_the_window_lives_through_a_long_session_and_nothing_grows(
     assert replies >= 4 * ROUNDS and tokens >= 6 * REPLY_TOKENS * 2
     warm, later = samples[WARM_UP - 1], samples[WARM_UP:]
     assert BOUNDS.broken(warm, later, none_mortal=not none_is_immortal()) == []
-    assert not w.chat.generating and w.chat.model_ready  # still a working window
+    assert not w.chat.generation.busy and w.chat.link.ready  # still a working window

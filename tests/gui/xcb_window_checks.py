@@ -123,14 +123,14 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     w.show()
     send(qtbot, w, LONG_WORDS)
     # A model name as long as the demo model's on the reply's role line.
-    w.session.store.update_message(w.chat.vms[-1].id, model_name=DEMO_NAME)
-    w.chat.reload()
+    w.session.store.update_message(w.chat.conversation.vms[-1].id, model_name=DEMO_NAME)
+    w.chat.conversation.reload()
     w.model_picker.select(w.model_picker.spec, DEMO_NAME)  # and in the top bar's picker
     ops.regenerate(w.chat, fresh=False)  # an identity badge on the reply
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
     assert w.chat_view.message_widgets()[-1].identity.isVisible()
     # A per-conversation limit and a draft past it: the meter and its warning are shown too.
-    w.apply_settings(replace(w.current_settings(), context_length=512))
+    w.settings.apply(replace(w.chat.conversation.settings(), context_length=512))
     w.composer.setPlainText(LONG_WORDS)
     qtbot.waitUntil(lambda: w.context_meter.warning.isVisibleTo(w), timeout=LONG)
     assert w.context_meter.label.text().endswith(" / 512")
@@ -152,11 +152,11 @@ def test_messages_fit_the_viewport_with_the_dock_open(
     # Nothing that says what is in force disappears or is cut at the edge: the settings summary
     # shows all of itself, the model's name is drawn whole or elided (its tooltip whole), the
     # status bar's model and memory labels show their text.
-    summary = w.settings_summary
+    summary = w.reply_bar.summary
     assert summary.isVisible() and summary.text() and not _cut_text(summary), _cut_text(summary)
     shown = w.model_picker.shown_text()
     assert shown == DEMO_NAME or ("…" in shown and DEMO_NAME in w.model_picker.toolTip()), shown
-    assert [cut for c in (w.model_label, w.memory_label) if (cut := _cut_text(c))] == []
+    assert [cut for c in (w.models.model_label, w.models.memory_label) if (cut := _cut_text(c))] == []
     w.grab().save(str(Path(os.environ.get("VERBATIM_SHOTS", tmp_path)) / f"window-{size[0]}x{size[1]}.png"))
     # Made larger again, the dock gets its width back: the layers table's headers are not clipped.
     w.resize(1400, 900)
@@ -246,8 +246,8 @@ def test_every_shortcut_is_unambiguous_and_the_status_bar_shows_memory(
 
     w = _ready(qtbot, open_window)
     assert shortcut_clashes(w) == []
-    assert re.match(r"Memory \d+(\.\d+)? [KMG]B", w.memory_label.text()), w.memory_label.text()
-    assert w.memory_label.isVisible()
+    assert re.match(r"Memory \d+(\.\d+)? [KMG]B", w.models.memory_label.text()), w.models.memory_label.text()
+    assert w.models.memory_label.isVisible()
 
 
 def test_ctrl_f_goes_to_the_conversation_search_from_anywhere(qtbot: Any, open_window: Callable[..., MainWindow]) -> None:
@@ -323,7 +323,7 @@ def test_attached_files_and_their_note_fit_at_every_size_with_the_dock_open(
     w.resize(*size)
     w.debug_panel.show()
     send(qtbot, w, "Hello there")
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
     w.composer.setPlainText("What do these say?")
     drop(w.composer, long_name, pdf, blob)
     qtbot.waitUntil(counted(w, 2), timeout=LONG)
@@ -333,14 +333,14 @@ def test_attached_files_and_their_note_fit_at_every_size_with_the_dock_open(
     assert [cut for c in labels if (cut := _cut_text(c))] == []
     assert "blob.bin" in w.attach.bar.note.text()
     root = w.centralWidget()
-    for part in (w.composer, w.send_button, w.attach.button, *w.attach.bar.chips.chips):
+    for part in (w.composer, w.reply_bar.send_button, w.attach.button, *w.attach.bar.chips.chips):
         r = _visible_rect(part, root)
         assert r.left() >= 0 and r.right() < root.width() and r.bottom() < root.height(), part.objectName()
     assert w.composer.width() >= 160  # the paperclip beside it leaves room to type, even at 800 px with the dock
     send(qtbot, w, "What do these say?")
-    qtbot.waitUntil(lambda: not w.chat.generating, timeout=LONG)
+    qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
     _settle(qtbot, w)
     assert _problems(w) == []
-    user = [vm for vm in w.chat.vms if vm.role == "user"][-1]
+    user = [vm for vm in w.chat.conversation.vms if vm.role == "user"][-1]
     chips = w.chat_view.widget_for(user.id).doc_chips
     assert len(chips.chips) == 2 and [cut for c in chips.chips if (cut := _cut_text(c.label))] == []

@@ -1,11 +1,11 @@
 """The files attached to the message being written (no Qt): read off the GUI thread, each
 counted in the loaded model's tokens, removable until Send saves them with the message.
 
-`Attachments` is an evented model (app/core/evented.py): the composer's chips subscribe to
-CHANGED and send intents (`add`, `remove`); ChatModel reads `documents` when it counts the next
-prompt and when it sends. Reading a PDF can take a while (pypdfium2, ~1 s for a few hundred
-pages), so it runs on a worker thread; counting needs the model's tokenizer, so it runs on the
-engine thread (`count`, given by the chat model).
+`Attachments` belongs to the composer (app/core/composer/model.py): the chips bind to `changed`
+and `refused` and send intents (`add`, `remove`); the composer reads `documents` when it counts
+the next prompt and when it sends. Reading a PDF can take a while (pypdfium2, ~1 s for a few
+hundred pages), so it runs on a worker thread; counting needs the model's tokenizer, so it runs on
+the engine thread (`count`, given by the composer).
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
+from psygnal import Signal
+
 from app.core.jobs import on_daemon_thread
-from app.core.evented import Evented
 from engine.documents.extract import Document, DocumentError, read_document
 from engine.types import GenerationRequest
-
-CHANGED = "changed"  # (list[Attachment]): the chips to show
-REFUSED = "refused"  # (list[str]): files that could not be attached, each "name: why"
 
 
 @dataclass(frozen=True)
@@ -76,15 +74,17 @@ def read_files(paths: Sequence[str]) -> tuple[list[Document], list[str]]:
     return docs, refused
 
 
-class Attachments(Evented):
+class Attachments:
     """The composer's attached files, in attach order."""
 
+    changed = Signal(list)  # list[Attachment]: the chips to show
+    refused = Signal(list)  # list[str]: files that could not be attached, each "name: why"
+
     def __init__(self, loop: asyncio.AbstractEventLoop, count: Callable[[Document], Awaitable[Optional[int]]],
-                 changed: Callable[[], None] = lambda: None) -> None:  # fmt: skip
-        super().__init__()
+                 on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self.loop = loop  # the GUI's (named: pytest-qt runs it without asyncio's running loop set)
         self._count = count  # the tokens a document adds (engine thread), None when no model answers
-        self._changed = changed  # the chat model counts the next prompt again
+        self._on_change = on_change  # the composer counts the next prompt again
         self.items: list[Attachment] = []
 
     @property
@@ -94,7 +94,7 @@ class Attachments(Evented):
     async def add(self, paths: Sequence[str], already: Sequence[Document] = ()) -> list[Document]:
         """Read `paths` (off the GUI thread) and attach what can be read; a file attached already
         (here, or earlier in the conversation: `already`) is not attached twice. Returns the
-        documents added; refusals are told (REFUSED), naming each file."""
+        documents added; refusals are told (`refused`), naming each file."""
         docs, refused = await self._read(list(paths))
         have = {d.digest for d in already} | {a.document.digest for a in self.items}
         added = []
@@ -106,7 +106,7 @@ class Attachments(Evented):
             added.append(d)
         self.items += [Attachment(d) for d in added]
         if refused:
-            self.emit(REFUSED, refused)
+            self.refused.emit(refused)
         if added:
             self._told()
             for d in added:
@@ -122,7 +122,7 @@ class Attachments(Evented):
         for i, a in enumerate(self.items):
             if a.document is document:
                 self.items[i] = replace(a, tokens=tokens)
-                self.emit(CHANGED, list(self.items))
+                self.changed.emit(list(self.items))
 
     async def recount(self) -> None:
         """Count every chip again (another model: another tokenizer)."""
@@ -145,5 +145,5 @@ class Attachments(Evented):
             self._told()
 
     def _told(self) -> None:
-        self.emit(CHANGED, list(self.items))
-        self._changed()
+        self.changed.emit(list(self.items))
+        self._on_change()

@@ -15,7 +15,7 @@ from engine.types import GenerationRequest
 
 if TYPE_CHECKING:
     from engine.bridge import EngineAPI
-    from app.core.session import ChatSettings
+    from app.core.store.settings import ChatSettings
     from app.core.conversation.view_models import MessageVM
 
 

@@ -214,8 +214,3 @@ def _formatter(style: str) -> Any:
 
     # nowrap: we supply our own <pre>; noclasses: Qt understands inline style attributes only.
     return HtmlFormatter(nowrap=True, noclasses=True, style=style)
-
-
-def plain_text(text: str) -> str:
-    """What "Copy" puts on the clipboard for a whole message: the markdown source itself."""
-    return text

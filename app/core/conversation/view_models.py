@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
-from app.core.store import Message, ReplyOutcome, Run
+from app.core.store import Action, Message, ReplyOutcome, Run, continuable
 from engine.documents.extract import Document
 from engine.types import CacheReport, Comparison, GenerationResult
 
@@ -90,7 +90,7 @@ def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = (),
         prev_id=sibling_ids[i - 1] if i > 0 else None,
         next_id=sibling_ids[i + 1] if i + 1 < len(sibling_ids) else None,
         footer=(lines[-1] if lines else footer_text(m)) if assistant else "",
-        identity=(continue_text(report) if outcome.action == "continue" and report is not None
+        identity=(continue_text(report) if outcome.action == Action.CONTINUE and report is not None
                   else identity_text(outcome, mode=report.mode if report else "exact")) if assistant else "",
         identical=outcome.comparison.identical if outcome.comparison is not None else None,
         seed=m.seed,
@@ -101,7 +101,7 @@ def message_vm(m: Message, sibling_ids: list[int], runs: Sequence[Run] = (),
         runs=tuple(runs),
         run_lines=lines,
         settings_note=settings_note(m) if assistant else "",
-        continuable=assistant and can_continue(m.status, m.finish_reason, len(m.tokens or [])),
+        continuable=assistant and continuable(m.status, m.finish_reason, len(m.tokens or [])),
         documents=tuple(documents),
     )
 
@@ -113,7 +113,7 @@ def run_shown(vm: MessageVM, k: int) -> MessageVM:
         return vm  # the latest run: as built
     run = vm.runs[k]
     c = run.outcome.comparison
-    identity = (continue_text(run.report) if run.outcome.action == "continue"
+    identity = (continue_text(run.report) if run.outcome.action == Action.CONTINUE
                 else identity_text(run.outcome, mode=run.report.mode))
     return replace(vm, footer=vm.run_lines[k], identity=identity,
                    identical=c.identical if c is not None else None, report=run.report,
@@ -199,7 +199,7 @@ def identity_text(outcome: ReplyOutcome, long: bool = False, mode: str = "exact"
         return ("identical to an existing variant: selected it instead of adding a copy" if long
                 else "identical to an existing variant (not added again)")
     if c is None:
-        if outcome.action == "variant":
+        if outcome.action == Action.VARIANT:
             return "new seed (a new variant is not compared with the others)" if long else "new seed"
         return "no previous variant with the same prompt and settings" if long else ""
     if c.identical:
@@ -235,11 +235,6 @@ def no_restore_reason(r: Any) -> str:
         return ""
     return (f"no exact cut inside the {r.matched} matched tokens: exact mode restores only where a cold "
             "prefill of this prompt cuts too")
-
-
-def can_continue(status: str, finish_reason: Optional[str], n_tokens: int) -> bool:
-    """Whether Continue applies (app/core/generation/continuing.py): a reply with tokens that was stopped, or that ended at max tokens."""
-    return n_tokens > 0 and (status == "interrupted" or (status == "complete" and finish_reason == "length"))
 
 
 def continue_text(r: CacheReport, long: bool = False) -> str:
@@ -294,9 +289,12 @@ def settings_summary(s: Any, selected: Optional[MessageVM]) -> str:
     return text
 
 
-def progress_text(action: str, seed: int) -> str:
+PROGRESS_VERBS = {Action.REGENERATE: "Regenerating", Action.VARIANT: "New variant", Action.CONTINUE: "Continuing"}
+
+
+def progress_text(action: Action, seed: int) -> str:
     """The status line while a reply is generated."""
-    verb = {"regenerate": "Regenerating", "variant": "New variant", "continue": "Continuing"}.get(action, "Generating")
+    verb = PROGRESS_VERBS.get(action, "Generating")
     return f"{verb}… (seed {seed})"
 
 
@@ -309,9 +307,9 @@ def finished_text(result: GenerationResult, outcome: ReplyOutcome) -> str:
         return "Stopped · " + msg
     if outcome.duplicate_of is not None:
         return msg + " · identical to an existing variant: selected it, no copy added"
-    if outcome.action == "continue":
+    if outcome.action == Action.CONTINUE:
         return msg + " · " + continue_text(rep)
-    if outcome.action == "variant":
+    if outcome.action == Action.VARIANT:
         return msg + " · new seed"
     if c is not None:
         same_tokens = c.identical or c.first_diff is None
@@ -346,7 +344,7 @@ TIMING_FIELDS = [("ttft", "Time to first token"), ("prefill_tps", "Prefill"), ("
 IDENTITY_FIELDS = [("identity", "Previous variant"), ("verify", "Cold run")]
 STORE_FIELDS = [("entries", "Snapshots in memory"), ("memory", "Memory"), ("disk", "On disk"), ("hits", "Hits / lookups")]
 LAYER_COLUMNS = ["#", "Cache class", "Offset", "Size", "Trim"]
-ACTIONS = {"regenerate": "regenerated", "variant": "new variant", "edit": "after an edit", "retry": "retry"}
+ACTIONS = {Action.REGENERATE: "regenerated", Action.VARIANT: "new variant", Action.EDIT: "after an edit", Action.RETRY: "retry"}
 NO_REPLY = "No reply selected"
 NO_REPORT = "This reply has no cache report yet"
 VERIFYING = "running a cold generation…"

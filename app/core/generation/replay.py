@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from app.core.store import Message
+from app.core.store import Action, Message
 
 # What Regenerate does, as its tooltips say it: what is instant and what is not.
 REGENERATE_TIP = ("Same seed and settings: reproduces the reply (Ctrl+R). Instant: the reply is shown at once from "
@@ -130,12 +130,12 @@ class Replay:
         return "same" if self.confirmed else "checking"
 
 
-def expect(action: str, mode: str, model_key: str, previous: Optional[Message]) -> Optional[Replay]:
+def expect(action: Action, mode: str, model_key: str, previous: Optional[Message]) -> Optional[Replay]:
     """A replay of `previous` when a regenerate is expected to repeat it: Regenerate (its own
     seed and settings), exact mode, a complete reply with its tokens and logprobs, made by the
     loaded model (the same key). None otherwise (a new variant, fast mode, a stopped reply,
     another model): then the reply streams as any other."""
-    if action != "regenerate" or mode != "exact" or previous is None or previous.status != "complete":
+    if action is not Action.REGENERATE or mode != "exact" or previous is None or previous.status != "complete":
         return None
     tokens, logprobs = list(previous.tokens or []), list(previous.logprobs or [])
     made_by = previous.model_key or (previous.report.model_key if previous.report is not None else "")

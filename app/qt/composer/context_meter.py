@@ -9,7 +9,7 @@ refuse the message (app/core/composer/context_budget.py words both).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QVBoxLayout, QWidget
@@ -17,9 +17,12 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QVBoxLayout, QWidget
 from app.core.composer.context_budget import ContextBudget
 from app.qt.widgets.wrap_label import WrapLabel
 
+if TYPE_CHECKING:
+    from app.core.composer.model import Composer
+
 
 class ContextMeter(QWidget):
-    def __init__(self, parent: Optional[QWidget] = None) -> None:
+    def __init__(self, composer: Optional["Composer"] = None, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
         self.setObjectName("contextMeter")
         lay = QVBoxLayout(self)
@@ -43,6 +46,8 @@ class ContextMeter(QWidget):
         self.warning.setVisible(False)
         self.budget: Optional[ContextBudget] = None
         self.show_budget(None)
+        if composer is not None:
+            composer.budget_changed.connect(self.show_budget)
 
     def show_budget(self, budget: Optional[ContextBudget]) -> None:
         self.budget = budget

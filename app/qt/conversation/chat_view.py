@@ -11,22 +11,33 @@ selection) is kept while it is outside the window, hidden, and shown again when 
 
 `set_messages` diffs by message id and re-renders only what changed, so finishing a reply or
 switching a variant does not re-render a long conversation. Streaming text arrives already
-batched by the chat model (app/core/chat.py); each batch re-renders only the streaming message.
-One message's widget is app/qt/conversation/message_widget.py.
+batched by the generation (app/core/generation/model.py); each batch re-renders only the
+streaming message. One message's widget is app/qt/conversation/message_widget.py.
+
+Given the window's `Chat`, the view binds to the open conversation (its path and selection) and
+the generation (the reply streaming into it), reads the selection and the stream from them when
+it builds a widget (no copies kept here), and sends what the user does as operations
+(app/core/ops.py): a click selects, ‹ › switches variant, Edit branches, ↻ regenerates.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import shiboken6
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
+from app.core import ops
 from app.core.conversation.markdown import Palette
+from app.core.conversation.view_models import MessageVM, context_marker
 from app.core.generation.replay import Replay
-from app.core.conversation.view_models import MessageVM
+from app.qt import dialogs
 from app.qt.conversation.message_widget import MessageBody, MessageWidget
+
+if TYPE_CHECKING:
+    from app.core.chat import Chat
+    from app.core.store.session import PendingReply
 
 __all__ = ["ChatView", "MessageBody", "MessageWidget"]
 
@@ -59,8 +70,9 @@ class ChatView(QScrollArea):
 
     MAX_WIDTH = 860
 
-    def __init__(self, palette: Palette, parent: Optional[QWidget] = None) -> None:
+    def __init__(self, palette: Palette, chat: Optional["Chat"] = None, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
+        self.chat = chat
         self.setObjectName("messageView")
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
@@ -110,9 +122,6 @@ class ChatView(QScrollArea):
         self.lo, self.hi = 0, 0  # the window: vms[lo:hi] are in the layout
         self.heights: dict[tuple[int, str, int], int] = {}  # (id, text, width) -> measured height
         self._marker: Optional[tuple[int, str]] = None
-        self._streams: dict[int, tuple[str, int]] = {}  # what streamed into a message not built
-        self._replays: dict[int, Replay] = {}  # a regenerate re-checking a message not built
-        self.selected_id: Optional[int] = None
         self._stick = True  # follow the bottom while streaming unless the user scrolled up
         self._revealing: Optional[int] = None  # a search hit kept in view while the layout settles
         self.mark: Optional[tuple[int, list[str]]] = None  # a search hit and its words, marked until the next action
@@ -121,6 +130,64 @@ class ChatView(QScrollArea):
         self._move_queued = False
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         self.verticalScrollBar().valueChanged.connect(self._on_scroll)
+        if chat is not None:
+            self._bind(chat)
+
+    # -- the chat it shows -----------------------------------------------------------------------
+    def _bind(self, chat: "Chat") -> None:
+        conv, gen = chat.conversation, chat.generation
+        conv.path_changed.connect(self._show_path)
+        conv.selected_changed.connect(lambda vm: self._paint_selection())
+        conv.opened.connect(lambda _: self.scroll_to_bottom())
+        gen.started.connect(lambda _: self.scroll_to_bottom())
+        gen.ended.connect(lambda pending: self.end_stream(pending.reply_id))
+        gen.streamed.connect(self.stream)
+        gen.replayed.connect(self.replay)
+        gen.prefilled.connect(self._prefilled)
+        chat.link.loaded.connect(lambda spec, name, info: self.set_assistant_name(name))
+        chat.listing.searched.connect(lambda _: self.clear_mark())
+        chat.composer.text_changed.connect(lambda _: self.clear_mark())  # typing: the next action after a search
+        self.selected.connect(conv.select)
+        self.runChosen.connect(conv.show_run)
+        self.navigate.connect(lambda mid: ops.switch_variant(chat, mid))
+        self.editSubmitted.connect(lambda mid, text: ops.edit(chat, mid, text))
+        self.deleteRequested.connect(self._delete)
+        self.continueRequested.connect(lambda mid: ops.continue_reply(chat, mid))
+        self.regenerateRequested.connect(lambda mid: ops.regenerate_reply(chat, mid))
+        self.copied.connect(lambda msg: chat.notices.status(msg, 2000))
+
+    @property
+    def selected_id(self) -> Optional[int]:
+        """The reply Regenerate acts on (the conversation's selection), marked in the view."""
+        vm = self.chat.conversation.selected if self.chat is not None else None
+        return vm.id if vm is not None else None
+
+    def _streaming(self) -> Optional["PendingReply"]:
+        """The reply streaming into this conversation, if any."""
+        pending = self.chat.generation.pending if self.chat is not None else None
+        return pending if pending is not None and pending.reply_id in self.order else None
+
+    def _show_path(self, vms: list[MessageVM]) -> None:
+        self.set_messages(vms, context_marker(vms))
+        pending = self._streaming()
+        if pending is not None:
+            s = self.chat.generation.stream  # type: ignore[union-attr]
+            self.stream(pending.reply_id, s.text, s.tokens)
+
+    def _prefilled(self, reply_id: int, done: int, total: int) -> None:
+        line = self.prefill(reply_id, done, total)  # with its rate and time left
+        if self.chat is not None:
+            self.chat.notices.status(line or f"Reading the prompt: {done:,} / {total:,}")
+
+    def _delete(self, message_id: int) -> None:
+        """Delete a message and what follows it (asked first when something does)."""
+        chat = self.chat
+        if chat is None or not ops.idle(chat):
+            return
+        if chat.session.has_followers(message_id) and not dialogs.confirm(
+                self, "Delete message", "Delete this message and everything that follows it?"):
+            return
+        ops.delete_message(chat, message_id)
 
     # -- messages --------------------------------------------------------------------------------
     def set_messages(self, vms: list[MessageVM], marker: Optional[tuple[int, str]] = None) -> None:
@@ -130,16 +197,12 @@ class ChatView(QScrollArea):
         anchor = self._anchor()
         old = self.order
         self.vms, self.order, self._marker = list(vms), [vm.id for vm in vms], marker
-        self._streams = {k: v for k, v in self._streams.items() if k in keep}
-        self._replays = {k: v for k, v in self._replays.items() if k in keep}
         for mid in [m for m in self.widgets if m not in keep]:
             self._drop(mid)
         for vm in vms:
             w = self.widgets.get(vm.id)
             if w is not None:
                 w.update_vm(vm)
-        if self.selected_id not in keep:
-            self.selected_id = None
         if anchor is not None and anchor[0] in keep and old[:1] == self.order[:1] and not self._stick:
             self._place(self._window_at(self.order.index(anchor[0])), anchor)
         else:  # a conversation opened (at its end, as the window shows it), or following the bottom
@@ -235,10 +298,13 @@ class ChatView(QScrollArea):
             if self.mark is not None and self.mark[0] == vm.id:  # rebuilt (the window moved): still marked
                 w.set_flash(True)
                 w.body.set_marks(self.mark[1])
-            if vm.id in self._streams:
-                w.set_stream(*self._streams[vm.id])
-            if vm.id in self._replays:
-                w.set_replay(self._replays[vm.id])
+            pending = self._streaming()
+            if pending is not None and pending.reply_id == vm.id:  # built while it streams: as it is now
+                gen = self.chat.generation  # type: ignore[union-attr]
+                if gen.stream.text or gen.stream.tokens:
+                    w.set_stream(gen.stream.text, gen.stream.tokens)
+                if gen.replay is not None:
+                    w.set_replay(gen.replay)
         return w
 
     def _keeps(self, w: MessageWidget) -> bool:
@@ -336,15 +402,10 @@ class ChatView(QScrollArea):
         return self.widgets.get(message_id)
 
     def select(self, message_id: int) -> None:
-        """A click on a message: ask for it (the chat model decides; `show_selected` marks it).
+        """A click on a message: ask for it (the conversation decides; its selection is marked).
         The next action after a search: its mark goes."""
         self.clear_mark()
         self.selected.emit(message_id)
-
-    def show_selected(self, message_id: Optional[int]) -> None:
-        """Mark the reply Regenerate acts on (the chat model's selection), without a signal."""
-        self.selected_id = message_id
-        self._paint_selection()
 
     def _paint_selection(self) -> None:
         for mid, w in self.widgets.items():
@@ -362,19 +423,16 @@ class ChatView(QScrollArea):
 
     # -- streaming -------------------------------------------------------------------------------
     def stream(self, message_id: int, text: str, count: int) -> None:
+        """The reply's text so far (a message not built is shown as it is then, when it is)."""
         w = self.widgets.get(message_id)
         if w is not None:
             w.set_stream(text, count)
-        elif message_id in self.order:
-            self._streams[message_id] = (text, count)  # shown when it is built
 
     def replay(self, message_id: int, replay: Replay) -> None:
         """A regenerate expected to repeat its reply: the reply's text at once, verified as it streams."""
         w = self.widgets.get(message_id)
         if w is not None:
             w.set_replay(replay)
-        elif message_id in self.order:
-            self._replays[message_id] = replay  # shown when it is built
 
     def prefill(self, message_id: int, done: int, total: int) -> Optional[str]:
         """Show prefill progress on the reply; the line shown (None: the reply is not in view)."""
@@ -382,8 +440,6 @@ class ChatView(QScrollArea):
         return w.set_prefill(done, total) if w is not None else None
 
     def end_stream(self, message_id: int) -> None:
-        self._streams.pop(message_id, None)
-        self._replays.pop(message_id, None)
         w = self.widgets.get(message_id)
         if w is not None:
             w.end_stream()

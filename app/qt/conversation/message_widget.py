@@ -383,8 +383,8 @@ class MessageWidget(QFrame):
         self.identity.style().polish(self.identity)
 
     def show_tokens(self, tokens: list[int], pieces: Optional[list[str]], logprobs: list[float]) -> None:
-        """The per-token view in place of the rendered text (app/qt/inspector/token_view.py)."""
-        from app.qt.inspector.token_view import TokenView
+        """The per-token view in place of the rendered text (app/qt/conversation/token_view.py)."""
+        from app.qt.conversation.token_view import TokenView
 
         if self.token_view is None:
             self.token_view = TokenView()

@@ -1,9 +1,14 @@
-"""Conversation settings: system prompt, sampler, seed, exact / fast mode."""
+"""Conversation settings: system prompt, sampler, seed, exact / fast mode: the dialog, and how the
+window applies them (`SettingsControl`: to the open conversation through app/core/ops.py, and as
+the defaults a new chat starts with, kept in settings.ini)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Optional
+
+from PySide6.QtCore import QSettings
 
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -19,7 +24,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.session import ChatSettings
+from app.core import ops
+from app.core.chat import Chat
+from app.core.store import ChatSettings
 from app.core.engine_link.template_default import placeholder
 
 MODE_HELP = {
@@ -152,3 +159,36 @@ class SettingsDialog(QDialog):
             context_policy=self.context_policy.currentData(),
             context_length=self.context_length.value(),
         )
+
+
+def default_settings(qsettings: QSettings) -> ChatSettings:
+    """The settings a new chat starts with (settings.ini's "chat/defaults"; as built when unreadable)."""
+    raw = qsettings.value("chat/defaults")
+    try:
+        return ChatSettings.from_dict(json.loads(raw)) if isinstance(raw, str) else ChatSettings()
+    except (ValueError, TypeError):
+        return ChatSettings()
+
+
+class SettingsControl:
+    """The window's Settings: the dialog (Ctrl+,), and settings applied to the open conversation
+    and, when asked (or in a new chat), kept as the defaults of new chats."""
+
+    def __init__(self, chat: Chat, parent: QWidget, qsettings: QSettings) -> None:
+        self.chat, self.parent, self.qsettings = chat, parent, qsettings
+
+    def apply(self, settings: ChatSettings, as_default: bool = True) -> None:
+        conv_id = self.chat.conversation.conv_id
+        if as_default or conv_id is None:
+            # A context limit is the conversation's own: new chats start with the model's context.
+            default = settings if conv_id is None else replace(settings, context_length=0)
+            self.qsettings.setValue("chat/defaults", json.dumps(default.to_dict()))
+        ops.apply_settings(self.chat, settings)
+
+    def open_dialog(self) -> None:
+        dlg = SettingsDialog(self.chat.conversation.settings(), self.parent, self.chat.link.template_system)
+        try:
+            if dlg.exec():
+                self.apply(dlg.value(), dlg.as_default.isChecked())
+        finally:
+            dlg.deleteLater()  # a child of the window: it would stay until the window goes (soak test)

@@ -1,11 +1,17 @@
-"""The conversation list: search, new, rename (F2 / double-click), delete (context menu / Del)."""
+"""The conversation list: search, new, rename (F2 / double-click), delete (context menu / Del).
+
+Given the window's `Chat`, it binds to the conversation list (app/core/conversation/listing.py:
+the items, and the search it runs as typing pauses) and highlights the open conversation; what
+the user asks of a conversation (open, new, rename, delete, export) goes out as its signals, to
+the conversation actions (app/qt/conversation/actions.py).
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from PySide6.QtCore import QModelIndex, QPoint, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QModelIndex, QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QAbstractTextDocumentLayout, QKeySequence, QPainter, QPalette, QShortcut, QTextDocument
 from PySide6.QtWidgets import (
     QLabel,
@@ -21,8 +27,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from superqt.utils import qdebounced
+
 from app.core.conversation.search_marks import marked_html, search_terms
 from app.core.conversation.view_models import ConversationItem
+
+if TYPE_CHECKING:
+    from app.core.chat import Chat
+
+SEARCH_DEBOUNCE_MS = 150  # a search starts once typing pauses this long
 
 MARKED_ROLE = Qt.ItemDataRole.UserRole + 2  # a search result's text with its words marked (rich text)
 
@@ -82,7 +95,7 @@ class Sidebar(QWidget):
     exportRequested = Signal(int)
     searchChanged = Signal(str)  # debounced
 
-    def __init__(self, parent: Optional[QWidget] = None) -> None:
+    def __init__(self, chat: Optional["Chat"] = None, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
         self.setObjectName("sidebar")
         lay = QVBoxLayout(self)
@@ -126,19 +139,29 @@ class Sidebar(QWidget):
         # this conversation"), and spelled out: QKeySequence.StandardKey.Delete is also Ctrl+D
         # on X11, the debug panel's key. macOS's delete key is Backspace.
         delete_key = Qt.Key.Key_Backspace if sys.platform == "darwin" else Qt.Key.Key_Delete
-        for key, signal in ((Qt.Key.Key_F2, self.renameRequested), (delete_key, self.deleteRequested)):
-            sc = QShortcut(QKeySequence(key), self.list, lambda s=signal: self._emit_current(s))
+        for key, requested in ((Qt.Key.Key_F2, self._rename_current), (delete_key, self._delete_current)):
+            sc = QShortcut(QKeySequence(key), self.list, requested)
             sc.setContext(Qt.ShortcutContext.WidgetShortcut)
-        self._debounce = QTimer(self)
-        self._debounce.setSingleShot(True)
-        self._debounce.setInterval(150)
-        self._debounce.timeout.connect(lambda: self.searchChanged.emit(self.search.text().strip()))
-        self.search.textChanged.connect(lambda _: self._debounce.start())
+        self._typed = qdebounced(lambda: self.searchChanged.emit(self.search.text().strip()), SEARCH_DEBOUNCE_MS,
+                                 parent=self)  # fmt: skip
+        self.search.textChanged.connect(lambda _: self._typed())
         self._quiet = False
+        if chat is not None:
+            self._bind(chat)
+
+    def _bind(self, chat: "Chat") -> None:
+        chat.listing.items_changed.connect(lambda items: self.set_items(items, chat.conversation.conv_id))
+        chat.conversation.opened.connect(self.set_current)  # also after a restart: the open chat is highlighted
+        self.searchChanged.connect(chat.listing.search)
+
+    def focus_search(self) -> None:
+        """Ctrl+F: the search field, its text selected to type over."""
+        self.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.search.selectAll()
 
     def stop(self) -> None:
         """The window is closing: a search still waiting for typing to pause is dropped."""
-        self._debounce.stop()
+        self._typed.cancel()
         self.search.blockSignals(True)
 
     def set_items(self, items: list[ConversationItem], current: Optional[int]) -> None:
@@ -201,10 +224,15 @@ class Sidebar(QWidget):
         if item is not None and not self._quiet:
             self.selected.emit(item.data(Qt.ItemDataRole.UserRole))
 
-    def _emit_current(self, signal: Signal) -> None:
+    def _rename_current(self) -> None:
         cid = self.current_id()
         if cid is not None:
-            signal.emit(cid)
+            self.renameRequested.emit(cid)
+
+    def _delete_current(self) -> None:
+        cid = self.current_id()
+        if cid is not None:
+            self.deleteRequested.emit(cid)
 
     def _menu(self, pos: QPoint) -> None:
         item = self.list.itemAt(pos)

@@ -30,23 +30,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from shiboken6 import isValid
+from superqt.utils import ensure_main_thread, qthrottled
 
 from app.core.engine_link.models import discover, entry_name, entry_spec, source_label
 from app.core.conversation.view_models import format_bytes
-from app.core.engine_link.flows import Throttled
 from app.qt import jobs
 from engine.executor import EngineExecutor
 from engine.types import CancelToken
 
 
 class EngineJobs(Protocol):
-    """Where the import runs (app/core/chat.py's ChatModel: the engine thread and its cancel tokens)."""
+    """Where the import runs (app/core/jobs.py's EngineJobs: the engine thread and its cancel tokens)."""
 
     executor: EngineExecutor
 
     def cancel_token(self) -> CancelToken: ...
 
 COLUMNS = ["Name", "Family", "Size", "Quantization", "Context", "Source"]
+PROGRESS_MS = 50  # an import's or a download's progress is shown at most this often (its last step always)
 
 
 class ModelManager(QDialog):
@@ -63,6 +64,8 @@ class ModelManager(QDialog):
         self.setWindowTitle("Models")
         self.resize(780, 460)
         self.controller = controller
+        # The import's or download's progress, called on a worker thread: on this thread, throttled.
+        self._progress = ensure_main_thread(qthrottled(self._on_progress, PROGRESS_MS))
         self.extra_dirs = list(extra_dirs)
         self.current_spec = current_spec
         self.entries: list[Any] = []
@@ -231,7 +234,7 @@ class ModelManager(QDialog):
         from engine.paths import models_dir
 
         cancel = self._cancel = self.controller.cancel_token()
-        progress = Throttled(jobs.gui_loop(), self._on_progress, 0.05)
+        progress = self._progress
         return jobs.on_engine(self.controller.executor, lambda _engine: import_gguf(path, models_dir(), progress, cancel))
 
     # -- download (background thread: network only) -------------------------------------------
@@ -244,8 +247,7 @@ class ModelManager(QDialog):
         self._importing = ""
         self._busy(True, f"Downloading {repo_id}…")
         cancel = self._cancel = self.controller.cancel_token()
-        progress = Throttled(jobs.gui_loop(), self._on_progress, 0.05)
-        jobs.spawn(self._run("Download", jobs.in_thread(download_model, repo_id, progress, cancel), repo_id))
+        jobs.spawn(self._run("Download", jobs.in_thread(download_model, repo_id, self._progress, cancel), repo_id))
 
     async def _run(self, what: str, job: Any, name: str) -> None:
         """Await an import or a download, then say how it went and list the models again."""

@@ -2,12 +2,14 @@
 
 Shows a reply's run: its `CacheReport` and `ReplyOutcome` (the latest run, or one picked from the
 reply's runs; stored, so also after a restart), as worded by `view_models.debug_vm`; this module
-only lays them out.
+only lays them out. Bound to the selected reply (the open conversation's selection), the cold
+runs (Verify's verdict) and the engine link (the cache store's numbers; a server's cache is its
+own, so no Clear cache then); Verify and Clear cache are intents to those.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -27,6 +29,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.store import Run
+
+if TYPE_CHECKING:
+    from app.core.chat import Chat
+    from app.core.engine_link.model import ServerLink
 from app.qt.widgets.wrap_label import WrapLabel
 from app.core.conversation.view_models import (
     IDENTITY_FIELDS,
@@ -87,7 +93,7 @@ class DebugPanel(QDockWidget):
     clearRequested = Signal()
     compareRequested = Signal(int)  # reply id: open the compare view
 
-    def __init__(self, parent: Optional[QWidget] = None) -> None:
+    def __init__(self, chat: Optional["Chat"] = None, parent: Optional[QWidget] = None) -> None:
         super().__init__("Debug", parent)
         self.setObjectName("debugPanel")
         self.setAllowedAreas(Qt.DockWidgetArea.LeftDockWidgetArea | Qt.DockWidgetArea.RightDockWidgetArea)
@@ -185,6 +191,26 @@ class DebugPanel(QDockWidget):
         scroll.setWidget(inner)
         self.setWidget(scroll)
         self._fill(None)
+        if chat is not None:
+            self._bind(chat)
+
+    def _bind(self, chat: "Chat") -> None:
+        chat.conversation.selected_changed.connect(self.show_reply)
+        chat.link.stats_changed.connect(lambda stats, memory: self.show_stats(stats))
+        chat.link.server_changed.connect(self._show_server)
+        chat.cold_runs.verify_changed.connect(self._show_verify)
+        self.verifyRequested.connect(chat.cold_runs.verify)
+        self.clearRequested.connect(chat.link.clear_cache)
+
+    def _show_server(self, server: Optional["ServerLink"]) -> None:
+        self.clear_button.setEnabled(server is None)  # a server's cache is its own
+        if server is not None and server.up:
+            self.forget_failure()  # "Cold run: failed: cannot reach the server" is stale now
+
+    def _show_verify(self, reply_id: int, text: Optional[str]) -> None:
+        self.set_verifying(text is None)  # None: the cold run is under way
+        if text is not None:
+            self.show_verify(reply_id, text)
 
     def value(self, key: str) -> str:
         return self.values[key].text()

@@ -26,6 +26,10 @@ class DockWidth(QObject):
         window.installEventFilter(self)
         dock.installEventFilter(self)
 
+    def restored(self, sized: bool) -> None:
+        """The window's saved state was put back (`sized`: with the dock's width in it)."""
+        self.sized = sized
+
     def _opened(self, visible: bool) -> None:
         """The first time the dock opens (no saved window state): its default width, at most
         what leaves the chat column its own minimum."""

@@ -1,32 +1,36 @@
-"""What the chat window does, without Qt: send, regenerate, new variant, edit-and-branch, finish.
+"""A reply's life in the store, without Qt: begun (the user's message and the reply's row
+committed first, the seed chosen once, the request built), finished (the reply, how it compares,
+its run), failed or taken back; receipts and what a cold run must reproduce.
 
 Everything here goes through `engine` APIs (the conversation store and the request types), so a
-test can drive a whole chat without a GUI. The window calls `begin_*` on the GUI thread (the
-user's message is committed before any generation starts), hands the returned `PendingReply`
-to the engine worker, and the worker calls `finish` / `fail` on its own thread (the store is
-thread-safe), so a reply is saved even if the window is closing.
+test can drive a whole chat without a GUI. The operations (app/core/ops.py) call `begin_*` on
+the GUI thread and hand the returned `PendingReply` (frozen: nobody changes it afterwards) to the
+generation; the engine thread calls `finish` / `fail` (the store is thread-safe), so a reply is
+saved even if the window is closing. `finish` returns what it saved as a `SavedReply`.
 """
 
 from __future__ import annotations
 
 import json
-import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
-from app.core.store import (
-    ConversationStore,
+from app.core.store.conversations import ConversationStore
+from app.core.store.records import (
+    Action,
     Message,
     ReplyOutcome,
     Run,
     StoreError,
     assistant_fields_from_result,
+    continuable,
 )
-from app.core.conversation.view_models import ConversationItem, MessageVM, message_vm
+from app.core.store.settings import ChatSettings, fresh_seed
 from engine.documents.extract import Document
 from engine.types import (
     CacheReport,
     Comparison,
+    Continuation,
     GenerationRequest,
     GenerationResult,
     SamplerSettings,
@@ -35,58 +39,6 @@ from engine.types import (
 DEFAULT_TITLE = "New conversation"
 TITLE_CHARS = 48
 
-
-def fresh_seed() -> int:
-    """A new random seed for a reply (31 bits: fits everywhere, prints short)."""
-    return random.SystemRandom().randrange(1, 2**31)
-
-
-@dataclass(frozen=True)
-class ChatSettings:
-    """Per-conversation settings (stored in the conversation row)."""
-
-    system_prompt: str = ""
-    # Small local models ramble when greedy decoding loops; a mild temperature with a light
-    # repetition penalty reads better, and the promise (regenerate is identical) holds at any T.
-    sampler: SamplerSettings = field(
-        default_factory=lambda: SamplerSettings(temperature=0.6, top_p=0.9, repetition_penalty=1.1, max_tokens=512)
-    )
-    random_seed: bool = True  # False: every new reply uses sampler.seed
-    mode: str = "exact"  # "exact" | "fast"
-    # A conversation longer than the model's context: leave out the oldest turns (marked in the
-    # chat), or refuse to send. Deterministic either way, so regenerate stays identical.
-    context_policy: str = "truncate"  # "truncate" | "refuse"
-    context_length: int = 0  # use at most this many tokens of context; 0: the model's own
-
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "system_prompt": self.system_prompt,
-            "sampler": self.sampler.to_dict(),
-            "random_seed": self.random_seed,
-            "mode": self.mode,
-            "context_policy": self.context_policy,
-            "context_length": self.context_length,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Optional[dict[str, Any]]) -> "ChatSettings":
-        d = d or {}
-        base = cls()
-        sampler = SamplerSettings.from_dict(d["sampler"]) if isinstance(d.get("sampler"), dict) else base.sampler
-        mode = d.get("mode") if d.get("mode") in ("exact", "fast") else base.mode
-        policy = d.get("context_policy") if d.get("context_policy") in ("truncate", "refuse") else base.context_policy
-        return cls(
-            system_prompt=str(d.get("system_prompt") or ""),
-            sampler=sampler,
-            random_seed=bool(d.get("random_seed", base.random_seed)),
-            mode=mode,
-            context_policy=policy,
-            context_length=max(int(d.get("context_length") or 0), 0),
-        )
-
-    def seed_for_new_reply(self) -> int:
-        return fresh_seed() if self.random_seed else self.sampler.seed
 
 
 @dataclass(frozen=True)
@@ -100,30 +52,64 @@ class ModelIdentity:
     environment: Optional[dict[str, str]] = None  # where it runs, when not this process (a server)
 
 
-@dataclass
+@dataclass(frozen=True)
+class ReplyMaker:
+    """The model that makes a reply, as the reply's row and its receipts name it: the name shown,
+    its key (what a regenerate and a receipt check), the prefill chunk of the engine that runs it."""
+
+    name: Optional[str] = None
+    key: str = ""
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
 class PendingReply:
-    """A reply row created up front (status "generating") and the request that fills it."""
+    """A reply row created up front (status "generating") and the request that fills it. Frozen:
+    what `finish` saves comes back as a SavedReply, never written into this."""
 
     conversation_id: int
     user_id: int  # the message the reply answers
     reply_id: int
     request: GenerationRequest
-    action: str  # "send" | "regenerate" | "variant" | "edit" | "retry"
+    action: Action
     previous_id: Optional[int] = None  # the variant this reply was made to replace
-    model_name: Optional[str] = None
-    # What a reply saved before it ends needs to be replayed (a receipt, verify, a regenerate):
-    # the loaded model's key and the engine's chunk size, set by whoever starts the generation.
-    model_key: str = ""
-    chunk: int = 0
-    # Set by `finish`: how the reply compares, the existing variant it turned out identical to
-    # (then the new row was dropped and that variant made active instead), the message as saved
-    # and this generation's run.
-    outcome: Optional[ReplyOutcome] = None
-    duplicate_of: Optional[int] = None
-    message: Optional[Message] = None
-    run: Optional[Run] = None
+    maker: ReplyMaker = ReplyMaker()  # what a reply saved before it ends needs to be replayed
     hidden: int = 0  # later turns a regenerate of a middle reply leaves with the previous variant
     earlier_text: str = ""  # a Continue: the reply's text so far (app/core/generation/continuing.py)
+
+    @property
+    def model_name(self) -> Optional[str]:
+        return self.maker.name
+
+    @property
+    def model_key(self) -> str:
+        return self.maker.key
+
+    @property
+    def chunk(self) -> int:
+        return self.maker.chunk
+
+
+@dataclass(frozen=True)
+class SavedReply:
+    """What `finish` saved: the message (the new reply, or the variant it turned out identical
+    to: then no copy was added and `duplicate_of` names that variant), how it compares, its run."""
+
+    message: Message
+    outcome: ReplyOutcome
+    run: Run
+    duplicate_of: Optional[int] = None
+
+
+def choose_seed(action: Action, settings: ChatSettings, own: Optional[int] = None) -> int:
+    """A reply's seed, chosen here and nowhere else: a regenerate or a Continue keeps the reply's
+    own (`own`, else the settings'), a new variant draws a fresh one, anything else follows the
+    conversation's settings (a fresh seed unless they fix one)."""
+    if action in (Action.REGENERATE, Action.CONTINUE):
+        return own if own is not None else settings.sampler.seed
+    if action is Action.VARIANT:
+        return fresh_seed()
+    return settings.seed_for_new_reply()
 
 
 class ChatSession:
@@ -145,12 +131,6 @@ class ChatSession:
     def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
         self.store.set_settings(conv_id, settings.to_dict())
 
-    def conversation_items(self, query: str = "") -> list[ConversationItem]:
-        """The conversation list, most recent first; with a query, the matches and a snippet."""
-        if query:
-            return [ConversationItem(h.conversation.id, h.conversation.title, h.snippet, h.message_id)
-                    for h in self.store.search(query)]
-        return [ConversationItem(c.id, c.title) for c in self.store.list_conversations()]
 
     def title(self, conv_id: int) -> str:
         return self.store.get_conversation(conv_id).title
@@ -207,31 +187,9 @@ class ChatSession:
             messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
         return messages + [{"role": "user", "content": draft}]
 
-    def view(self, conv_id: int) -> list[MessageVM]:
-        """The active path as view models, each reply with its runs.
-
-        Siblings come from one read of the whole conversation (not one query per message): the
-        engine thread may delete a failed reply's placeholder meanwhile, and a message that is
-        gone by then simply counts as its own only variant."""
-        try:
-            path = self.store.active_path(conv_id)
-            messages = self.store.messages(conv_id)
-            runs = self.store.runs(conv_id)
-            documents = self.store.documents([m.id for m in path])
-        except StoreError:  # the conversation was deleted meanwhile
-            return []
-        siblings: dict[Optional[int], list[int]] = {}
-        for m in messages:  # ordered by id, as store.siblings() is
-            siblings.setdefault(m.parent_id, []).append(m.id)
-        out = []
-        for m in path:
-            own = runs.get(m.id) or [r for r in [Run.of_message(m)] if r is not None]
-            out.append(message_vm(m, siblings.get(m.parent_id) or [m.id], own, documents.get(m.id, ())))
-        return out
-
     # -- starting a reply ----------------------------------------------------------------------
     def begin_send(
-        self, conv_id: Optional[int], text: str, model_name: Optional[str] = None,
+        self, conv_id: Optional[int], text: str, maker: ReplyMaker = ReplyMaker(),
         new_settings: Optional[ChatSettings] = None, documents: Sequence[Document] = (),
     ) -> PendingReply:  # fmt: skip
         """Save the user's message (with the `documents` attached to it) and a reply placeholder,
@@ -248,51 +206,75 @@ class ChatSession:
             user = self.store.add_message(conv_id, parent, "user", text, documents=documents)
             if conv.title == DEFAULT_TITLE and not path:
                 self.store.rename_conversation(conv_id, title_from(text))
-            return self._begin_reply(conv_id, user.id, self.settings(conv_id), None, "send", model_name)
+            return self._begin_reply(conv_id, user.id, self.settings(conv_id), Action.SEND, maker)
 
-    def begin_regenerate(
-        self, reply_id: int, fresh: bool = False, model_name: Optional[str] = None
-    ) -> PendingReply:
-        """Another variant of `reply_id`. Regenerate (fresh=False) reuses the reply's own seed and
-        sampler, so it must reproduce it; a new variant (fresh=True) takes the conversation's
-        current settings and a fresh seed."""
+    def begin_regenerate(self, reply_id: int, fresh: bool = False, maker: ReplyMaker = ReplyMaker()) -> PendingReply:
+        """Another variant of `reply_id`. Regenerate (fresh=False) reuses the reply's own seed,
+        sampler and mode, so it must reproduce it; a new variant (fresh=True) takes the
+        conversation's current settings and a fresh seed."""
         reply = self.store.get_message(reply_id)
         if reply.role != "assistant" or reply.parent_id is None:
             raise StoreError("only an assistant reply can be regenerated")
         settings = self.settings(reply.conversation_id)
         if fresh:
-            settings = replace(settings, sampler=replace(settings.sampler, seed=fresh_seed()), random_seed=False)
-            action = "variant"
-        else:
-            sampler = SamplerSettings.from_dict(reply.sampler or {}) if reply.sampler else settings.sampler
-            if reply.seed is not None:
-                sampler = replace(sampler, seed=reply.seed)
-            mode = reply.report.mode if reply.report is not None else settings.mode
-            settings = replace(settings, sampler=sampler, random_seed=False, mode=mode)
-            action = "regenerate"
-        return self._begin_reply(reply.conversation_id, reply.parent_id, settings, reply_id, action, model_name)
+            return self._begin_reply(reply.conversation_id, reply.parent_id, settings, Action.VARIANT, maker, reply_id)
+        sampler = SamplerSettings.from_dict(reply.sampler or {}) if reply.sampler else settings.sampler
+        mode = reply.report.mode if reply.report is not None else settings.mode
+        settings = replace(settings, sampler=sampler, mode=mode)
+        return self._begin_reply(reply.conversation_id, reply.parent_id, settings, Action.REGENERATE, maker, reply_id,
+                                 own_seed=reply.seed)
 
-    def begin_reply_to(self, user_id: int, model_name: Optional[str] = None) -> PendingReply:
+    def begin_reply_to(self, user_id: int, maker: ReplyMaker = ReplyMaker()) -> PendingReply:
         """A reply to a user message that has none (its generation failed or was deleted)."""
         user = self.store.get_message(user_id)
         if user.role != "user":
             raise StoreError("a reply must answer a user message")
         settings = self.settings(user.conversation_id)
-        return self._begin_reply(user.conversation_id, user.id, settings, None, "retry", model_name)
+        return self._begin_reply(user.conversation_id, user.id, settings, Action.RETRY, maker)
 
-    def begin_edit(self, user_id: int, text: str, model_name: Optional[str] = None) -> PendingReply:
+    def begin_edit(self, user_id: int, text: str, maker: ReplyMaker = ReplyMaker()) -> PendingReply:
         """Edit a user message as a branch (the original stays a variant) and answer the edit."""
         if not text.strip():
             raise StoreError("cannot send an empty message")
         edited = self.store.edit_message(user_id, text)
         settings = self.settings(edited.conversation_id)
-        return self._begin_reply(edited.conversation_id, edited.id, settings, None, "edit", model_name)
+        return self._begin_reply(edited.conversation_id, edited.id, settings, Action.EDIT, maker)
+
+    def begin_continue(self, reply_id: int, maker: ReplyMaker = ReplyMaker()) -> PendingReply:
+        """The reply `reply_id`, marked generating again, and the request that continues it in
+        place (app/core/generation/continuing.py): its own seed, sampler and mode; a reply that
+        ended at max tokens gets the conversation's max tokens again, counted from where it ended
+        (max_tokens counts the whole reply); a stopped one keeps its own."""
+        reply = self.store.get_message(reply_id)
+        if reply.role != "assistant" or reply.parent_id is None:
+            raise StoreError("only an assistant reply can be continued")
+        tokens = list(reply.tokens or [])
+        if not continuable(reply.status, reply.finish_reason, len(tokens)):
+            raise StoreError("this reply ended on its own (or has no tokens): there is nothing to continue")
+        settings = self.settings(reply.conversation_id)
+        sampler = SamplerSettings.from_dict(reply.sampler or {}) if reply.sampler else settings.sampler
+        own = reply.seed if reply.seed is not None else sampler.seed
+        sampler = replace(sampler, seed=choose_seed(Action.CONTINUE, settings, own))
+        if reply.status == "complete":  # ended at max tokens: as many again
+            sampler = replace(sampler, max_tokens=len(tokens) + settings.sampler.max_tokens)
+        mode = reply.report.mode if reply.report is not None else settings.mode
+        request = GenerationRequest(
+            messages=self.store.messages_for_prompt(reply.conversation_id, reply.parent_id), sampler=sampler,
+            mode=mode,  # type: ignore[arg-type]
+            context_policy=settings.context_policy,  # type: ignore[arg-type]
+            context_length=settings.context_length or None,
+            continuation=Continuation(tuple(tokens), logprobs=tuple(reply.logprobs or ())),
+            documents=self.store.documents_for_prompt(reply.parent_id),
+        )
+        self.store.update_message(reply_id, status="generating", sampler=sampler.to_dict())
+        return PendingReply(reply.conversation_id, reply.parent_id, reply_id, request, Action.CONTINUE, None, maker,
+                            earlier_text=reply.content)
 
     def _begin_reply(
-        self, conv_id: int, user_id: int, settings: ChatSettings, previous_id: Optional[int],
-        action: str, model_name: Optional[str],
+        self, conv_id: int, user_id: int, settings: ChatSettings, action: Action, maker: ReplyMaker,
+        previous_id: Optional[int] = None, own_seed: Optional[int] = None,
     ) -> PendingReply:  # fmt: skip
-        seed = settings.sampler.seed if action == "regenerate" else settings.seed_for_new_reply()
+        seed = choose_seed(action, settings, own_seed)
         sampler = replace(settings.sampler, seed=seed)
         messages = self.store.messages_for_prompt(conv_id, user_id)
         request = GenerationRequest(messages=messages, sampler=sampler, mode=settings.mode,  # type: ignore[arg-type]
@@ -301,9 +283,9 @@ class ChatSession:
                                     documents=self.store.documents_for_prompt(user_id))
         reply = self.store.add_message(
             conv_id, user_id, "assistant", "", status="generating",
-            seed=seed, sampler=sampler.to_dict(), model_name=model_name,
+            seed=seed, sampler=sampler.to_dict(), model_name=maker.name,
         )  # fmt: skip
-        return PendingReply(conv_id, user_id, reply.id, request, action, previous_id, model_name)
+        return PendingReply(conv_id, user_id, reply.id, request, action, previous_id, maker)
 
     # -- ending a reply ------------------------------------------------------------------------
     def save_partial(self, pending: PendingReply, text: str, tokens: list[int], logprobs: list[float]) -> None:
@@ -313,27 +295,25 @@ class ChatSession:
         req = pending.request
         report = {"streamed": True, "mode": req.mode, "seed": req.sampler.seed, "sampler": req.sampler.to_dict(),
                   "model_key": pending.model_key, "chunk_size": pending.chunk or CacheReport().chunk_size,
-                  "action": pending.action, "previous_id": pending.previous_id}
+                  "action": str(pending.action), "previous_id": pending.previous_id}
         self.store.update_message(pending.reply_id, content=text, tokens=list(tokens), logprobs=list(logprobs),
                                   model_key=pending.model_key or None, cache_report=report)
 
-    def finish(self, pending: PendingReply, result: GenerationResult) -> Message:
+    def finish(self, pending: PendingReply, result: GenerationResult) -> SavedReply:
         """Store the reply with its tokens, logprobs and report, and its identity with the variant
         it replaces (compared on stored tokens and logprobs, so it holds across restarts).
 
         Regenerate compares with its source reply (over the source's length when that one was
         stopped); a new variant (new seed) is compared with nothing. A regenerate or new variant
         identical to an existing variant (same tokens, bit-equal logprobs) adds no copy: its row is
-        dropped, that variant is made active and returned, and `pending.duplicate_of` names it."""
-        comparison = None if pending.action == "variant" else self.compare_with_previous(pending.previous_id, result)
+        dropped, that variant is made active and saved with this run (`duplicate_of` names it)."""
+        comparison = None if pending.action is Action.VARIANT else self.compare_with_previous(pending.previous_id, result)
         outcome = ReplyOutcome(pending.action, pending.previous_id, comparison,
                                world_sizes=self._world_sizes(pending.previous_id, result, comparison))
-        pending.outcome = outcome
         twin = self.identical_variant(pending, result)
         with self.store.transaction():  # the reply and its run: one commit
             if twin is not None:  # this generation becomes a run of the variant it equals
-                pending.duplicate_of = twin.id
-                pending.outcome = replace(outcome, duplicate_of=twin.id)
+                outcome = replace(outcome, duplicate_of=twin.id)
                 self.store.delete_message(pending.reply_id)
                 self.store.set_active(twin.id)
                 message = twin
@@ -343,14 +323,13 @@ class ChatSession:
                 if pending.model_name:
                     fields["model_name"] = pending.model_name
                 message = self.store.update_message(pending.reply_id, content=result.text, status=status, **fields)
-            pending.run = self.store.add_run(message.id, result.seed, result.finish_reason, len(result.tokens),
-                                             result.report.to_dict(), pending.outcome.to_dict())
-        pending.message = message
-        return message
+            run = self.store.add_run(message.id, result.seed, result.finish_reason, len(result.tokens),
+                                     result.report.to_dict(), outcome.to_dict())
+        return SavedReply(message, outcome, run, twin.id if twin is not None else None)
 
     def identical_variant(self, pending: PendingReply, result: GenerationResult) -> Optional[Message]:
         """A complete sibling of a regenerate / new variant with the same tokens and bit-equal logprobs."""
-        if pending.action not in ("regenerate", "variant") or result.finish_reason == "cancelled":
+        if pending.action not in (Action.REGENERATE, Action.VARIANT) or result.finish_reason == "cancelled":
             return None
         try:
             siblings = self.store.siblings(pending.reply_id)
@@ -409,7 +388,7 @@ class ChatSession:
         """A generation that raised: drop an empty placeholder (the user's message stays), keep
         any streamed text as an interrupted reply."""
         try:
-            if keep_text or pending.action == "continue":  # a Continue keeps the reply it went on with
+            if keep_text or pending.action is Action.CONTINUE:  # a Continue keeps the reply it went on with
                 self.store.update_message(pending.reply_id, content=keep_text or pending.earlier_text,
                                           status="interrupted")
             else:
