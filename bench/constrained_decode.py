@@ -66,7 +66,7 @@ def library_costs(engine: Any, steps: int) -> list[list[Any]]:
     rows = []
     tok = engine.lm.tokenizer
     ids = tok.encode(WALK, add_special_tokens=False)[:steps]
-    width = engine._grammars.width
+    width = engine.builder.grammars.width
     from engine.generate.constraints import JSON_OPTIONS, Grammars
     from llguidance import LLMatcher
 

@@ -28,7 +28,7 @@ def main(folders: list[str]) -> None:
     for folder in folders:
         engine = Engine(use_disk=False)
         engine.load(folder)
-        g = engine._grammars
+        g = engine.builder.grammars
         assert g is not None
         grammar = f"start: {_json_rule(SCHEMA, True)}\n"
         ll = g._lltokenizer()

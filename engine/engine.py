@@ -11,7 +11,7 @@ import json
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterable, Optional
 
@@ -20,19 +20,12 @@ from engine.cache.eviction import DocumentsKept
 from engine.cache.families import class_names
 from engine.cache.namespace import cache_key
 from engine.cache.prompt_cache import PromptCache
-from engine.constraint import check_tool_results
-from engine.documents.placement import DocumentSpan, block, document_spans, place
-from engine.errors import EngineError, GGUFError, ModelError, RequestError
-from engine.generate.constraints import Grammars, Guide, tool_format
-from engine.generate.context import fit_to_context
-from engine.generate.loop import LoadedModel, drain, stream
-from engine.generate.templating import (
-    MessageStarts,
-    render_prompt,
-    render_prompt_text,
-    render_text,
-    token_pieces,
-)
+from engine.errors import EngineError, GGUFError, ModelError
+from engine.generate.constraints import tool_format
+from engine.generate.loop import drain, stream
+from engine.generate.model import LoadedModel
+from engine.generate.prepare import Prepared, PromptBuilder
+from engine.generate.templating import render_prompt, token_pieces
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -42,7 +35,6 @@ from engine.models.resolve import (
 )
 from engine.types import (
     DEFAULT_CHUNK,
-    MAX_TOP_LOGPROBS,
     CancelToken,
     Comparison,
     ContextInfo,
@@ -55,26 +47,6 @@ from engine.types import (
 
 DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of snapshots kept in memory
 _PREVIOUS_KEPT = 256  # replies remembered for "identical to previous"
-
-
-@dataclass
-class Prepared:
-    """A request as it will run: the messages sent, their tokens, boundaries and context fit."""
-
-    request: GenerationRequest
-    prompt: list[int]
-    message_starts: list[int]
-    context: ContextInfo
-    grammar: Optional[str] = None  # the constraint's checked grammar (None: decoding is free)
-    # Where each earlier reply's generation header ends but its last token (templating.MessageStarts)
-    reply_header_cuts: list[int] = field(default_factory=list)
-    # Where each attached document lies in the prompt; its end is a cut (engine/documents/placement.py)
-    documents: list[DocumentSpan] = field(default_factory=list)
-    # Where a "document" snapshot is taken -> the digests of the documents its state holds: each
-    # document's end that is a cut, and the system message's end after the last one
-    # (`_document_points`), where every conversation about them still agrees.
-    document_points: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    earlier: list[int] = field(default_factory=list)  # a Continue: the reply so far (token ids)
 
 
 @dataclass
@@ -112,8 +84,7 @@ class Engine:
         # Distributed runs only (engine/distributed/shard.py): splits the loaded model over the
         # ranks in place and returns the sharding's identity, which joins the model key.
         self.shard = shard
-        self._starts: Optional[MessageStarts] = None
-        self._grammars: Optional[Grammars] = None
+        self._builder: Optional[PromptBuilder] = None  # the loaded model's request path (prepare.py)
         disk = None
         # Which snapshots both tiers drop first: documents' states last while in use (keep_documents).
         self.eviction = DocumentsKept()
@@ -170,8 +141,7 @@ class Engine:
             kv_group_size=int(options.get("kv_group_size", 64)),
             eos_ids=eos,
         )
-        self._starts = MessageStarts(tokenizer)
-        self._grammars = Grammars(tokenizer, _vocab_size(self.lm), eos)
+        self._builder = PromptBuilder(self.lm)
         cache = self.lm.new_cache()
         self.info = ModelInfo(
             name=self.lm.name,
@@ -225,111 +195,21 @@ class Engine:
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the
         limit in force for it: what a context meter counts before Send; prepare() then fits it."""
-        return ContextInfo(self.limit_for(request), len(_whole_prompt(self._lm(), request)))
+        return self.builder.measure(request, self.limit_for(request))
 
     def prepare(self, request: GenerationRequest) -> Prepared:
-        """The request as it will run: validated, its prompt rendered (the chat through the
-        template, or raw text as is), fitted into the context (or refused with a one-line error
-        before any prefill), and its message boundaries."""
-        lm = self._lm()
-        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise RequestError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
-        _check_logit_bias(request, _named_tokens(lm))
-        grammar = self._check_constraint(request)
-        earlier = self._earlier(request)
-        limit = self.limit_for(request)
-        if request.max_tokens_fit and limit:
-            request = _fit_max_tokens(request, lm, limit)
-        if request.prompt is not None:  # raw text: nothing to leave out, no message boundaries
-            prompt = render_text(lm.tokenizer, request.prompt)
-            fit_to_context(lambda m: prompt, [], request.sampler.max_tokens, limit, "refuse")
-            return Prepared(request, prompt, [], ContextInfo(limit, len(prompt)), grammar, earlier=earlier)
-        messages = validate_messages(request.messages)
-        tools = _tools(request)
-        if request.documents:
-            messages = place(messages, request.documents)
-            _check_documents_fit(lm, request, limit, tools)
-        fitted = fit_to_context(lambda m: render_prompt(lm.tokenizer, m, tools=tools), messages,
-                                request.sampler.max_tokens, limit, request.context_policy,
-                                lambda m: len(lm.tokenizer.encode(m["content"])) + 4)
-        assert self._starts is not None
-        starts = self._starts(fitted.messages, fitted.prompt, tools)
-        headers = self._starts.reply_header_cuts(fitted.messages, fitted.prompt, tools)
-        spans: list[DocumentSpan] = []
-        points: dict[int, tuple[str, ...]] = {}
-        if request.documents:
-            spans = document_spans(lm.tokenizer, fitted.messages, request.documents, fitted.prompt,
-                                   render_prompt_text(lm.tokenizer, fitted.messages, tools))
-            starts = sorted(set(starts) | {s.end for s in spans if s.cut})
-            points = _document_points(spans, self._starts(fitted.messages[:1], fitted.prompt, tools))
-        # The request as it runs: its documents are now in its messages (placed once, never twice).
-        return Prepared(replace(request, messages=fitted.messages, documents=()), fitted.prompt, starts,
-                        ContextInfo(limit, len(fitted.prompt), fitted.dropped), grammar, headers,
-                        documents=spans, document_points=points, earlier=earlier)
-
-    def _earlier(self, request: GenerationRequest) -> list[int]:
-        """A Continue's reply so far as token ids, checked: a reply that ended (an end token, a
-        stop string) or already has max_tokens has nothing to continue."""
-        c = request.continuation
-        if c is None:
-            return []
-        lm = self._lm()
-        tokens = list(c.tokens) if c.tokens else (
-            list(lm.tokenizer.encode(c.text, add_special_tokens=False)) if c.text else [])
-        if not tokens:
-            raise RequestError("continue: the reply so far is empty (send the request again instead)", "continue")
-        vocab = _vocab_size(lm)
-        bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"continue: {bad!r} is not a token id of this model", "continue")
-        if any(t in lm.eos_ids for t in tokens):
-            raise RequestError("continue: the reply ended (it holds an end token); nothing to continue", "continue")
-        text = lm.tokenizer.decode(tokens)
-        hit = next((s for s in request.stop if s and s in text), None)
-        if hit is not None:
-            raise RequestError(f"continue: the reply ended at the stop string {hit!r}; nothing to continue",
-                               "continue")
-        if len(tokens) >= request.sampler.max_tokens:
-            raise RequestError(f"continue: the reply already has {len(tokens)} tokens and max_tokens "
-                               f"({request.sampler.max_tokens}) counts the whole reply: raise it to continue",
-                               "max_tokens")
-        return tokens
-
-    def _check_constraint(self, request: GenerationRequest) -> Optional[str]:
-        """A request's tools and output format, checked against the model before any prefill:
-        tools need a template that renders them and a tool-call format mlx-lm can parse; tool
-        results must answer calls made; a forced shape must compile. The grammar, if any."""
-        c = request.constraint
-        if request.prompt is None:
-            check_tool_results(request.messages)
-        if c is None:
-            return None
-        lm = self._lm()
-        if c.tools and tool_format(lm.tokenizer) is None:
-            raise RequestError("'tools': this model's chat template has no tool calling (mlx-lm finds no "
-                               "tool-call format in it), so it cannot be offered tools", "tools")
-        if c.tools and request.prompt is not None:
-            raise RequestError("'tools' need a chat (messages), not a raw prompt", "tools")
-        assert self._grammars is not None
-        # Compiled grammars are cached per namespace: another API key's schema costs a compile.
-        return self._grammars.grammar(c, request.cache_namespace)
-
-    def _guide(self, p: Prepared) -> Optional[Guide]:
-        if p.grammar is None:
-            return None
-        assert self._grammars is not None and p.request.constraint is not None
-        return self._grammars.guide(p.grammar, p.request.constraint.failure_param)
+        """The request as it will run (engine/generate/prepare.py): validated, its prompt rendered
+        (the chat through the template, or raw text as is), fitted into the context (or refused
+        with a one-line error before any prefill), and its schedule's cuts."""
+        return self.builder.prepare(request, self.limit_for(request))
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
         """Generate a reply: yields PrefillProgress and TokenEvents, returns the GenerationResult."""
-        lm = self._lm()
-        p = self.prepare(request)
+        lm, path = self._lm(), self.builder
+        p = path.prepare(request, self.limit_for(request))
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
-            result = yield from stream(lm, p.request, self.cache, self.chunk, cancel, p.prompt, p.message_starts,
-                                       p.context.limit, self._guide(p), p.reply_header_cuts, p.earlier,
-                                       sorted(p.document_points), p.document_points)
-        _describe_cuts(result, p)
+            result = yield from stream(lm, p, self.cache, self.chunk, cancel, path.guide(p))
         if self.cache.disk is not None:
             result.report.warnings = self.cache.pop_warnings()
         if result.finish_reason != "cancelled":
@@ -382,12 +262,10 @@ class Engine:
 
     def cold_run(self, request: GenerationRequest, cancel: Optional[CancelToken] = None) -> GenerationResult:
         """`request` with no cache at all: neither looked up nor stored (the canonical schedule)."""
-        p = self.prepare(request)
-        result = drain(stream(self._lm(), replace(p.request, use_cache=False), None, self.chunk, cancel, p.prompt,
-                              p.message_starts, p.context.limit, self._guide(p), p.reply_header_cuts,
-                              p.earlier))
-        _describe_cuts(result, p)
-        return result
+        path = self.builder
+        p = path.prepare(request, self.limit_for(request))
+        return drain(stream(self._lm(), replace(p, request=replace(p.request, use_cache=False)), None, self.chunk,
+                            cancel, path.guide(p)))
 
     def token_texts(self, tokens: list[int]) -> list[str]:
         """The text each token of a reply adds, for showing it token by token (display only)."""
@@ -409,98 +287,12 @@ class Engine:
             raise EngineError("no model loaded")
         return self.lm
 
-
-# -- helpers: request checks that need the model, model resolution, identity
-
-
-def _describe_cuts(result: GenerationResult, p: Prepared) -> None:
-    """The parts of the report `prepare` knows: the context fit, and the reply header cuts of the
-    schedule (each is inside (0, n - 1), so all are cuts: MessageStarts.reply_header_cuts)."""
-    result.report.context = p.context
-    result.report.reply_header_cuts = list(p.reply_header_cuts)
-    restored, source = result.report.restored, result.report.source
-    result.report.documents = [
-        {"name": s.name, "digest": s.digest, "start": s.start, "end": s.end, "tokens": s.tokens, "cut": s.cut,
-         "source": source if source and restored >= s.end else "prefilled"} for s in p.documents]
-
-
-def _document_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
-    """Each document end (a cut) -> the digests of the documents the state there holds; and the
-    system message's end (`system_end`: the start of the next message, when the system message
-    rendered alone is a prefix of the prompt) -> all of them. The documents end the system
-    message (placement.place), so what lies between the last one's end and there is the
-    template's own closing of the message, the same in every conversation about them: a new
-    conversation restores up to where its own first message starts (no forward of those few
-    tokens first, which at a long context costs about what the question's own forward does)."""
-    points = {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
-    if spans and system_end and system_end[0] > spans[-1].end:
-        points[system_end[0]] = tuple(d.digest for d in spans)
-    return points
-
-
-def _check_documents_fit(lm: LoadedModel, request: GenerationRequest, limit: Optional[int], tools: Any) -> None:
-    """Documents that cannot fit beside the reply are refused before any prefill, with the
-    numbers: never truncated, never left out by the context policy."""
-    if not limit:
-        return
-    base = [m for m in validate_messages(request.messages) if m.get("role") == "system"][:1]
-    placed = place(base, request.documents)
-    n = len(render_prompt(lm.tokenizer, placed, add_generation_prompt=False, tools=tools))
-    room = limit - request.sampler.max_tokens
-    if n <= room:
-        return
-    sizes = ", ".join(f"{d.name} {len(lm.tokenizer.encode(block(d))):,}" for d in request.documents)
-    raise RequestError(f"the documents take {n:,} tokens with the system prompt ({sizes}); the context holds "
-                       f"{limit:,} with {request.sampler.max_tokens:,} kept for the reply, so at most "
-                       f"{max(room, 0):,} fit: attach fewer pages or documents, or use a model with a longer "
-                       "context", "documents")
-
-def _vocab_size(lm: LoadedModel) -> int:
-    """Width of the model's logits (the output layer may be padded past the tokenizer's size)."""
-    n = getattr(getattr(lm.model, "args", None), "vocab_size", None)
-    return int(n) if isinstance(n, int) and n > 0 else len(lm.tokenizer.get_vocab())
-
-
-def _named_tokens(lm: LoadedModel) -> int:
-    """Token ids a request may name (logit_bias): the tokenizer's, its base vocabulary and added
-    tokens, as /verbatim/tokenize counts them, never past the logits' width. The ids in an output
-    layer padded past the tokenizer decode to no text."""
-    inner = getattr(lm.tokenizer, "_tokenizer", lm.tokenizer)
-    try:
-        named = len(inner)
-    except TypeError:
-        named = len(lm.tokenizer.get_vocab())
-    return min(named, _vocab_size(lm))
-
-
-def _tools(request: GenerationRequest) -> Optional[list[dict[str, Any]]]:
-    """The tools the chat template shows for `request` (None: none offered)."""
-    return list(request.constraint.tools) if request.constraint is not None and request.constraint.tools else None
-
-
-def _check_logit_bias(request: GenerationRequest, vocab: int) -> None:
-    for token, _ in request.sampler.logit_bias:
-        if token >= vocab:
-            raise RequestError(f"logit_bias: token id {token} is not in the model's vocabulary "
-                               f"(ids 0 to {vocab - 1})")
-
-
-def _whole_prompt(lm: LoadedModel, request: GenerationRequest) -> list[int]:
-    """The request's whole prompt (raw text, or the chat with its documents placed and its
-    tools), nothing left out: what measure() counts and a default max_tokens is fitted to."""
-    if request.prompt is not None:
-        return render_text(lm.tokenizer, request.prompt)
-    return render_prompt(lm.tokenizer, place(validate_messages(request.messages), request.documents),
-                         tools=_tools(request))
-
-
-def _fit_max_tokens(request: GenerationRequest, lm: LoadedModel, limit: int) -> GenerationRequest:
-    """A default max_tokens shrunk to the room left in the context (a prompt that leaves no room
-    at all is still refused by fit_to_context, with its usual message)."""
-    room = limit - len(_whole_prompt(lm, request))
-    if 1 <= room < request.sampler.max_tokens:
-        return replace(request, sampler=replace(request.sampler, max_tokens=room))
-    return request
+    @property
+    def builder(self) -> PromptBuilder:
+        """The loaded model's request path: prepares requests, holds its compiled grammars."""
+        if self._builder is None:
+            raise EngineError("no model loaded")
+        return self._builder
 
 
 # -- helpers: model resolution and the weights' dtype (dequantize a small quantized model or not)

@@ -190,8 +190,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the context check off by one (prompt + max_tokens may pass the context by one)",
-        (("engine/generate/context.py", "    if limit is None or len(prompt) + max_tokens <= limit:\n",
-          "    if limit is None or len(prompt) + max_tokens <= limit + 1:\n"),),
+        (("engine/generate/context.py", "    if limit is None or len(first.ids) + max_tokens <= limit:\n",
+          "    if limit is None or len(first.ids) + max_tokens <= limit + 1:\n"),),
         (EP + "test_prompt_plus_max_tokens_equal_to_the_context_is_served_one_more_refused",),
     ),
     Mutation(
@@ -529,7 +529,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a document's cut dropped",
-        (("engine/engine.py", "            starts = sorted(set(starts) | {s.end for s in spans if s.cut})\n",
+        (("engine/generate/prepare.py", "            starts = sorted(set(starts) | {s.end for s in spans if s.cut})\n",
           "            starts = sorted(set(starts))\n"),),
         (DO + "test_the_first_of_two_documents_is_shared_with_a_conversation_about_it_alone",
          DO + "test_a_cache_that_cannot_be_cut_back_shares_the_document_through_its_snapshot[gemma3]"),
@@ -564,7 +564,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "no document snapshot where the system message ends (a new conversation forwards its closing first)",
-        (("engine/engine.py", "        points[system_end[0]] = tuple(d.digest for d in spans)\n", "        pass\n"),),
+        (("engine/generate/prepare.py", "        points[system_end[0]] = tuple(d.digest for d in spans)\n", "        pass\n"),),
         (DO + "test_a_document_snapshot_is_kept_where_the_next_message_starts_too",
          DO + "test_after_a_restart_the_documents_states_are_preloaded_and_the_first_question_reads_no_disk"),
     ),

@@ -279,7 +279,7 @@ def test_a_call_under_auto_and_a_response_format_is_receipted_and_replays(engine
 def test_grammars_are_cached_per_namespace_and_within_a_byte_budget(engine: Engine) -> None:
     from engine.generate import constraints
 
-    g = constraints.Grammars(engine.lm.tokenizer, engine._grammars.width, engine.lm.eos_ids)
+    g = constraints.Grammars(engine.lm.tokenizer, engine.builder.grammars.width, engine.lm.eos_ids)
     c = Constraint.of(response_format=JSON_SCHEMA)
     g.grammar(c, "alice")
     g.grammar(c, "alice")

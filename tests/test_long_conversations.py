@@ -10,8 +10,9 @@ import pytest
 
 from engine.errors import ContextLengthError
 from engine.generate.context import fit_to_context
+from engine.generate.templating import Rendered
 from engine.generate.loop import drain, stream
-from engine.types import GenerationRequest, SamplerSettings
+from engine.types import ContextInfo, GenerationRequest, SamplerSettings
 from tests.engine_helpers import (
     ALL_FAMILIES,
     QUESTIONS,
@@ -74,8 +75,8 @@ def test_control_without_message_cuts_the_cold_run_differs(models):
         eng = make_engine(models[family], chunk=512)
         for req, r in _chat(eng, "exact", 3)[1:]:
             p = eng.prepare(req)
-            uncut = drain(stream(eng.lm, dataclasses.replace(p.request, use_cache=False), None, eng.chunk,
-                                 prompt=p.prompt, message_starts=()))
+            uncut = drain(stream(eng.lm, dataclasses.replace(p, request=dataclasses.replace(p.request, use_cache=False),
+                                                             message_starts=[], reply_header_cuts=[]), None, eng.chunk))
             total += 1
             differ += uncut.tokens != r.tokens or uncut.logprobs != r.logprobs
     assert differ >= total // 2 + 1, f"only {differ}/{total} differed"
@@ -188,7 +189,7 @@ def test_fit_keeps_the_system_prompt_the_last_message_and_user_first():
             {"role": "assistant", "content": "a2"}, {"role": "user", "content": "u3"}]
 
     def render(m):
-        return [0] * (10 * len(m))
+        return Rendered([0] * (10 * len(m)), None)
 
     fitted = fit_to_context(render, msgs, 5, 45, "truncate")  # 4 messages fit (40 + 5)
     assert [m["content"] for m in fitted.messages] == ["s", "u2", "a2", "u3"] and fitted.dropped == 2
@@ -202,8 +203,8 @@ def test_decoding_stops_at_the_context_limit(models):
     req = request([{"role": "user", "content": QUESTIONS[0]}], max_tokens=50)
     p = eng.prepare(req)
     n = len(p.prompt)
-    r = drain(stream(eng.lm, dataclasses.replace(p.request, use_cache=False), None, 8, prompt=p.prompt,
-                     context_limit=n + 3))
+    r = drain(stream(eng.lm, dataclasses.replace(p, request=dataclasses.replace(p.request, use_cache=False),
+                                                 context=ContextInfo(n + 3, n)), None, 8))
     assert r.finish_reason == "context" and len(r.tokens) == 4  # positions n-1 .. n+2 < n + 3
 
 

@@ -287,7 +287,7 @@ def test_a_grammar_failing_while_decoding_ends_the_reply_with_a_400_and_the_serv
 
 
 def compiles(s: Server) -> int:
-    return s.engine(lambda e: e._grammars.compiles)
+    return s.engine(lambda e: e.builder.grammars.compiles)
 
 
 def test_compiled_grammars_are_cached_per_api_key(server: Server) -> None:

@@ -19,31 +19,39 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from engine.errors import ContextLengthError
+from engine.generate.templating import Rendered
 from engine.types import ContextPolicy, Message
 
 
 @dataclass
 class Fitted:
     messages: list[Message]  # what is sent to the model
-    prompt: list[int]
+    rendered: Rendered  # their prompt: token ids and the template's text
     dropped: int  # oldest messages left out
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.rendered.ids
 
 
 def fit_to_context(
-    render: Callable[[list[Message]], list[int]],
+    render: Callable[[list[Message]], Rendered],
     messages: Sequence[Message],
     max_tokens: int,
     limit: Optional[int],
     policy: ContextPolicy,
     count: Optional[Callable[[Message], int]] = None,
+    whole: Optional[Rendered] = None,
 ) -> Fitted:
-    """`count` estimates a message's tokens, to place the block cuts (none: cut at every turn)."""
+    """`count` estimates a message's tokens, to place the block cuts (none: cut at every turn).
+    `whole`: all of `messages` rendered, when the caller has it already (`render` then runs only
+    for the shorter conversations a "truncate" tries)."""
     messages = list(messages)
-    prompt = render(messages)
-    if limit is None or len(prompt) + max_tokens <= limit:
-        return Fitted(messages, prompt, 0)
+    first = whole if whole is not None else render(messages)
+    if limit is None or len(first.ids) + max_tokens <= limit:
+        return Fitted(messages, first, 0)
     if policy != "truncate":
-        raise ContextLengthError(len(prompt), max_tokens, limit)
+        raise ContextLengthError(len(first.ids), max_tokens, limit)
     lead = 0
     while lead < len(messages) - 1 and messages[lead]["role"] == "system":
         lead += 1
@@ -53,21 +61,21 @@ def fit_to_context(
     ks = [k for k in range(1, len(body)) if body[k]["role"] == "user"] + [len(body)]
     if count is not None:
         ks = _blocks(ks, [count(m) for m in body], max(limit // 4, 1))
-    tried: dict[int, list[int]] = {}
+    tried: dict[int, Rendered] = {}
 
-    def tokens(k: int) -> list[int]:
+    def rendered(k: int) -> Rendered:
         if k not in tried:
             tried[k] = render(messages[:lead] + body[k:] + messages[-1:])
         return tried[k]
 
     def fits(k: int) -> bool:
-        return len(tokens(k)) + max_tokens <= limit
+        return len(rendered(k).ids) + max_tokens <= limit
 
     if not fits(ks[-1]):
-        raise ContextLengthError(len(tokens(ks[-1])), max_tokens, limit,
+        raise ContextLengthError(len(rendered(ks[-1]).ids), max_tokens, limit,
                                  " (even with only the system prompt and the last message)")
     k = ks[bisect.bisect_left(ks, True, key=fits)]  # the fewest dropped that fit
-    return Fitted(messages[:lead] + body[k:] + messages[-1:], tokens(k), k)
+    return Fitted(messages[:lead] + body[k:] + messages[-1:], rendered(k), k)
 
 
 def _blocks(ks: list[int], sizes: list[int], step: int) -> list[int]:

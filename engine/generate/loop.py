@@ -26,14 +26,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from engine.cache.families import (
     always_trimmable,
     class_names,
     cut_back,
     layer_offset,
-    quantized_cache,
     trimmable,
 )
 from engine.cache.prompt_cache import PromptCache
@@ -42,9 +40,11 @@ from engine.cache.meta import SnapshotMeta
 from engine.cache.planner import chunks, exact_at, exact_tail_at, schedule_cuts
 from engine.cache.snapshot import cache_arrays, cache_nbytes, describe_layers, new_snapshot_id
 from engine.generate.constraints import Guide
+from engine.generate.model import LoadedModel
+from engine.generate.prepare import Prepared
 from engine.generate.sampling import Sampler, top_logprobs
 from engine.generate.stops import StopStrings
-from engine.generate.templating import TextStream, render_prompt
+from engine.generate.templating import TextStream
 from engine.types import (
     CacheReport,
     CancelToken,
@@ -56,26 +56,6 @@ from engine.types import (
     PrefillProgress,
     TokenEvent,
 )
-
-
-@dataclass
-class LoadedModel:
-    """A model ready to generate: created on the worker thread that will use it."""
-
-    model: Any
-    tokenizer: Any
-    path: str
-    name: str
-    key: str  # model identity + every cache-affecting option; snapshots never cross keys
-    kv_bits: Optional[int] = None
-    kv_group_size: int = 64
-    eos_ids: set[int] = field(default_factory=set)
-
-    def new_cache(self) -> list[Any]:
-        cache = make_prompt_cache(self.model)
-        if self.kv_bits:
-            cache = quantized_cache(cache, self.kv_group_size, self.kv_bits)
-        return cache
 
 
 class _Snapshots:
@@ -277,41 +257,36 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
 
 def stream(
     lm: LoadedModel,
-    request: GenerationRequest,
+    p: Prepared,
     prompt_cache: Optional[PromptCache],
     chunk: int,
     cancel: Optional[CancelToken] = None,
-    prompt: Optional[list[int]] = None,
-    message_starts: Sequence[int] = (),
-    context_limit: Optional[int] = None,
     guide: Optional[Guide] = None,
-    reply_header_cuts: Sequence[int] = (),
-    earlier: Sequence[int] = (),
-    document_ends: Sequence[int] = (),
-    document_digests: Optional[dict[int, tuple[str, ...]]] = None,
 ) -> Generator[Event, None, GenerationResult]:
-    """Generate a reply to `prompt` (rendered from the request if not given). `message_starts`
-    are the token positions where rendered messages start and `reply_header_cuts` where earlier
-    replies' generation headers end but their last token (canonical cuts, see cache/planner.py);
-    `context_limit` ends decoding (finish reason "context") before the model's context is full.
+    """Generate the reply to the prepared request `p` (engine/generate/prepare.py): its prompt's
+    schedule cuts at multiples of `chunk`, at `p.message_starts` and at `p.reply_header_cuts`
+    (canonical cuts, see cache/planner.py); its context limit ends decoding (finish reason
+    "context") before the model's context is full. `prompt_cache` None, or the request's
+    `use_cache` False: nothing looked up or stored (a cold run). `guide`: the request's grammar,
+    masking every decode step.
 
-    `document_ends`: the cuts where attached documents end (engine/documents); a snapshot is kept
-    at each one this prefill computes, naming the documents it holds (`document_digests`: end ->
-    their digests; what eviction asks, engine/cache/eviction.py).
+    `p.document_points`: the cuts where attached documents end (engine/documents); a snapshot is
+    kept at each one this prefill computes, naming the documents it holds (what eviction asks,
+    engine/cache/eviction.py).
 
-    `earlier`: a Continue of a reply that has these tokens so far. The unstopped run forwarded
+    `p.earlier`: a Continue of a reply that has these tokens so far. The unstopped run forwarded
     them one at a time after the last prompt token, so the continuation forwards the same: its
     "prompt" is the prompt and the reply so far, its schedule the prompt's cuts and then one cut
     per decoded position. The cache restores the state before the reply's last token (the
     planner accepts a decoded tail whose forwards were those: planner.exact_tail_at), or, if no
     snapshot holds it, recomputes it with those forwards; then the last token goes alone and
     decoding goes on at step len(earlier): the next logits equal the unstopped run's, bit for bit."""
+    request, earlier, message_starts = p.request, p.earlier, p.message_starts
     t0 = time.perf_counter()
     is_cancelled = (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
-    tools = request.constraint.tools if request.constraint is not None else None
-    prompt = prompt if prompt is not None else render_prompt(lm.tokenizer, request.messages, tools=tools)
+    prompt = list(p.prompt)
     n_asked = len(prompt)  # the conversation's prompt; a Continue forwards its reply so far after it
-    cuts = schedule_cuts(n_asked, chunk, message_starts, reply_header_cuts)
+    cuts = schedule_cuts(n_asked, chunk, message_starts, p.reply_header_cuts)
     singles_from: Optional[int] = None
     if earlier:
         singles_from = n_asked - 1
@@ -327,14 +302,16 @@ def stream(
     if earlier:  # the prompt's boundary snapshot is the reply's business, taken when it began
         points = replace(points, boundary=None)
     elif prompt_cache is not None:
-        points = replace(points, documents=tuple(e for e in document_ends if rest.restored < e < len(prompt) - 1
-                                                 and e in cuts), held=dict(document_digests or {}))
+        points = replace(points, documents=tuple(e for e in sorted(p.document_points)
+                                                 if rest.restored < e < len(prompt) - 1 and e in cuts),
+                         held=dict(p.document_points))
     snaps = _Snapshots(lm, prompt_cache, rest, class_names(cache), key)
     t_prefill = time.perf_counter()
 
     def result(pre: Prefilled, decoded: Optional[Decoded]) -> GenerationResult:
         report = build_report(request, lm.key, chunk, n_asked, [m for m in message_starts if m in cuts], rest,
                               pre, snaps.stored, Timing(t0, t_prefill, decoded))
+        p.describe(report)
         asked = prompt[:n_asked]
         if earlier:
             report.continued_from = len(earlier)
@@ -351,7 +328,7 @@ def stream(
                                  singles_from)
         if pre.cancelled:
             return result(pre, None)
-        decoded = yield from decode(lm, request, prompt, cache, is_cancelled, context_limit, guide, len(earlier))
+        decoded = yield from decode(lm, request, prompt, cache, is_cancelled, p.context.limit, guide, len(earlier))
         mx.eval(cache_arrays(cache))
         n = len(prompt)
         snaps.forwarded(n - 1, n)  # the last prompt token, alone; then one forward per decoded token

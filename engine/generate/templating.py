@@ -15,51 +15,56 @@ from engine.types import Message
 Tools = Optional[Sequence[dict[str, Any]]]  # OpenAI tool definitions, handed to the template as is
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
-                  tools: Tools = None) -> list[int]:
-    """Token ids of the conversation, by default with the generation prompt added (ready for a
-    reply). `tools` go to the chat template as transformers passes them (`tools=`), and tool-call
-    arguments as objects (engine/constraint.py: template_messages)."""
+@dataclass(frozen=True)
+class Rendered:
+    """A conversation rendered once: its token ids, and the text the chat template wrote (None
+    for a tokenizer without a template). Where a document lies is found in the text."""
+
+    ids: list[int]
+    text: Optional[str]
+
+
+def render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
+           tools: Tools = None) -> Rendered:
+    """The conversation through the model's chat template, by default with the generation prompt
+    added (ready for a reply): the template is applied once, to text, and the text encoded as
+    transformers' `apply_chat_template(tokenize=True)` encodes it (no special tokens added: the
+    template writes its own). `tools` go to the template as transformers passes them (`tools=`),
+    tool-call arguments as objects (engine/constraint.py: template_messages)."""
+    text: Optional[str] = None
     if getattr(tokenizer, "chat_template", None):
-        ids = _apply_template(tokenizer, messages, add_generation_prompt, tools, tokenize=True)
+        text = _apply_template(tokenizer, messages, add_generation_prompt, tools)
+        if not isinstance(text, str):
+            raise RequestError("the model's chat template rendered no text")
+        ids = None
         if typed_markers(tokenizer, messages):  # a control token's text typed in a message
-            ids = encode_contents_as_text(tokenizer, messages, add_generation_prompt, tools) or ids
+            ids = encode_contents_as_text(tokenizer, messages, add_generation_prompt, tools, text)
+        if ids is None:
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
     else:  # base models without a template: plain text, one turn per line
-        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        plain = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         if add_generation_prompt:
-            text += "\nassistant:"
-        ids = list(tokenizer.encode(text))
+            plain += "\nassistant:"
+        ids = list(tokenizer.encode(plain))
     if not ids:
         raise RequestError("the conversation rendered to an empty prompt")
-    return [int(t) for t in ids]
+    return Rendered([int(t) for t in ids], text)
 
 
-def render_prompt_text(tokenizer: Any, messages: Sequence[Message], tools: Tools = None) -> Optional[str]:
-    """The conversation as the chat template writes it, with the generation prompt (None for a
-    tokenizer without a template): where a document lies in the prompt (engine/documents)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    out = _apply_template(tokenizer, messages, True, tools, tokenize=False)
-    return out if isinstance(out, str) else None
+def render_prompt(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
+                  tools: Tools = None) -> list[int]:
+    """Token ids of the conversation (`render`'s ids)."""
+    return render(tokenizer, messages, add_generation_prompt, tools).ids
 
 
-def _apply_template(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: Tools,
-                    tokenize: bool) -> Any:
-    """The chat template applied as transformers does it: token ids (tokenize=True) or text."""
+def _apply_template(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: Tools) -> Any:
+    """The chat template's text for `messages`, applied as transformers applies it."""
     extra = {"tools": list(tools)} if tools else {}
     try:
-        out = tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=add_generation_prompt,
-                                            tokenize=tokenize, **extra)
+        return tokenizer.apply_chat_template(template_messages(messages), add_generation_prompt=add_generation_prompt,
+                                             tokenize=False, **extra)
     except Exception as e:  # jinja errors: e.g. a template that rejects a system message
         raise RequestError(f"the model's chat template rejected the conversation: {e}") from e
-    if not tokenize:
-        return out
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    out = list(out)
-    if out and isinstance(out[0], list):
-        out = out[0]
-    return out
 
 
 # -- special tokens typed in content are text (issue 36)
@@ -153,7 +158,7 @@ _PLACEHOLDER = re.compile("\ue000([0-9]+)\ue001")
 
 
 def encode_contents_as_text(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True,
-                            tools: Tools = None) -> Optional[list[int]]:
+                            tools: Tools = None, text: Optional[str] = None) -> Optional[list[int]]:
     """Token ids of the conversation with the template's markers as control tokens and every
     message content as plain text (a control token's text in it is encoded as text).
 
@@ -163,14 +168,16 @@ def encode_contents_as_text(tokenizer: Any, messages: Sequence[Message], add_gen
     The template's text is searched for control tokens; the text between two of them (template
     text and contents together) is encoded with the tokenizer's backend without them, as the
     tokenizer encodes the text between its control tokens. None when the template does
-    more to a content than trim it (the caller keeps the template's own encoding)."""
+    more to a content than trim it (the caller keeps the template's own encoding). `text`: the
+    conversation as the template writes it, when the caller has it already."""
     markers = _markers(tokenizer)
     if markers is None:
         return None
-    text = _apply_template(tokenizer, messages, add_generation_prompt, tools, tokenize=False)
+    if text is None:
+        text = _apply_template(tokenizer, messages, add_generation_prompt, tools)
     held = [{**m, "content": _placeholder(i)} if isinstance(m.get("content"), str) else m
             for i, m in enumerate(messages)]
-    skeleton = _apply_template(tokenizer, held, add_generation_prompt, tools, tokenize=False)
+    skeleton = _apply_template(tokenizer, held, add_generation_prompt, tools)
     if not isinstance(text, str) or not isinstance(skeleton, str):
         return None
     parts = _PLACEHOLDER.split(skeleton)  # template text, message index, template text, ...
@@ -242,7 +249,7 @@ class MessageStarts:
     def __call__(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None) -> list[int]:
         out: list[int] = []
         for i in range(1, len(messages) + 1):
-            ids = self._render(messages[:i], tools, generation=False)
+            ids = self.rendered(messages[:i], tools, generation=False)
             if ids is not None and _is_prefix(ids, prompt):
                 out.append(len(ids))
         return out
@@ -254,12 +261,13 @@ class MessageStarts:
         for i, m in enumerate(messages):
             if i == 0 or m.get("role") != "assistant":
                 continue
-            ids = self._render(messages[:i], tools, generation=True)
+            ids = self.rendered(messages[:i], tools, generation=True)
             if ids is not None and len(ids) > 1 and _is_prefix(ids, prompt):
                 out.append(len(ids) - 1)
         return out
 
-    def _render(self, messages: Sequence[Message], tools: Tools, generation: bool) -> Optional[list[int]]:
+    def rendered(self, messages: Sequence[Message], tools: Tools, generation: bool) -> Optional[list[int]]:
+        """The tokens of `messages` (memoized; None: the template will not render them alone)."""
         # Keyed by every key of every message (tool calls too), the tools the template shows and
         # whether the generation prompt is added.
         key = ("gen" if generation else "", json.dumps(list(tools or ()), sort_keys=True),
