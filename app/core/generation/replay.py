@@ -20,10 +20,11 @@ edited since the reply) makes a regenerate part from the reply: the recomputatio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from app.core.store import Action, Message
+from engine.types import first_divergence
 
 # What Regenerate does, as its tooltips say it: what is instant and what is not.
 REGENERATE_TIP = ("Same seed and settings: reproduces the reply (Ctrl+R). Instant: the reply is shown at once from "
@@ -65,6 +66,8 @@ class Replay:
     seen: int = 0  # tokens streamed so far
     ended: bool = False
     stopped: bool = False  # the user stopped the recomputation
+    tokens: list[int] = field(default_factory=list)  # the recomputation's, as streamed
+    logprobs: list[float] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -83,22 +86,24 @@ class Replay:
         if index < self.seen:
             return
         self.seen = index + 1
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
         if self.departure is not None:
             return
-        if index >= self.total:
-            self.departure = Departure(index, before, "longer")
-        elif token != self.expected.tokens[index]:
-            self.departure = Departure(index, before, "token")
-        elif logprob != self.expected.logprobs[index]:  # bit-equal or not the same run
-            self.departure = Departure(index, before, "logprob")
+        e = self.expected
+        parted = first_divergence(e.tokens, self.tokens, e.logprobs, self.logprobs, start=index, b_ended=False)
+        if parted is not None:  # another token, a logprob not bit-equal, or past the reply's end
+            self.departure = Departure(parted[0], before, parted[1])
         else:
             self.verified = index + 1
 
     def end(self, tokens: int, stopped: bool) -> None:
         """The recomputation ended after `tokens` tokens (`stopped`: by the user, not at its end)."""
         self.ended, self.stopped = True, stopped
-        if self.departure is None and not stopped and tokens < self.total:
-            self.departure = Departure(tokens, len(self.text), "shorter")
+        if self.departure is None and not stopped and tokens < self.total:  # ended before the reply's end
+            parted = first_divergence(self.expected.tokens, self.tokens[:tokens], start=tokens)
+            if parted is not None:
+                self.departure = Departure(parted[0], len(self.text), parted[1])
 
     @property
     def shown_text(self) -> str:
