@@ -52,7 +52,7 @@ def main() -> int:
         errors: list[str] = []
         finished: list = []
         w.chat.notices.error_raised.connect(lambda title, text: errors.append(text))
-        w.chat.generation.finished.connect(lambda pending, result: finished.append(result))
+        w.chat.generation.finished.connect(lambda done: finished.append(done.result))
         wait_until(lambda: w.chat.link.ready or bool(errors), 300)
         if errors:
             raise RuntimeError(errors[-1])

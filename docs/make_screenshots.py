@@ -58,9 +58,9 @@ def main() -> int:
     w = build_main_window(args.model, data, theme=args.theme)
     w.resize(1280, 820)
     errors: list[str] = []
-    finished: list = []  # (pending, result) of each reply
+    finished: list = []  # each reply's FinishedReply (pending, result, saved)
     w.chat.notices.error_raised.connect(lambda title, text: errors.append(text))
-    w.chat.generation.finished.connect(lambda pending, result: finished.append((pending, result)))
+    w.chat.generation.finished.connect(finished.append)
     wait_until(lambda: w.chat.link.ready or bool(errors))
     if not w.chat.link.ready:
         print(f"cannot load {args.model}: {errors[-1]}", file=sys.stderr)
@@ -89,7 +89,7 @@ def main() -> int:
     ops.regenerate(w.chat, fresh=False)
     wait_until(lambda: not w.chat.generation.busy)
     again = w.chat.conversation.vms[-1]  # identical: no copy added, the same reply stays selected
-    outcome = finished[-1][0].outcome
+    outcome = finished[-1].saved.outcome
     if outcome.comparison is None or not outcome.comparison.identical or again.id != first.id:
         print("regenerate was not identical: refusing to take screenshots of that", file=sys.stderr)
         return 1

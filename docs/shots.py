@@ -37,7 +37,6 @@ def ready_window(model: str, sampler: Any, theme: str = "light", data_dir: Any =
     from pathlib import Path
 
     from app import build_main_window
-    from app.core import ops
     from app.core.store import ChatSettings
 
     folder = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
