@@ -50,7 +50,7 @@ def code_stream(w, app, highlight_all: bool) -> dict:
     """Stream CODE_REPLY into a message of the window's chat view; per-update and final times."""
     from dataclasses import replace
 
-    from app.core import markdown as M
+    from app.core.conversation import markdown as M
     from app.core.conversation.view_models import MessageVM
 
     saved = M._complete, M.STREAM_HIGHLIGHT_CHARS

@@ -57,7 +57,7 @@ def open_once(model: Path, n: int, virtualize: bool, app) -> dict:
     from PySide6.QtGui import QWheelEvent
 
     from app import build_main_window
-    from app.qt.widgets import chat_view
+    from app.qt.conversation import chat_view
 
     chat_view.VIRTUALIZE = virtualize
     with tempfile.TemporaryDirectory() as d:
