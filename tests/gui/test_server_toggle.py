@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from app import build_main_window
+from app.qt import jobs
 from engine.types import GenerationRequest, SamplerSettings
 
 pytestmark = pytest.mark.gui
@@ -116,7 +117,7 @@ def _run(loop: Any, coro: Any, pool: concurrent.futures.ThreadPoolExecutor, w: A
     finally:
         pool.shutdown(wait=True)
         w.shutdown()
-        asyncio.set_event_loop(None)
+        asyncio.set_event_loop(jobs.gui_loop())  # the app's loop again: the tests after this one run on it
         loop.close()
 
 
