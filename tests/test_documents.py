@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from engine.errors import RequestError
 from engine.generate.templating import render_prompt
 from engine.receipts import Receipt, ReceiptError, ReceiptModel, build
 from engine.types import GenerationRequest, SamplerSettings
+from tests.document_files import docx_bytes, pdf_bytes
 from tests.engine_helpers import model_dir
 
 # A document long enough to span several prefill chunks, in words the tiny tokenizer knows.
@@ -33,32 +33,8 @@ APPENDIX = "The capital of France is Paris. The capital of Italy is Rome.\n" * 6
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
 
 
-def pdf_bytes(pages: list[str], password: str | None = None) -> bytes:
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_font("helvetica", size=11)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 6, text)
-    if password:
-        pdf.set_encryption(owner_password=password, user_password=password)
-    return bytes(pdf.output())
 
 
-def docx_bytes(paragraphs: list[str], table: list[list[str]]) -> bytes:
-    import docx
-
-    d = docx.Document()
-    for p in paragraphs:
-        d.add_paragraph(p)
-    t = d.add_table(rows=len(table), cols=len(table[0]))
-    for r, row in enumerate(table):
-        for c, cell in enumerate(row):
-            t.cell(r, c).text = cell
-    out = io.BytesIO()
-    d.save(out)
-    return out.getvalue()
 
 
 def doc(text: str = REPORT, name: str = "report.md") -> Document:
