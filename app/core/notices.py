@@ -6,6 +6,8 @@ the status bar, the error dialog, the banner and the notice widget bind to its s
 
 from __future__ import annotations
 
+import re
+
 from psygnal import Signal
 
 
@@ -25,7 +27,7 @@ class Notices:
 
     def error(self, title: str, text: str) -> None:
         if not self.closed:
-            self.error_raised.emit(title, text)
+            self.error_raised.emit(title, sentence(text))
 
     def banner(self, text: str) -> None:
         if not self.closed:
@@ -40,3 +42,13 @@ class Notices:
 
     def close(self) -> None:
         self.closed = True
+
+
+_FIRST_WORD = re.compile(r"[a-z]+(?=[\s,:;]|$)")
+
+
+def sentence(text: str) -> str:
+    """An error's text as a sentence: the engine's one-line messages start in lower case ("prompt
+    has 9,000 tokens…"); a first word that is a plain lower-case word is capitalised, anything
+    else (a file's name, a quoted field, a number) is left as written."""
+    return text[:1].upper() + text[1:] if _FIRST_WORD.match(text) else text

@@ -239,7 +239,80 @@ def test_export_suggests_a_safe_file_name_in_the_documents_folder_then_the_last_
     w.conversations.export(w.chat.conversation.conv_id)
     assert "Why is the sky blue?" in (folder / "sky.md").read_text(encoding="utf-8")
     w.inspector.export_receipt(replies(w)[-1].id)  # the receipt dialog starts in the folder used last
-    assert suggested[-1] == str(folder / f"reply-{replies(w)[-1].id}.receipt.json")
+    assert suggested[-1] == str(folder / "Why is the sky blue - reply 1.receipt.json")
+
+
+def test_export_and_receipt_names_say_the_title_without_its_ellipsis_and_the_variant_shown(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from app.core import ops
+    from app.qt import dialogs
+    from tests.gui.driver import click, wait_idle
+
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "Why is the sky blue in the evening and red in the morning, and what about clouds?")
+    title = w.session.title(w.chat.conversation.conv_id)
+    assert title.endswith("…")  # a long first message: the title is cut
+    click(qtbot, w, "newVariantButton")
+    wait_idle(qtbot, w)
+    first, second = w.session.store.siblings(replies(w)[-1].id)
+    suggested: list[str] = []
+    monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName",
+                        lambda parent, caption, name, filters: (suggested.append(Path(name).name), ("", ""))[1])
+    w.conversations.export(w.chat.conversation.conv_id)
+    stem = title.rstrip("…").rstrip()
+    assert suggested[-1] == f"{stem}.md"  # no "…" in a file name
+    # The receipt names the reply and the variant shown, never a database id.
+    w.inspector.export_receipt(second.id)
+    assert suggested[-1] == f"{stem} - reply 1, variant 2 of 2.receipt.json"
+    ops.switch_variant(w.chat, first.id)
+    w.inspector.export_receipt(first.id)
+    assert suggested[-1] == f"{stem} - reply 1, variant 1 of 2.receipt.json"
+
+
+def test_a_notice_too_long_for_the_status_bar_is_said_whole_in_the_notice_area(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from app.qt import dialogs
+
+    w = open_window(max_tokens=4)
+    w.resize(*w.MIN_SIZE)
+    send(qtbot, w, "Why is the sky blue?")
+    folder = tmp_path / "a folder with a rather long name" / "and another one inside it, also long"
+    folder.mkdir(parents=True)
+    target = str(folder / "Why is the sky blue.md")
+    monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName", lambda *a: (target, ""))
+    w.conversations.export(w.chat.conversation.conv_id)
+    said = f"Exported to {target}"
+    bar = w.statusBar()
+    assert bar.fontMetrics().horizontalAdvance(said) > w.status_line.room()  # it would be cut there
+    assert w.notice.isVisible() and w.notice.text() == said and bar.currentMessage() == ""
+    # A short one stays in the status bar.
+    w.chat.notices.tell("")
+    short = str(tmp_path / "x.md")
+    monkeypatch.setattr(dialogs.QFileDialog, "getSaveFileName", lambda *a: (short, ""))
+    w.conversations.export(w.chat.conversation.conv_id)
+    assert bar.currentMessage() == f"Exported to {short}" and not w.notice.isVisible()
+
+
+def test_an_imported_conversation_is_marked_listed_first_and_selected(
+    qtbot: Any, open_window: Callable[..., MainWindow], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from app.qt import dialogs
+
+    w = open_window(max_tokens=4)
+    send(qtbot, w, "An old question")
+    old = w.chat.conversation.conv_id
+    path = tmp_path / "old.json"
+    path.write_text(w.session.export(old, as_json=True), encoding="utf-8")
+    w.conversations.new()
+    send(qtbot, w, "A newer question")
+    monkeypatch.setattr(dialogs, "import_path", lambda parent, settings: str(path))
+    w.conversations.import_()
+    new = w.chat.conversation.conv_id
+    assert new not in (old, None) and w.session.title(new) == "An old question (imported)"
+    assert w.sidebar.ids()[0] == new and w.sidebar.current_id() == new  # first in the list, and selected
+    assert w.sidebar.list.currentItem().isSelected() and w.sidebar.list.currentItem().text() == "An old question (imported)"
 
 
 # -- 8a. Export starts in Documents, never the working directory -------------------------------------------

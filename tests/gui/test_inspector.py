@@ -5,6 +5,7 @@ that `python -m engine verify` accepts."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -64,6 +65,27 @@ def test_compare_diverging_variants_and_a_cold_run(qtbot: Any, open_window: Call
     assert view.plot.first_diff is None and set(view.plot.deltas) == {0.0}
 
 
+def test_the_plots_labels_never_cover_one_another_wherever_the_sides_part(qtbot: Any) -> None:
+    from app.core.conversation.compare import Side, compare
+    from app.qt.inspector.compare_view import LogprobPlot
+
+    plot = LogprobPlot()
+    qtbot.addWidget(plot)
+    plot.resize(640, 200)
+    n = 512
+    for k in (0, 1, 5, 20, 255, 500, 510, n - 1):
+        a = [-0.5] * n
+        b = a[:k] + [-2.0] * (n - k)
+        plot.set_data(compare(Side("A", list(range(n)), a), Side("B", list(range(k)) + [9] * (n - k), b)))
+        assert plot.first_diff == k
+        labels = plot.axis_labels()
+        marker = [rect for rect, text, red in labels if red]
+        assert [text for _, text, red in labels if red] == [f"token {k}"] and len(marker) == 1
+        assert all(not x.intersects(y) for i, (x, _, _) in enumerate(labels) for y, _, _ in labels[i + 1:]), k
+        assert all(rect.left() >= 0 and rect.right() <= plot.width() for rect, _, _ in labels), k
+        plot.grab()  # paints them
+
+
 def test_plot_columns_stay_bounded_at_4k_tokens() -> None:
     series = [-(i % 97) / 10 for i in range(4096)]
     cols = columns(series, 600)
@@ -84,6 +106,15 @@ def test_per_token_view_and_receipt_verified_by_the_cli(
         qtbot.mouseClick(widget.tokens_button, Qt.MouseButton.LeftButton)
     tv = widget.token_view
     assert tv.isVisible() and not widget.body.isVisible()
+
+    # As tall as its text at its width: no box of its own to scroll, no empty space under it.
+    def fitted() -> bool:
+        doc = tv.document()
+        return (doc.textWidth() == tv.viewport().width()
+                and tv.height() == math.ceil(doc.size().height()) + 2 * tv.frameWidth())  # fmt: skip
+
+    qtbot.waitUntil(fitted, timeout=LONG)
+    assert tv.verticalScrollBar().maximum() == 0
     assert tv.tokens == stored.tokens and tv.logprobs == stored.logprobs and len(tv.starts) == len(stored.tokens)
     tip = tv.tooltip(0)
     assert f"token {stored.tokens[0]}" in tip and f"logprob {stored.logprobs[0]:.6g}" in tip

@@ -127,8 +127,32 @@ def test_loading_a_gguf_imported_before_says_so_in_plain_english(
     w.chat.link.progress.connect(lambda *a: shown.append(w.model_status.text()))
     w.models.load("demo")  # again: its content was converted already
     qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
-    assert "imported before: using the converted copy" in shown, shown
+    assert "imported before: using the converted copy · loading…" in shown, shown
     assert not any("already imported" in s or "100%" in s for s in shown), shown
+
+
+def test_the_header_says_loading_until_the_model_is_loaded(
+    qtbot: Any, open_window: Callable[..., MainWindow], tiny_model: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from tests.gguf_fixtures import tiny_llama_gguf
+
+    monkeypatch.setenv("VERBATIM_CACHE_DIR", str(tmp_path / "vcache"))  # a first import: converted now
+    gguf = tiny_llama_gguf(tiny_model, tmp_path / "tiny.gguf")
+    w = open_window(model=str(gguf), wait=False)
+    shown: list[tuple[float, str]] = []
+    w.chat.link.progress.connect(lambda f, m: shown.append((f, w.model_status.text())))
+    qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
+    assert shown and shown[-1][0] == 1.0, shown  # the import's last step ended before the load did
+    assert all(text != "done" and "loading" in text for f, text in shown if f >= 1), shown
+    assert "layers · loaded in" in w.model_status.text()
+
+
+def test_an_error_says_its_text_as_a_sentence(qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path) -> None:
+    w = open_window(model=str(tmp_path / "no-such-model"), wait=False)
+    qtbot.waitUntil(lambda: watch(w).last_error is not None, timeout=LONG)
+    box = w.findChild(QMessageBox, "errorDialog")
+    assert watch(w).last_error.startswith("No such file or folder: ") and box.text() == watch(w).last_error
+    box.close()
 
 
 def test_window_moves_an_old_prompt_cache_to_its_cache_folder(

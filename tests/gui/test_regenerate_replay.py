@@ -37,6 +37,7 @@ class Seen:
         self.events.append({"seen": replay.seen, "verified": replay.verified, "ended": replay.ended,
                             "body": widget.body.toPlainText(), "text": widget.text(),
                             "badge": widget.identity.text(), "state": widget.identity.property("state"),
+                            "footer": widget.footer.text(),
                             "badge_shown": widget.identity.isVisible()})
 
 
@@ -73,6 +74,8 @@ def test_a_regenerate_shows_the_reply_at_once_and_verifies_it_as_it_is_recompute
     verified = [e["verified"] for e in seen.events]
     assert verified == sorted(verified) and all(e["verified"] == e["seen"] for e in seen.events)
     assert all(e["badge"] == f"re-checking… verified {e['verified']} / {n}" for e in seen.events if not e["ended"])
+    # The footer beside it says how, not the count again ("257 / 263 tokens recomputed… · re-checking… 257 / 263").
+    assert all(f"/ {n}" not in e["footer"] and e["footer"] for e in seen.events if not e["ended"])
     assert all(e["body"] == shown_before for e in seen.events)
     end = seen.events[-1]
     assert end["ended"] and end["badge"] == f"✓ verified {n} / {n}" and end["state"] == "same"

@@ -38,6 +38,7 @@ from engine.types import (
 
 DEFAULT_TITLE = "New conversation"
 TITLE_CHARS = 48
+IMPORTED = "(imported)"  # an imported conversation's title ends so
 
 
 
@@ -160,7 +161,12 @@ class ChatSession:
         return json.dumps(doc, indent=1, ensure_ascii=False)
 
     def import_conversation(self, data: bytes) -> int:
-        return self.store.import_json(data).id
+        """Import a Verbatim JSON export as a new conversation, its title marked "(imported)" (the
+        original may be in this store too) and listed first (imported now, whenever it was made)."""
+        conv = self.store.import_json(data)
+        marked = conv.title if conv.title.endswith(IMPORTED) else f"{conv.title} {IMPORTED}"
+        self.store.rename_conversation(conv.id, marked)
+        return conv.id
 
     # -- messages ------------------------------------------------------------------------------
     def show_variant(self, message_id: int) -> None:

@@ -388,11 +388,8 @@ class MessageWidget(QFrame):
 
         if self.token_view is None:
             self.token_view = TokenView()
-            self.token_view.setMinimumHeight(120)
             self.layout().insertWidget(self.layout().indexOf(self.body) + 1, self.token_view)
-        self.token_view.set_tokens(tokens, pieces, logprobs)  # type: ignore[attr-defined]
-        height = int(self.token_view.document().size().height()) + 12  # type: ignore[attr-defined]
-        self.token_view.setFixedHeight(min(max(height, 60), 480))
+        self.token_view.set_tokens(tokens, pieces, logprobs)  # type: ignore[attr-defined]  # as tall as its text
         self.body.setVisible(False)
         self.token_view.setVisible(True)
 
@@ -485,8 +482,8 @@ class MessageWidget(QFrame):
                                  "token is checked against it, bit for bit.")
         self.identity.setVisible(True)
         self._set_badge(replay.state)
-        self.footer.setText(f"{replay.seen} / {replay.total} tokens recomputed…" if not replay.ended
-                            else f"{replay.seen} tokens recomputed")
+        # The badge counts what is verified ("re-checking… verified 120 / 300"): the footer says how.
+        self.footer.setText("recomputing at decode speed…" if not replay.ended else f"{replay.seen} tokens recomputed")
         self.footer.setVisible(True)
         self._place_footer()
 

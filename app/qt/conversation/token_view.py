@@ -1,7 +1,9 @@
 """One reply token by token, each coloured by its probability; hovering shows id, text, logprob.
 
 One QTextDocument with a char format per token (no widget per token), so 4k tokens lay out in
-one pass; the token under the mouse is found by a hit test and a bisect over token offsets.
+one pass; the token under the mouse is found by a hit test and a bisect over token offsets. It
+is as tall as its text at its width, as the message's body is: the conversation scrolls it, never
+a box of its own inside the message.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ import math
 from bisect import bisect_right
 from typing import Optional, Sequence
 
-from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
+from PySide6.QtCore import QEvent, QPoint, QPointF, QSize, Qt
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextDocument
-from PySide6.QtWidgets import QFrame, QTextEdit, QToolTip, QWidget
+from PySide6.QtWidgets import QFrame, QSizePolicy, QTextEdit, QToolTip, QWidget
 
 from app.core.conversation.view_models import token_tooltip
 
@@ -40,6 +42,9 @@ class TokenView(QTextEdit):
         self.setReadOnly(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setMouseTracking(True)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.tokens: list[int] = []
         self.pieces: list[str] = []
         self.logprobs: list[float] = []
@@ -67,6 +72,26 @@ class TokenView(QTextEdit):
             cursor.insertText(piece or EMPTY_PIECE, fmt)
         cursor.endEditBlock()
         self.setDocument(doc)
+        doc.documentLayout().documentSizeChanged.connect(self._fit)
+        doc.setTextWidth(self.viewport().width())
+        self._fit()
+
+    def resizeEvent(self, event: QEvent) -> None:  # type: ignore[override]
+        super().resizeEvent(event)
+        self.document().setTextWidth(self.viewport().width())
+        self._fit()
+
+    def _fit(self, *_: object) -> None:
+        """As tall as the text at this width (and its frame): nothing to scroll inside."""
+        h = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
+        if h != self.height():
+            self.setFixedHeight(h)
+
+    def sizeHint(self) -> QSize:
+        return QSize(400, self.height())
+
+    def wheelEvent(self, event: QEvent) -> None:  # type: ignore[override]
+        event.ignore()  # the conversation scrolls, not this (unscrollable) view
 
     def token_at(self, pos: QPoint) -> Optional[int]:
         """The token under a viewport position, or None."""

@@ -34,6 +34,15 @@ MEMORY_MS = 2000  # the memory readout is read again this often
 _process = psutil.Process()
 
 
+def load_step_text(fraction: float, message: str) -> str:
+    """The label beside the picker during a load: the step and how far it is. A step's end is not
+    the load's (an import's "done" comes before the weights are read): it says loading until the
+    model is loaded, and never "100%"."""
+    if fraction < 1:
+        return f"{message} {fraction:.0%}"
+    return "loading…" if message in ("", "done") else f"{message} · loading…"
+
+
 class ModelControls(QObject):
     def __init__(self, chat: Chat, window: QWidget, qsettings: QSettings, picker: ModelPicker,
                  model_status: ElidedLabel, status_bar: QStatusBar) -> None:  # fmt: skip
@@ -137,7 +146,7 @@ class ModelControls(QObject):
     def _progress(self, fraction: float, message: str) -> None:
         self.progress.setVisible(True)
         self.progress.setValue(int(fraction * 1000))
-        self.model_status.setText(f"{message} {fraction:.0%}" if fraction < 1 else message)  # no "done 100%"
+        self.model_status.setText(load_step_text(fraction, message))
 
     def _failed(self, why: str, title: str) -> None:
         self.server_toggle.set_model(None)

@@ -84,7 +84,7 @@ class LogprobPlot(QWidget):
         text = self.palette().text().color()
         muted = QColor(text)
         muted.setAlpha(90)
-        r = QRectF(self.rect()).adjusted(58, 8, -8, -18)
+        r = self.plot_rect()
         top = QRectF(r.left(), r.top(), r.width(), r.height() * 0.66)
         bottom = QRectF(r.left(), top.bottom() + 8, r.width(), r.bottom() - top.bottom() - 8)
         p.setPen(QPen(muted))
@@ -137,10 +137,40 @@ class LogprobPlot(QWidget):
             p.setPen(QPen(COLOR_DIVERGE, 1.5, Qt.PenStyle.DashLine))
             x = x_of(self.first_diff)
             p.drawLine(QPointF(x, top.top()), QPointF(x, bottom.bottom()))
-            p.drawText(QRectF(x + 3, r.bottom() + 2, 200, 14), Qt.AlignmentFlag.AlignLeft, f"token {self.first_diff}")
-        p.setPen(QPen(text))
-        p.drawText(QRectF(r.left(), r.bottom() + 2, 200, 14), Qt.AlignmentFlag.AlignLeft, f"0 … {n - 1}")
+        for rect, label, marker in self.axis_labels():
+            p.setPen(QPen(COLOR_DIVERGE if marker else text))
+            p.drawText(rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, label)
         p.end()
+
+    def plot_rect(self) -> QRectF:
+        """Where the two plots are (the labels go left of it and under it)."""
+        return QRectF(self.rect()).adjusted(58, 8, -8, -18)
+
+    def axis_labels(self) -> list[tuple[QRectF, str, bool]]:
+        """The labels under the plots, none over another: the first and last token's index at
+        the axis' ends and, when the sides part, 'token K' beside the red marker (on its right,
+        or its left near the right end). An index label the marker's would cover is left out:
+        the marker's says where it is. Each is (rect, text, is the marker's)."""
+        r = self.plot_rect()
+        fm = self.fontMetrics()
+        n = max(len(self.a), len(self.b), 1)
+        y = r.bottom() + 2
+
+        def box(x: float, text: str) -> QRectF:
+            return QRectF(x, y, fm.horizontalAdvance(text) + 2, 14)
+
+        last = str(n - 1)
+        ends = [(box(r.left(), "0"), "0", False)]
+        if n > 1:
+            ends.append((box(r.right() - fm.horizontalAdvance(last) - 2, last), last, False))
+        if self.first_diff is None:
+            return ends
+        x = r.left() + (self.first_diff + 0.5) * r.width() / n
+        label = f"token {self.first_diff}"
+        mark = box(x + 3, label)
+        if mark.right() > r.right():
+            mark = box(x - 3 - mark.width(), label)
+        return [e for e in ends if not e[0].adjusted(-4, 0, 4, 0).intersects(mark)] + [(mark, label, True)]
 
 
 COLUMNS = ["#", "A token", "A logprob", "B token", "B logprob", "|Δ logprob|"]

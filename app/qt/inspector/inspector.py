@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QWidget
 
 from app.core.chat import Chat
 from app.core.conversation.compare import CompareData, Side, compare
+from app.core.conversation.filenames import receipt_filename, safe_filename
 from app.core.jobs import user_message
 from app.core.store import StoreError
 from app.core.store.session import ModelIdentity
@@ -140,6 +141,19 @@ class Inspector(QObject):
             self.tokensShown.emit(reply_id)
 
     # ----------------------------------------------------------------------------- receipts
+    def receipt_name(self, reply_id: int) -> str:
+        """The name a receipt's dialog suggests: the conversation, which reply and the variant shown."""
+        conv = self.chat.conversation
+        replies = [vm for vm in conv.vms if vm.role == "assistant"]
+        vm = next((r for r in replies if r.id == reply_id), None)
+        try:
+            title = self.chat.session.title(conv.conv_id) if conv.conv_id is not None else ""
+        except StoreError:
+            title = ""
+        if vm is None:  # not on the path shown
+            return safe_filename(f"{title} - message {reply_id}", ".receipt.json")
+        return receipt_filename(title, replies.index(vm) + 1, vm.variant, vm.variants)
+
     def export_receipt(self, reply_id: int, path: Optional[str] = None) -> Optional[str]:
         """Write a reply's receipt (asks where unless `path` is given); returns the path."""
         model = self.model_identity() or ModelIdentity("", "")
@@ -149,8 +163,8 @@ class Inspector(QObject):
             self.chat.notices.error("Cannot export a receipt", str(e))
             return None
         if path is None:
-            path = dialogs.save_path(self.parent_widget, self.qsettings, "Export receipt",
-                                     f"reply-{reply_id}.receipt.json", "Verbatim receipt (*.json)")
+            path = dialogs.save_path(self.parent_widget, self.qsettings, "Export receipt", self.receipt_name(reply_id),
+                                     "Verbatim receipt (*.json)")
             if not path:
                 return None
         try:
