@@ -689,6 +689,14 @@ MUTATIONS: list[Mutation] = [
         (KP + "test_a_second_session_restores_the_system_turn",
          KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),
+    # issue 50: the window, round four
+    Mutation(
+        "an open editor counts as open only while shown (a second move of the window drops it, and its text)",
+        (("app/qt/conversation/chat_view.py", "        return w.streaming or w.editing or ",
+          "        return w.streaming or w.editor.isVisible() or "),),
+        ("tests/gui/test_long_conversation.py::"
+         "test_an_open_editor_keeps_its_text_while_its_message_is_scrolled_far_out_of_the_window",),
+    ),
 ]
 
 

@@ -191,3 +191,30 @@ def test_a_reply_streams_at_the_bottom_of_a_long_conversation(
     assert reply.text() == w.chat.conversation.vms[-1].content and w.chat.conversation.vms[-1].content
     qtbot.waitUntil(lambda: bar.value() == bar.maximum(), timeout=LONG)
     assert in_viewport(w, reply) and len(view.widgets) <= BUILT_MAX
+
+
+def test_an_open_editor_keeps_its_text_while_its_message_is_scrolled_far_out_of_the_window(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window(max_tokens=8)
+    w.resize(1000, 700)
+    long_chat(qtbot, w)
+    view = w.chat_view
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and bar.maximum() > 0, timeout=LONG)
+    user = w.chat.conversation.vms[-2]
+    assert user.role == "user"
+    editing = view.widget_for(user.id)
+    editing.edit_button.click()
+    editing.editor.setPlainText("An edit typed and not sent yet")
+    # Far away and back, by several moves of the built window (each one rebuilds what it shows).
+    for fraction in (0.0, 0.5, 0.25):
+        bar.setValue(int(bar.maximum() * fraction))
+        settle(view)
+        assert view.widgets.get(user.id) is editing and not in_viewport(w, editing)  # kept, out of view
+    bar.setValue(bar.maximum())
+    settle(view)
+    widget = view.widget_for(user.id)
+    assert widget is editing and in_viewport(w, widget)
+    assert widget.editor.isVisible() and widget.editor.toPlainText() == "An edit typed and not sent yet"
+    assert len(view.widgets) <= BUILT_MAX

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Optional
 
 import shiboken6
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.core import ops
 from app.core.conversation.markdown import Palette
@@ -245,8 +245,7 @@ class ChatView(QScrollArea):
             inside = set(self.order[lo:hi])
             for mid in [m for m in self.widgets if m not in inside]:
                 if self._keeps(self.widgets[mid]):
-                    self.col_layout.removeWidget(self.widgets[mid])
-                    self.widgets[mid].hide()
+                    self._set_aside(self.widgets[mid])
                 else:
                     self._drop(mid)
             items: list[QWidget] = [self._built(vm) for vm in self.vms[lo:hi]]
@@ -309,7 +308,16 @@ class ChatView(QScrollArea):
 
     def _keeps(self, w: MessageWidget) -> bool:
         """A widget with state of its own, kept (hidden) while outside the window."""
-        return w.streaming or w.editor.isVisible() or w.tokens_button.isChecked() or w.vm.id == self.selected_id
+        return w.streaming or w.editing or w.tokens_button.isChecked() or w.vm.id == self.selected_id
+
+    def _set_aside(self, w: MessageWidget) -> None:
+        """Out of the layout, hidden, kept. Focus inside it (an open editor) moves to the view
+        first: hidden with the focus, Qt would give it to the next widget in the tab chain and
+        scroll there, back from where the user scrolled to."""
+        if w.isAncestorOf(QApplication.focusWidget()):
+            self.setFocus(Qt.FocusReason.OtherFocusReason)
+        self.col_layout.removeWidget(w)
+        w.hide()
 
     def _drop(self, mid: int) -> None:
         w = self.widgets.pop(mid)

@@ -509,6 +509,11 @@ class MessageWidget(QFrame):
         QGuiApplication.clipboard().setText(self.text())
         self.copied.emit("Message copied")
 
+    @property
+    def editing(self) -> bool:
+        """Its editor is open (also while the message is out of the built window, hidden with it)."""
+        return not self.editor.isHidden()
+
     def start_edit(self) -> None:
         self.editor.setPlainText(self.vm.content)
         self.body.setVisible(False)
