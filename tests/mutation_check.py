@@ -697,6 +697,13 @@ MUTATIONS: list[Mutation] = [
         ("tests/gui/test_long_conversation.py::"
          "test_an_open_editor_keeps_its_text_while_its_message_is_scrolled_far_out_of_the_window",),
     ),
+    Mutation(
+        "every reply that starts scrolls to the bottom (a regenerate in the middle jumps away)",
+        (("app/qt/conversation/chat_view.py", "        if pending.action in (Action.SEND, Action.RETRY):\n",
+          "        if True:\n"),),
+        ("tests/gui/test_long_conversation.py::"
+         "test_variants_regenerate_continue_and_edit_keep_a_far_reply_where_it_is_on_screen",),
+    ),
 ]
 
 

@@ -40,6 +40,12 @@ def send(qtbot: Any, w: Any, text: str, wait: bool = True) -> None:
         wait_idle(qtbot, w)
 
 
+def status_said(w: Any) -> str:
+    """The last status the window said: in the status bar, or whole in the notice area when it
+    was too long for the status bar (app/qt/window/status.py)."""
+    return w.statusBar().currentMessage() or w.notice.text()
+
+
 def wait_idle(qtbot: Any, w: Any) -> None:
     qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
 

@@ -50,8 +50,12 @@ def settle(view: Any) -> None:
     canvas keeps its height and nothing is queued."""
     from PySide6.QtWidgets import QApplication
 
+    def sized() -> bool:  # the scroll area gave the canvas the height its layout needs (not yet: squeezed)
+        canvas = view.widget()
+        return canvas.height() == max(view.viewport().height(), canvas.minimumSizeHint().height())
+
     seen: list[int] = []
-    while len(seen) < 3 or len(set(seen[-3:])) > 1 or view._move_queued:
+    while len(seen) < 3 or len(set(seen[-3:])) > 1 or view._move_queued or not sized():
         QApplication.processEvents()
         seen.append(view.widget().height())
         assert len(seen) < 1000
@@ -217,4 +221,70 @@ def test_an_open_editor_keeps_its_text_while_its_message_is_scrolled_far_out_of_
     widget = view.widget_for(user.id)
     assert widget is editing and in_viewport(w, widget)
     assert widget.editor.isVisible() and widget.editor.toPlainText() == "An edit typed and not sent yet"
+    assert len(view.widgets) <= BUILT_MAX
+
+
+def screen_y(w: MainWindow, widget: Any) -> int:
+    """`widget`'s top in the conversation's viewport (negative: above its top edge)."""
+    return widget.mapTo(w.chat_view.viewport(), widget.rect().topLeft()).y()
+
+
+def test_variants_regenerate_continue_and_edit_keep_a_far_reply_where_it_is_on_screen(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    from app.core import ops
+
+    w = open_window(max_tokens=8)
+    w.resize(1000, 700)
+    long_chat(qtbot, w)
+    view = w.chat_view
+    conv = w.chat.conversation
+    k = N // 2 + 1  # a reply in the middle (message 1001)
+    reply = conv.vms[k]
+    assert reply.role == "assistant"
+    shown = view.widget_for(reply.id)
+    settle(view)
+    bar = view.verticalScrollBar()
+    bar.setValue(bar.value() + screen_y(w, shown) - 100)  # the reply 100 px down the screen
+    settle(view)
+    y = screen_y(w, shown)
+    assert 0 < y < view.viewport().height() // 2
+
+    def at(message_id: int) -> int:
+        settle(view)
+        return screen_y(w, view.widgets[message_id])
+
+    # Regenerate it (its own ↻; a stored reply with no seed: a new variant, the later turns stay
+    # with the other): the placeholder, then the reply, where it was.
+    shown.regen_button.click()
+    pending = w.chat.generation.pending
+    assert pending is not None and pending.reply_id != reply.id
+    assert at(pending.reply_id) == y
+    wait_idle(qtbot, w)
+    new = conv.vms[k]
+    assert new.id == pending.reply_id and new.navigator == "2 / 2" and len(conv.vms) == k + 1
+    assert at(new.id) == y
+    # ‹ back to the first variant: its 998 later messages come back below it, the reply stays put.
+    view.widgets[new.id].prev_button.click()
+    qtbot.waitUntil(lambda: len(conv.vms) == N, timeout=LONG)
+    assert conv.vms[k].id == reply.id and at(reply.id) == y
+    # › to the new one again.
+    view.widgets[reply.id].next_button.click()
+    qtbot.waitUntil(lambda: len(conv.vms) == k + 1, timeout=LONG)
+    assert at(new.id) == y
+    # Continue it (it ended at max tokens), in place.
+    widget = view.widgets[new.id]
+    assert widget.continue_button.isVisible()
+    widget.continue_button.click()
+    assert w.chat.generation.busy and at(new.id) == y
+    wait_idle(qtbot, w)
+    assert at(new.id) == y
+    # Edit the question above it: the edited question stays where the question was.
+    question = conv.vms[k - 1]
+    y_question = at(question.id)
+    ops.edit(w.chat, question.id, "An edited question in the middle")
+    pending = w.chat.generation.pending
+    assert pending is not None and at(pending.user_id) == y_question
+    wait_idle(qtbot, w)
+    assert conv.vms[k - 1].id == pending.user_id and at(pending.user_id) == y_question
     assert len(view.widgets) <= BUILT_MAX

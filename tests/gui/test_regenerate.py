@@ -15,7 +15,7 @@ from PySide6.QtCore import QPoint, Qt
 from app.core import ops
 from app.core.conversation.view_models import format_seconds
 from app.qt.window.window import MainWindow
-from tests.gui.driver import CTRL, LONG, click, replies, send, wait_idle, watch
+from tests.gui.driver import CTRL, LONG, click, replies, send, status_said, wait_idle, watch
 
 pytestmark = pytest.mark.gui
 
@@ -44,7 +44,7 @@ def test_regenerate_is_identical_and_restores_all_but_last_token(
     second = replies(w)[-1]
     assert second.id == first.id and second.navigator == "1 / 1"
     assert watch(w).finished.result.tokens == w.session.store.get_message(first.id).tokens
-    assert "identical to an existing variant" in w.statusBar().currentMessage()
+    assert "identical to an existing variant" in status_said(w)
     widget = w.chat_view.widget_for(second.id)
     assert "identical to an existing variant" in widget.identity.text() and widget.identity.isVisible()
     # The debug panel (Ctrl+D) shows the whole-prompt hit: restored == prompt_tokens - 1.

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QLabel
 
 from app.core import ops
 from app.qt.window.window import MainWindow
-from tests.gui.driver import LONG, LONG_PROMPT, click, replies, send, wait_idle, watch
+from tests.gui.driver import LONG, LONG_PROMPT, click, replies, send, status_said, wait_idle, watch
 
 pytestmark = pytest.mark.gui
 
@@ -67,7 +67,7 @@ def test_restored_means_of_the_prompt_in_footer_status_and_debug_panel(
     assert r is not None and r.restored > 0 and r.stored is not None and r.stored != r.prompt_tokens
     shown = f"{r.restored} / {r.prompt_tokens}"
     assert f"restored {shown}" in w.chat_view.widget_for(reply.id).footer.text()
-    assert f"restored {shown}" in w.statusBar().currentMessage()
+    assert f"restored {shown}" in status_said(w)
     w.debug_panel.show()
     w.chat.conversation.select(reply.id)
     assert w.debug_panel.value("restored") == shown  # the same numbers, the same meaning
@@ -157,7 +157,7 @@ def test_prefill_progress_shows_the_rate_and_the_time_left(qtbot: Any, open_wind
 
     def look(reply_id: int, done: int, total: int) -> None:  # after the window's own subscriber
         body = w.chat_view.widget_for(reply_id).body.toPlainText()
-        seen.append((w.statusBar().currentMessage(), body))
+        seen.append((status_said(w), body))
 
     w.chat.generation.prefilled.connect(look)
     send(qtbot, w, LONG_PROMPT)

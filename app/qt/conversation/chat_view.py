@@ -25,13 +25,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 import shiboken6
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.core import ops
 from app.core.conversation.markdown import Palette
 from app.core.conversation.view_models import MessageVM, context_marker
 from app.core.generation.replay import Replay
+from app.core.store import Action
 from app.qt import dialogs
 from app.qt.conversation.message_widget import MessageBody, MessageWidget
 
@@ -123,6 +124,11 @@ class ChatView(QScrollArea):
         self.heights: dict[tuple[int, str, int], int] = {}  # (id, text, width) -> measured height
         self._marker: Optional[tuple[int, str]] = None
         self._stick = True  # follow the bottom while streaming unless the user scrolled up
+        # Empty canvas under the last message: room for a message kept where it was on screen
+        # when the path now ends soon after it (a regenerate, a variant with no later turns). It
+        # shrinks as the path grows into it and as the user scrolls up (never scrolled into).
+        self._slack = 0
+        self._bottom = 0  # the bottom spacer's height for the messages below the window
         self._revealing: Optional[int] = None  # a search hit kept in view while the layout settles
         self.mark: Optional[tuple[int, list[str]]] = None  # a search hit and its words, marked until the next action
         self._moving = False  # the window is being moved: scroll changes are its own
@@ -139,7 +145,7 @@ class ChatView(QScrollArea):
         conv.path_changed.connect(self._show_path)
         conv.selected_changed.connect(lambda vm: self._paint_selection())
         conv.opened.connect(lambda _: self.scroll_to_bottom())
-        gen.started.connect(lambda _: self.scroll_to_bottom())
+        gen.started.connect(self._started)
         gen.ended.connect(lambda pending: self.end_stream(pending.reply_id))
         gen.streamed.connect(self.stream)
         gen.replayed.connect(self.replay)
@@ -174,6 +180,14 @@ class ChatView(QScrollArea):
             s = self.chat.generation.stream  # type: ignore[union-attr]
             self.stream(pending.reply_id, s.text, s.tokens)
 
+    def _started(self, pending: "PendingReply") -> None:
+        """A reply started: a new message's at the end is followed there; a regenerate, a new
+        variant, a Continue or an edit keeps the reply where it is on screen (set_messages)."""
+        if pending.action in (Action.SEND, Action.RETRY):
+            self.scroll_to_bottom()
+        else:
+            self.clear_mark()  # the next action after a search
+
     def _prefilled(self, reply_id: int, done: int, total: int) -> None:
         line = self.prefill(reply_id, done, total)  # with its rate and time left
         if self.chat is not None:
@@ -194,21 +208,52 @@ class ChatView(QScrollArea):
         """Show `vms` in order; `marker` = (index, text): a line before vms[index] saying what
         was left out of the prompt."""
         keep = {vm.id for vm in vms}
-        anchor = self._anchor()
+        new = [vm.id for vm in vms]
         old = self.order
-        self.vms, self.order, self._marker = list(vms), [vm.id for vm in vms], marker
+        d = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+        anchor = self._anchor()
+        # A message replaced (a variant, a regenerate, an edit) stays where it was on screen;
+        # one added at the end is followed there when the view follows the bottom.
+        if anchor is not None and old[:1] == new[:1] and (d < len(old) or not self._stick):
+            anchor = self._kept_in_place(anchor, d, new)
+        else:  # a conversation opened (at its end, as the window shows it), or following the bottom
+            anchor = None
+        self.vms, self.order, self._marker = list(vms), new, marker
         for mid in [m for m in self.widgets if m not in keep]:
             self._drop(mid)
         for vm in vms:
             w = self.widgets.get(vm.id)
             if w is not None:
                 w.update_vm(vm)
-        if anchor is not None and anchor[0] in keep and old[:1] == self.order[:1] and not self._stick:
+        if anchor is not None:
             self._place(self._window_at(self.order.index(anchor[0])), anchor)
-        else:  # a conversation opened (at its end, as the window shows it), or following the bottom
+        else:
             self._place(self._window_at(len(vms) - 1))
         self.empty.setVisible(not vms)
         self.updateGeometry()  # the minimum width below may have changed
+
+    def _kept_in_place(self, anchor: tuple[int, int], d: int, new: list[int]) -> Optional[tuple[int, int]]:
+        """What stays where it is on screen when the path shown becomes `new`, `d` the first
+        index where it differs: the message at the top of the viewport (`anchor`: its id, its
+        top minus the scroll value), unless a message at or above it was replaced (a variant
+        switched, a reply regenerated, an edit): then the one replacing the first of them takes
+        its place, where it was. None: the path ends above the viewport (a delete): the end is
+        shown."""
+        if self.order.index(anchor[0]) < d:
+            return anchor
+        if d >= len(new):
+            return None
+        return new[d], self._top_of(d) - self.verticalScrollBar().value()
+
+    def _top_of(self, index: int) -> int:
+        """Message `index`'s top in the canvas: its widget's in the window, else where the
+        spacer's heights put it."""
+        w = self.widgets.get(self.order[index])
+        if self.lo <= index < self.hi and w is not None and w.isVisible():
+            return self._top(w)
+        if index < self.lo:
+            return self._top(self.top_pad) + sum(self._height(i) + SPACING for i in range(index))
+        return self._top(self.bottom_pad) + sum(self._height(i) + SPACING for i in range(self.hi, index))
 
     def _window_at(self, index: int, above: Optional[int] = None) -> tuple[int, int]:
         """The window around message `index`: `above` pixels above it (default: MARGIN_PX and
@@ -262,9 +307,9 @@ class ChatView(QScrollArea):
                     self.col_layout.insertWidget(i + 2, w)
             self.lo, self.hi = lo, hi
             self.top_pad.setFixedHeight(sum(self._height(i) + SPACING for i in range(lo)))
-            self.bottom_pad.setFixedHeight(sum(self._height(i) + SPACING for i in range(hi, len(self.vms))))
+            self._bottom = sum(self._height(i) + SPACING for i in range(hi, len(self.vms)))
+            self._size_bottom()
             self.top_pad.setVisible(lo > 0)
-            self.bottom_pad.setVisible(hi < len(self.vms))
             for mid in self.order[lo:hi]:
                 # A widget new to the layout is shown only by a queued call (QLayout::addChildWidget):
                 # until the event loop ran it, a new reply and its badge read as hidden (CI once
@@ -272,8 +317,7 @@ class ChatView(QScrollArea):
                 self.widgets[mid].show()
             self._paint_selection()
             if anchor is not None and anchor[0] in inside:
-                self._settle()
-                self.verticalScrollBar().setValue(self._top(self.widgets[anchor[0]]) - anchor[1])
+                self._hold(anchor)
         finally:
             self._moving = False
         self._pin = anchor if anchor is not None and anchor[0] in inside else self._anchor()
@@ -310,6 +354,44 @@ class ChatView(QScrollArea):
         """A widget with state of its own, kept (hidden) while outside the window."""
         return w.streaming or w.editing or w.tokens_button.isChecked() or w.vm.id == self.selected_id
 
+    def _size_bottom(self) -> None:
+        """The bottom spacer: the messages below the window, and the slack."""
+        self.bottom_pad.setFixedHeight(self._bottom + self._slack)
+        self.bottom_pad.setVisible(self.hi < len(self.vms) or self._slack > 0)
+
+    def _hold(self, anchor: tuple[int, int]) -> None:
+        """Scroll so that `anchor` (a message in the layout: its id, its top minus the scroll
+        value) is where it was; when the path ends too soon under it, with the slack that
+        needs (no more: the slack follows what is below)."""
+        self._settle()  # positions as laid out now (a range change can come before the layout)
+        target = self._top(self.widgets[anchor[0]]) - anchor[1]
+        self._set_slack(target + self.viewport().height() - self._natural_end())
+        self.verticalScrollBar().setValue(target)
+
+    def _natural_end(self) -> int:
+        """Where the canvas would end without the slack: under the last message (or the spacer
+        standing for those below the window), and the canvas' margin."""
+        if self.hi < len(self.vms) or self._slack:
+            end = self._top(self.bottom_pad) + self._bottom
+        else:
+            last = self.widgets.get(self.order[-1]) if self.order else None
+            end = self._top(last) + last.height() if last is not None and last.isVisible() else 0
+        return end + self.widget().layout().contentsMargins().bottom()
+
+    def _set_slack(self, px: int) -> None:
+        px = max(px, 0)
+        if px != self._slack:
+            self._slack = px
+            self._size_bottom()
+            self._settle()
+
+    def _trim_slack(self) -> None:
+        """The user scrolled up: only the slack the viewport still shows is kept (it is never
+        scrolled into again)."""
+        if self._slack:
+            shown_end = self.verticalScrollBar().value() + self.viewport().height()
+            self._set_slack(min(self._slack, shown_end - self._natural_end()))
+
     def _set_aside(self, w: MessageWidget) -> None:
         """Out of the layout, hidden, kept. Focus inside it (an open editor) moves to the view
         first: hidden with the focus, Qt would give it to the next widget in the tab chain and
@@ -337,10 +419,13 @@ class ChatView(QScrollArea):
                 self.heights[(mid, w.vm.content, width)] = w.height()
 
     def _settle(self) -> None:
-        """Lay out now (the canvas, then the column inside it), so positions are final."""
+        """Lay out now (the canvas, then the column inside it), so positions are final, and let
+        the scroll area size the canvas to it now (its range: a value set before would be cut
+        to the old one)."""
         self.widget().layout().activate()
         self.col_layout.activate()
         self.widget().layout().activate()
+        QApplication.sendPostedEvents(self.viewport(), QEvent.Type.LayoutRequest)
 
     def _top(self, w: QWidget) -> int:
         """`w`'s top in the scrolled canvas."""
@@ -401,12 +486,13 @@ class ChatView(QScrollArea):
         if not self.lo <= index < self.hi:
             self._stick = False
             self._place(self._window_at(index))
-            self.widget().layout().activate()
+            self._settle()
             self._moving = True
             try:
                 self.ensureWidgetVisible(self.widgets[message_id], 0, 40)
             finally:
                 self._moving = False
+            self._pin = self._anchor()  # what is at the top now stays there as heights settle
         return self.widgets.get(message_id)
 
     def select(self, message_id: int) -> None:
@@ -495,6 +581,7 @@ class ChatView(QScrollArea):
         self.clear_mark()  # a send, another conversation: the next action
         self._stick = True
         self._revealing = None
+        self._set_slack(0)
         if self.hi < len(self.vms):
             self._place(self._window_at(len(self.vms) - 1))
         QTimer.singleShot(0, lambda: self._stick and self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
@@ -502,18 +589,26 @@ class ChatView(QScrollArea):
     def _on_range(self, _min: int, maximum: int) -> None:
         """The canvas changed height (messages laid out, a spacer resized): keep in view what
         was: a search hit, the bottom, or the message at the top of the viewport."""
+        if self._moving:
+            return  # the window is being moved: it sets the scroll value itself
         pin = self._pin
         if self._revealing is not None and self._revealing in self.widgets:
             self.ensureWidgetVisible(self.widgets[self._revealing], 0, 40)
         elif self._stick:
             self.verticalScrollBar().setValue(maximum)
         elif pin is not None and pin[0] in self.widgets and self.widgets[pin[0]].isVisible():
-            self.verticalScrollBar().setValue(self._top(self.widgets[pin[0]]) - pin[1])
+            self._moving = True
+            try:
+                self._hold(pin)
+            finally:
+                self._moving = False
 
     def _on_scroll(self, value: int) -> None:
-        self._stick = value >= self.verticalScrollBar().maximum() - 24
+        # Following the bottom: at the end of the conversation (not of a slack held for a message).
+        self._stick = not self._slack and value >= self.verticalScrollBar().maximum() - 24
         if not self._moving:
             self._pin = self._anchor()
+            self._trim_slack()
         if not self._moving and not self._move_queued and VIRTUALIZE and len(self.vms) > WINDOW_MIN:
             self._move_queued = True
             QTimer.singleShot(0, self._move)
