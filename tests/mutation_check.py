@@ -545,9 +545,9 @@ MUTATIONS: list[Mutation] = [
         "search hit not scrolled into view",
         (("app/qt/conversation/chat_view.py",
           "        self._revealing = message_id  # the messages above may still grow as they lay out: follow it\n"
-          "        self.widget().layout().activate()  # geometry up to date before scrolling to it\n"
-          "        self.ensureWidgetVisible(w, 0, 40)\n",
-          "        self.widget().layout().activate()  # geometry up to date before scrolling to it\n"),),
+          "        self._settle()  # geometry up to date before scrolling to it\n"
+          "        self._show_hit(w)\n",
+          "        self._settle()  # geometry up to date before scrolling to it\n"),),
         ("tests/gui/test_conversations.py::"
          "test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_the_next_action",),
     ),
@@ -696,6 +696,12 @@ MUTATIONS: list[Mutation] = [
           "        return w.streaming or w.editor.isVisible() or "),),
         ("tests/gui/test_long_conversation.py::"
          "test_an_open_editor_keeps_its_text_while_its_message_is_scrolled_far_out_of_the_window",),
+    ),
+    Mutation(
+        "a search hit's message is brought into view, not its line (a tall message is centred)",
+        (("app/qt/conversation/chat_view.py", "        line = w.body.hit_line()\n", "        line = None\n"),),
+        ("tests/gui/test_conversations.py::"
+         "test_a_search_hit_in_a_message_taller_than_the_window_shows_the_hits_own_line[0]",),
     ),
     Mutation(
         "every reply that starts scrolls to the bottom (a regenerate in the middle jumps away)",

@@ -141,6 +141,43 @@ def test_a_search_hit_in_the_middle_of_a_long_conversation_is_scrolled_to_and_hi
     assert in_view() and 0 < bar.value() < bar.maximum()  # the hit in view: not the top, not the bottom
 
 
+@pytest.mark.parametrize("line", [0, 70])
+def test_a_search_hit_in_a_message_taller_than_the_window_shows_the_hits_own_line(
+    qtbot: Any, open_window: Callable[..., MainWindow], line: int
+) -> None:
+    from PySide6.QtCore import QRect
+
+    from app.qt.conversation.message_widget import HIT_COLOR, MARK_COLOR
+
+    w = open_window(max_tokens=4)
+    w.resize(900, 600)
+    lines = [f"line {i}: the notes go on about the weather and the sea" for i in range(90)]
+    lines[line] += ", and the Danube"
+    send(qtbot, w, "\n".join(lines))
+    for i in range(3):
+        send(qtbot, w, f"filler message {i} " + "words " * 40)
+    hit_id = w.chat.conversation.vms[0].id
+    view = w.chat_view
+    bar, vp = view.verticalScrollBar(), view.viewport()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() > 0, timeout=LONG)
+    target = view.widget_for(hit_id)
+    assert target.height() > 2 * vp.height()  # a message much taller than the window
+    w.sidebar.search.setText("danube")
+    qtbot.waitUntil(lambda: w.sidebar.hit_for(w.chat.conversation.conv_id) == hit_id, timeout=LONG)
+    w.conversations.reveal(hit_id)  # what a click on the hit in the list does
+    qtbot.waitUntil(lambda: view.following is None, timeout=LONG)
+    body = target.body
+    # The hit: its own line, marked stronger than any other match.
+    assert body.marked() == ["Danube"]
+    assert body.extraSelections()[0].format.background().color().name() == HIT_COLOR != MARK_COLOR
+    hit = body.hit_line()
+    shown = QRect(body.viewport().mapTo(vp, hit.topLeft()), hit.size())
+    assert vp.rect().contains(shown), (shown, vp.rect())  # the hit's line in view, whole
+    top = target.mapTo(vp, target.rect().topLeft()).y()
+    assert top < 0 or top + target.height() > vp.height()  # not the whole message: its line
+    assert target.property("flash") is True
+
+
 def test_a_selected_search_result_is_drawn_readably_on_the_selection(
     qtbot: Any, open_window: Callable[..., MainWindow]
 ) -> None:

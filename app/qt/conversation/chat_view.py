@@ -550,12 +550,24 @@ class ChatView(QScrollArea):
         self.clear_mark()
         self.mark = (message_id, list(terms or []))
         self._stick = False  # a jump up the conversation: do not follow the bottom
-        self._revealing = message_id  # the messages above may still grow as they lay out: follow it
-        self.widget().layout().activate()  # geometry up to date before scrolling to it
-        self.ensureWidgetVisible(w, 0, 40)
         w.set_flash(True)
         w.body.set_marks(self.mark[1])
+        self._revealing = message_id  # the messages above may still grow as they lay out: follow it
+        self._settle()  # geometry up to date before scrolling to it
+        self._show_hit(w)
         QTimer.singleShot(self.SETTLE_MS, lambda: self._end_reveal(message_id))
+
+    def _show_hit(self, w: MessageWidget) -> None:
+        """Bring a search hit into view: the line of its first match (a message taller than
+        the window is not centred, which would leave that line above the top), else the
+        message itself."""
+        line = w.body.hit_line()
+        if line is None:
+            self.ensureWidgetVisible(w, 0, 40)
+            return
+        top = w.body.viewport().mapTo(self.widget(), line.topLeft())
+        margin = max(line.height(), self.viewport().height() // 4)  # the line well inside, not on the edge
+        self.ensureVisible(top.x(), top.y() + line.height() // 2, 0, margin)
 
     @property
     def following(self) -> Optional[int]:
@@ -593,7 +605,7 @@ class ChatView(QScrollArea):
             return  # the window is being moved: it sets the scroll value itself
         pin = self._pin
         if self._revealing is not None and self._revealing in self.widgets:
-            self.ensureWidgetVisible(self.widgets[self._revealing], 0, 40)
+            self._show_hit(self.widgets[self._revealing])
         elif self._stick:
             self.verticalScrollBar().setValue(maximum)
         elif pin is not None and pin[0] in self.widgets and self.widgets[pin[0]].isVisible():

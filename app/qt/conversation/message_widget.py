@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from PySide6.QtCore import QEvent, QSize, Qt, QUrl, Signal
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, QUrl, Signal
 from PySide6.QtGui import QColor, QDesktopServices, QGuiApplication, QTextCharFormat, QTextCursor, QTextOption
 from PySide6.QtWidgets import (
     QFrame,
@@ -30,6 +30,10 @@ from app.core.conversation.view_models import MessageVM
 from app.qt.composer.attachment_bar import ChipList, document_chips
 from app.qt.conversation.runs_button import RunsButton
 from app.qt.widgets.wrap_label import WrapLabel
+
+
+MARK_COLOR = "#ffd84d"  # a search's words, as the sidebar marks them (app/core/conversation/search_marks.py)
+HIT_COLOR = "#ff9632"  # the hit itself: the first match, the line brought into view
 
 
 class MessageBody(QTextBrowser):
@@ -56,13 +60,15 @@ class MessageBody(QTextBrowser):
 
     def set_marks(self, terms: list[str]) -> None:
         """Mark each match of `terms` in the text shown (a search hit), over the rendered text:
-        extra selections, so the rendering itself is untouched; [] clears them."""
+        extra selections, so the rendering itself is untouched; [] clears them. The first
+        match is the hit (the line the view brings into view: `hit_line`), marked stronger, as
+        a browser's find marks the current match."""
         self.marks = list(terms)
-        fmt = QTextCharFormat()
-        fmt.setBackground(QColor("#ffd84d"))  # as the sidebar marks them (app/core/conversation/search_marks.py)
-        fmt.setForeground(QColor("#000000"))
         selections = []
-        for a, b in term_spans(self.toPlainText(), self.marks):
+        for i, (a, b) in enumerate(term_spans(self.toPlainText(), self.marks)):
+            fmt = QTextCharFormat()
+            fmt.setBackground(QColor(HIT_COLOR if i == 0 else MARK_COLOR))
+            fmt.setForeground(QColor("#000000"))
             sel = QTextBrowser.ExtraSelection()
             cursor = QTextCursor(self.document())
             cursor.setPosition(a)
@@ -70,6 +76,15 @@ class MessageBody(QTextBrowser):
             sel.cursor, sel.format = cursor, fmt
             selections.append(sel)
         self.setExtraSelections(selections)
+
+    def hit_line(self) -> Optional[QRect]:
+        """The line of the first match marked, in the viewport's coordinates (None: none)."""
+        selections = self.extraSelections()
+        if not selections:
+            return None
+        cursor = QTextCursor(selections[0].cursor)
+        cursor.setPosition(cursor.selectionStart())
+        return self.cursorRect(cursor)
 
     def marked(self) -> list[str]:
         """The texts marked now (what a test reads)."""
