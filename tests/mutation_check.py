@@ -704,6 +704,14 @@ MUTATIONS: list[Mutation] = [
          "test_a_search_hit_in_a_message_taller_than_the_window_shows_the_hits_own_line[0]",),
     ),
     Mutation(
+        "a message's text keeps PageUp / PageDown / Home / End (the conversation does not scroll from there)",
+        (("app/qt/conversation/message_widget.py",
+          "        if scrolls_the_conversation(event):\n"
+          "            event.ignore()  # up to the conversation (ChatView.keyPressEvent), as a page's text does\n",
+          "        if False:\n            event.ignore()\n"),),
+        ("tests/gui/test_xcb.py::test_window_under_xvfb_with_the_xcb_platform",),
+    ),
+    Mutation(
         "every reply that starts scrolls to the bottom (a regenerate in the middle jumps away)",
         (("app/qt/conversation/chat_view.py", "        if pending.action in (Action.SEND, Action.RETRY):\n",
           "        if True:\n"),),

@@ -50,6 +50,20 @@ def wait_idle(qtbot: Any, w: Any) -> None:
     qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=LONG)
 
 
+def settle(view: Any) -> None:
+    """Let the layout finish (message heights follow their width over a few passes): until the
+    canvas keeps its height and nothing is queued."""
+    def sized() -> bool:  # the scroll area gave the canvas the height its layout needs (not yet: squeezed)
+        canvas = view.widget()
+        return canvas.height() == max(view.viewport().height(), canvas.minimumSizeHint().height())
+
+    seen: list[int] = []
+    while len(seen) < 3 or len(set(seen[-3:])) > 1 or view._move_queued or not sized():
+        QApplication.processEvents()
+        seen.append(view.widget().height())
+        assert len(seen) < 1000
+
+
 def click(qtbot: Any, w: Any, name: str) -> None:
     button = w.findChild(QPushButton, name)
     assert button is not None and button.isEnabled(), name

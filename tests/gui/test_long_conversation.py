@@ -15,7 +15,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QRect, Qt  # noqa: E402
 
 from app.qt.window.window import MainWindow  # noqa: E402
-from tests.gui.driver import LONG, click, replies, send, wait_compared, wait_idle  # noqa: E402
+from tests.gui.driver import LONG, click, replies, send, settle, wait_compared, wait_idle  # noqa: E402
 
 pytestmark = pytest.mark.gui
 N = 2000
@@ -43,22 +43,6 @@ def long_chat(qtbot: Any, w: MainWindow) -> tuple[int, Any, Any]:
     w.conversations.show(conv)
     assert len(w.chat.conversation.vms) == N
     return conv, first, second
-
-
-def settle(view: Any) -> None:
-    """Let the layout finish (message heights follow their width over a few passes): until the
-    canvas keeps its height and nothing is queued."""
-    from PySide6.QtWidgets import QApplication
-
-    def sized() -> bool:  # the scroll area gave the canvas the height its layout needs (not yet: squeezed)
-        canvas = view.widget()
-        return canvas.height() == max(view.viewport().height(), canvas.minimumSizeHint().height())
-
-    seen: list[int] = []
-    while len(seen) < 3 or len(set(seen[-3:])) > 1 or view._move_queued or not sized():
-        QApplication.processEvents()
-        seen.append(view.widget().height())
-        assert len(seen) < 1000
 
 
 def in_viewport(w: MainWindow, widget: Any) -> bool:

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QLabel, QMessageBox, QWidget  # noqa: E402
 
 from app.core import ops  # noqa: E402
 from app.qt.window.window import MainWindow  # noqa: E402
-from tests.gui.driver import LONG, send  # noqa: E402
+from tests.gui.driver import LONG, send, settle  # noqa: E402
 
 pytestmark = pytest.mark.gui
 
@@ -344,3 +344,85 @@ def test_attached_files_and_their_note_fit_at_every_size_with_the_dock_open(
     user = [vm for vm in w.chat.conversation.vms if vm.role == "user"][-1]
     chips = w.chat_view.widget_for(user.id).doc_chips
     assert len(chips.chips) == 2 and [cut for c in chips.chips if (cut := _cut_text(c.label))] == []
+
+
+def test_keys_scroll_the_conversation_from_wherever_the_focus_is_in_it(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    """PageUp / PageDown / Home / End / Ctrl+Home / Ctrl+End pressed as the X server's keys are
+    delivered (through the window: QTest on the QWindow goes the window system's way, to the
+    widget with the focus), after a click inside a message's text, on a message's button and on
+    the margin; and selecting text in a message still works (mouse and Shift+End)."""
+    from PySide6.QtTest import QTest
+    from PySide6.QtWidgets import QApplication
+
+    w = _ready(qtbot, open_window)
+    w.resize(1000, 700)
+    send(qtbot, w, "The first question")
+    conv = w.chat.conversation.conv_id
+    parent = w.chat.conversation.vms[-1].id
+    for i in range(40):
+        role = "user" if i % 2 == 0 else "assistant"
+        parent = w.session.store.add_message(conv, parent, role, f"message {i}: " + "words and more words " * 30).id
+    w.conversations.show(None)
+    w.conversations.show(conv)
+    view = w.chat_view
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() > 3 * bar.pageStep(), timeout=LONG)
+
+    def press(key: Qt.Key, mods: Qt.KeyboardModifier = Qt.KeyboardModifier.NoModifier) -> None:
+        QTest.keyClick(w.windowHandle(), key, mods)
+
+    def shown_body() -> Any:
+        vp = view.viewport()
+        return next(m.body for m in view.message_widgets()
+                    if m.isVisible() and vp.rect().contains(m.body.mapTo(vp, QPoint(10, 10))))
+
+    def focus_text() -> None:
+        body = shown_body()
+        qtbot.mouseClick(body.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(12, 8))
+        qtbot.waitUntil(body.hasFocus, timeout=LONG)
+
+    def focus_button() -> None:
+        m = next(m for m in view.message_widgets() if m.isVisible() and m.copy_button.isVisible()
+                 and view.viewport().rect().contains(m.copy_button.mapTo(view.viewport(), QPoint(2, 2))))
+        m.copy_button.setFocus(Qt.FocusReason.TabFocusReason)
+        qtbot.waitUntil(m.copy_button.hasFocus, timeout=LONG)
+
+    def focus_margin() -> None:
+        qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(3, view.viewport().height() // 2))
+        qtbot.waitUntil(lambda: view.isAncestorOf(QApplication.focusWidget()) or view.hasFocus(), timeout=LONG)
+
+    def after(key: Qt.Key, mods: Qt.KeyboardModifier = Qt.KeyboardModifier.NoModifier) -> int:
+        """Press `key`; once the view settled, how far its bottom is from the conversation's end."""
+        press(key, mods)
+        settle(view)
+        return bar.maximum() - bar.value()
+
+    for focus in (focus_text, focus_button, focus_margin):
+        assert after(Qt.Key.Key_End, Qt.KeyboardModifier.ControlModifier) == 0
+        focus()
+        assert after(Qt.Key.Key_PageUp) == bar.pageStep()
+        assert after(Qt.Key.Key_PageUp) == 2 * bar.pageStep()
+        assert after(Qt.Key.Key_PageDown) == bar.pageStep()
+        after(Qt.Key.Key_Home, Qt.KeyboardModifier.ControlModifier)
+        assert bar.value() == 0
+        assert after(Qt.Key.Key_End, Qt.KeyboardModifier.ControlModifier) == 0
+        focus()
+        after(Qt.Key.Key_Home)
+        assert bar.value() == 0
+        assert after(Qt.Key.Key_End) == 0
+
+    # Selecting in a message's text still works: with the mouse, and the keys that scroll leave
+    # the selection as it was; with Shift the keys are the text's (the view does not scroll).
+    assert after(Qt.Key.Key_PageUp) == bar.pageStep()
+    body = shown_body()
+    qtbot.mousePress(body.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(12, 8))
+    QTest.mouseMove(body.viewport(), QPoint(140, 8))
+    qtbot.mouseRelease(body.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(140, 8))
+    selected = body.textCursor().selectedText()
+    assert selected and body.hasFocus()
+    assert after(Qt.Key.Key_PageUp) == 2 * bar.pageStep()
+    assert after(Qt.Key.Key_PageDown) == bar.pageStep()
+    assert body.textCursor().selectedText() == selected
+    assert after(Qt.Key.Key_End, Qt.KeyboardModifier.ShiftModifier) == bar.pageStep()

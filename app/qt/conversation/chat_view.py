@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Optional
 
 import shiboken6
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.core import ops
@@ -34,7 +35,7 @@ from app.core.conversation.view_models import MessageVM, context_marker
 from app.core.generation.replay import Replay
 from app.core.store import Action
 from app.qt import dialogs
-from app.qt.conversation.message_widget import MessageBody, MessageWidget
+from app.qt.conversation.message_widget import MessageBody, MessageWidget, scrolls_the_conversation
 
 if TYPE_CHECKING:
     from app.core.chat import Chat
@@ -539,6 +540,25 @@ class ChatView(QScrollArea):
             w.end_stream()
 
     # -- scrolling -------------------------------------------------------------------------------
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # type: ignore[override]
+        """PageUp / PageDown a page, Home / Ctrl+Home to the first message, End / Ctrl+End to
+        the last, from wherever the focus is in the conversation (a message's text and buttons
+        pass these keys up: message_widget.scrolls_the_conversation)."""
+        if not scrolls_the_conversation(event):
+            super().keyPressEvent(event)
+            return
+        bar = self.verticalScrollBar()
+        key = event.key()
+        if key == Qt.Key.Key_End:
+            self.scroll_to_bottom()
+        elif key == Qt.Key.Key_Home:
+            self._stick = False
+            bar.setValue(0)
+        else:
+            bar.triggerAction(bar.SliderAction.SliderPageStepAdd if key == Qt.Key.Key_PageDown
+                              else bar.SliderAction.SliderPageStepSub)  # fmt: skip
+        event.accept()
+
     SETTLE_MS = 1500  # how long a revealed hit is kept in view while the messages above lay out
 
     def reveal(self, message_id: int, terms: Optional[list[str]] = None) -> None:

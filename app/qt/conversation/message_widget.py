@@ -8,7 +8,15 @@ import math
 from typing import Optional
 
 from PySide6.QtCore import QEvent, QRect, QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QColor, QDesktopServices, QGuiApplication, QTextCharFormat, QTextCursor, QTextOption
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QGuiApplication,
+    QKeyEvent,
+    QTextCharFormat,
+    QTextCursor,
+    QTextOption,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -30,6 +38,17 @@ from app.core.conversation.view_models import MessageVM
 from app.qt.composer.attachment_bar import ChipList, document_chips
 from app.qt.conversation.runs_button import RunsButton
 from app.qt.widgets.wrap_label import WrapLabel
+
+
+SCROLL_KEYS = (Qt.Key.Key_PageUp, Qt.Key.Key_PageDown, Qt.Key.Key_Home, Qt.Key.Key_End)
+
+
+def scrolls_the_conversation(event: QKeyEvent) -> bool:
+    """PageUp, PageDown, Home, End, Ctrl+Home, Ctrl+End: they scroll the conversation from
+    wherever the focus is inside it (a message's text, a button), as they scroll a browser's
+    page; with Shift they stay the text's (selecting), and an editor keeps them all."""
+    mods = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
+    return event.key() in SCROLL_KEYS and mods in (Qt.KeyboardModifier.NoModifier, Qt.KeyboardModifier.ControlModifier)
 
 
 MARK_COLOR = "#ffd84d"  # a search's words, as the sidebar marks them (app/core/conversation/search_marks.py)
@@ -115,6 +134,12 @@ class MessageBody(QTextBrowser):
 
     def wheelEvent(self, event: QEvent) -> None:  # type: ignore[override]
         event.ignore()  # let the conversation scroll, not this (unscrollable) view
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # type: ignore[override]
+        if scrolls_the_conversation(event):
+            event.ignore()  # up to the conversation (ChatView.keyPressEvent), as a page's text does
+            return
+        super().keyPressEvent(event)
 
     def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == "copy":

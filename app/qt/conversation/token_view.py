@@ -13,7 +13,7 @@ from bisect import bisect_right
 from typing import Optional, Sequence
 
 from PySide6.QtCore import QEvent, QPoint, QPointF, QSize, Qt
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextDocument
+from PySide6.QtGui import QColor, QKeyEvent, QTextCharFormat, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextEdit, QToolTip, QWidget
 
 from app.core.conversation.view_models import token_tooltip
@@ -92,6 +92,14 @@ class TokenView(QTextEdit):
 
     def wheelEvent(self, event: QEvent) -> None:  # type: ignore[override]
         event.ignore()  # the conversation scrolls, not this (unscrollable) view
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # type: ignore[override]
+        from app.qt.conversation.message_widget import scrolls_the_conversation
+
+        if scrolls_the_conversation(event):
+            event.ignore()  # up to the conversation, as a message's text does
+            return
+        super().keyPressEvent(event)
 
     def token_at(self, pos: QPoint) -> Optional[int]:
         """The token under a viewport position, or None."""
