@@ -1,5 +1,7 @@
 """Regenerate docs/screenshot-documents.png: a chat about a PDF after a restart, the debug
-panel showing the document's state restored from disk (issue 38), at 1200x800.
+panel showing the document's state restored from disk (issue 38), at 1200x800; and
+docs/screenshot-documents-too-long.png: a draft whose document cannot fit, refused before
+anything is saved (Send disabled, the chip and the meter saying what would fit: issue 50).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         .venv/bin/python docs/make_documents_screenshot.py [--model demo]
@@ -41,6 +43,7 @@ def main() -> int:
     from fpdf import FPDF
     from shots import ready_window, settle, wait_until  # docs/shots.py, beside this script
 
+    from app.core.store import ChatSettings
     from engine.types import SamplerSettings
 
     work = Path(tempfile.mkdtemp(prefix="verbatim-documents-"))
@@ -58,6 +61,7 @@ def main() -> int:
         wait_until(lambda: bool(w.chat.composer.attachments.items) and w.chat.composer.attachments.items[0].tokens is not None)  # type: ignore[attr-defined]
         w.composer.setPlainText(question)  # type: ignore[attr-defined]
         w.reply_bar.send()  # type: ignore[attr-defined]
+        wait_until(lambda: w.chat.composer.queued is None)  # type: ignore[attr-defined]  # counted first: it fits
         wait_until(lambda: not w.chat.generation.busy)  # type: ignore[attr-defined]
 
     try:
@@ -82,6 +86,21 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     w.grab().save(str(args.out / "screenshot-documents.png"))
     print(w.debug_panel.documents.text())
+    # A document too long for this conversation's context (1,024 tokens): Send is refused.
+    w.debug_panel.hide()
+    w.conversations.new()
+    w.settings.apply(ChatSettings(sampler=sampler, random_seed=False, context_length=1024))
+    long_notes = work / "meeting-notes.txt"
+    long_notes.write_text("\n\n".join(PAGES * 12))
+    w.attach.attach([str(long_notes)])
+    w.composer.setPlainText("Summarise the notes in three lines")
+    wait_until(lambda: bool(w.chat.composer.refusal()))
+    settle()
+    if w.reply_bar.send_button.isEnabled() or w.chat.conversation.vms:
+        print("the draft too long was not refused before sending", file=sys.stderr)
+        return 1
+    w.grab().save(str(args.out / "screenshot-documents-too-long.png"))
+    print(w.context_meter.warning.text())
     w.close()
     return 0
 

@@ -335,7 +335,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "Send enabled (and sending) on a send the meter refuses",
         (("app/core/composer/model.py",
-          "        if b is None or not b.refused or self.budget_for != (self.conversation.conv_id, text):\n",
+          "        if b is None or not b.refused or not self.counted(text):\n",
           "        if True:\n"),),
         ("tests/gui/test_composer.py::test_a_send_the_meter_refuses_is_disabled_and_never_touches_the_conversation",),
     ),
@@ -710,6 +710,22 @@ MUTATIONS: list[Mutation] = [
           "            event.ignore()  # up to the conversation (ChatView.keyPressEvent), as a page's text does\n",
           "        if False:\n            event.ignore()\n"),),
         ("tests/gui/test_xcb.py::test_window_under_xvfb_with_the_xcb_platform",),
+    ),
+    Mutation(
+        "a send with documents does not wait for the count of this very draft (saved, then refused)",
+        (("app/core/ops.py", "    if c.must_count(text):  # documents go with it", "    if False:  # documents go with it"),),
+        ("tests/gui/test_documents.py::test_a_draft_whose_documents_cannot_fit_is_refused_before_anything_is_saved"
+         "_however_it_is_sent[enter after its chip shows the count]",
+         "tests/app/test_chat_model.py::test_a_send_whose_documents_cannot_fit_is_refused_before_anything_is_saved"),
+    ),
+    Mutation(
+        "a send does not wait for a file still being read (it goes without it)",
+        (("app/core/composer/model.py",
+          "        documents = self.attachments.documents or self.conversation.path_documents() or self.attachments.reading\n",
+          "        documents = self.attachments.documents or self.conversation.path_documents()\n"),),
+        ("tests/gui/test_documents.py::test_a_draft_whose_documents_cannot_fit_is_refused_before_anything_is_saved"
+         "_however_it_is_sent[enter while the file is read]",
+         "tests/app/test_chat_model.py::test_a_send_whose_documents_cannot_fit_is_refused_before_anything_is_saved"),
     ),
     Mutation(
         "every reply that starts scrolls to the bottom (a regenerate in the middle jumps away)",

@@ -49,8 +49,8 @@ class Chat:
         self.notices = Notices()
         self.conversation = Conversation(session, default_settings)
         self.listing = ConversationList(session, self.jobs)
-        self.composer = Composer(self.jobs, self.conversation, Drafts(session.store, writable=not read_only))
         self.link = EngineLink(self.jobs, session, self.notices, chunk)
+        self.composer = Composer(self.jobs, self.conversation, Drafts(session.store, writable=not read_only), self.link)
         self.cold_runs = ColdRuns(self.jobs, session, self.link)
         self.generation = Generation(session, self.jobs, self.conversation, self.listing, self.composer, self.link,
                                      self.notices, batch_interval)  # fmt: skip

@@ -23,6 +23,7 @@ from app.core.conversation.import_hint import import_error_text
 from app.core.engine_link.model import NOT_SENT
 from app.core.store import ChatSettings, StoreError
 from app.core.store.session import PendingReply
+from engine.documents.document import shown_name
 
 
 class Changed(Flag):
@@ -81,6 +82,15 @@ def send(chat: Chat, text: Optional[str] = None) -> Changed:
     text = c.text if text is None else text
     if not text.strip() or not idle(chat, None) or not writable(chat) or not reachable(chat):
         return Changed.NOTHING
+    if c.queued is not None:  # a send already waits for its count
+        return Changed.NOTHING
+    if c.must_count(text):  # documents go with it: decided by the count of this very draft, nothing saved before
+        reading = ", ".join(c.attachments.reading)
+        chat.notices.status(f"Reading {reading}: sent once read, if it fits the context" if reading
+                            else "Counting the message and its documents: sent if they fit the context", 0)  # fmt: skip
+        c.queue(text)  # from now: a second Send is not another one
+        chat.jobs.spawn(_send_once_counted(chat, text, text == c.text))
+        return Changed.COMPOSER
     why = c.refusal(text)
     if why:  # the meter counted this very text: nothing is saved, the draft stays
         chat.notices.status(why, 8000)
@@ -94,6 +104,17 @@ def send(chat: Chat, text: Optional[str] = None) -> Changed:
         return Changed.NOTHING
     c.sent(conv_id)  # sent: no longer a draft (the new chat's too)
     return _start(chat, pending) | Changed.COMPOSER
+
+
+async def _send_once_counted(chat: Chat, text: str, draft: bool) -> None:
+    """A send that waited for its files to be read and its count: sent now if it fits, else
+    refused as the meter says, nothing saved. Not when the draft (`draft`: what was sent) changed
+    meanwhile: what was typed since is a new draft, sent by the next Send."""
+    c = chat.composer
+    await c.count_now(text)
+    chat.notices.status("", 0)
+    if c.counted(text) and (not draft or c.text == text):
+        send(chat, text)
 
 
 def regenerate(chat: Chat, fresh: bool = False) -> Changed:
@@ -180,6 +201,21 @@ def delete_message(chat: Chat, message_id: int) -> Changed:
     chat.conversation.reload()
     chat.listing.refresh()
     return Changed.STORE | Changed.CONVERSATION | Changed.LIST
+
+
+def remove_document(chat: Chat, message_id: int, index: int) -> Changed:
+    """Take a document off a message no reply answers yet (its documents do not fit: a message
+    an older version saved before refusing it); Regenerate then answers it without."""
+    if not idle(chat) or not writable(chat):
+        return Changed.NOTHING
+    try:
+        removed = chat.session.remove_document(message_id, index)
+    except StoreError as e:
+        chat.notices.error("Cannot remove the document", str(e))
+        return Changed.NOTHING
+    chat.conversation.reload()  # the meter counts the path again (Chat ties it)
+    chat.notices.tell(f"{shown_name(removed.name)} is no longer part of this message. Regenerate answers it now.")
+    return Changed.STORE | Changed.CONVERSATION
 
 
 # ------------------------------------------------------------------------------------- conversations

@@ -155,7 +155,7 @@ def test_an_engine_error_is_told_and_the_message_kept(tmp_path: Path) -> None:
     log = Log(c)
     assert ops.send(c, "hello?")
     title, text = wait_for(c, c.notices.error_raised)
-    assert title == "The reply could not be generated" and "no model loaded" in text
+    assert title == "The reply could not be generated" and text.startswith("No model loaded")  # as a sentence
     assert not c.generation.busy and [vm.role for vm in c.conversation.vms] == ["user"]  # the empty placeholder went
     assert "finished" not in log.names()
     close(c)
@@ -177,3 +177,83 @@ def test_the_draft_is_counted_off_the_loop_with_the_limit_in_force(chat: Chat) -
     assert budget.used == expected and budget.limit == 1000 and budget.draft == alone
     assert chat.composer.budget is budget and budget.fits and budget.warning == ""
     assert messages[-1] == {"role": "user", "content": text} and messages[-2]["role"] == "assistant"
+
+
+SENTENCE = "The numbers went up and then down again, every quarter of every year. "
+
+
+def test_a_send_whose_documents_cannot_fit_is_refused_before_anything_is_saved(chat: Chat, tmp_path: Path) -> None:
+    ops.send(chat, "hi")
+    wait_for(chat, chat.generation.finished)
+    conv = chat.conversation.conv_id
+    chat.session.set_settings(conv, ChatSettings(sampler=settings().sampler, context_length=400))
+    chat.conversation.reload()
+    before = [(m.id, m.content) for m in chat.session.store.messages(conv)]
+    log = Log(chat)
+    huge = tmp_path / "huge.txt"
+    huge.write_text(SENTENCE * 30)  # longer than the conversation's 400 tokens, not than the model's context
+    chat.composer.type("Summarise it")
+    chat.composer.attach([str(huge)])
+    assert chat.composer.attachments.reading == ("huge.txt",)
+    # Sent while the file is still being read: it waits for the file and for the count of this draft.
+    assert ops.send(chat) == ops.Changed.COMPOSER and chat.composer.queued == "Summarise it"
+    assert ops.send(chat) == ops.Changed.NOTHING  # a second Send while the first waits: nothing more
+    wait_for(chat, chat.composer.queued_changed, lambda q: q is None)
+    assert "started" not in log.names() and not chat.generation.busy
+    assert [(m.id, m.content) for m in chat.session.store.messages(conv)] == before  # nothing saved
+    assert chat.composer.text == "Summarise it" and [d.name for d in chat.composer.attachments.documents] == ["huge.txt"]
+    budget = chat.composer.budget
+    assert budget is not None and budget.documents_refused and chat.composer.counted("Summarise it")
+    assert chat.composer.refusal().startswith("Too long: the documents")
+    assert "400-token context" in chat.composer.refusal()
+    assert "raise this conversation's context limit in Settings (the model holds 4,096 tokens)" in chat.composer.refusal()
+    room = budget.room_for_documents
+    assert 0 < room < budget.documents
+    assert budget.document_note(budget.documents, None, False) == f"too long: {room:,} tokens of documents fit"
+    # Sent again once counted: refused at once, still nothing saved.
+    assert ops.send(chat) == ops.Changed.NOTHING and chat.composer.queued is None
+    assert [(m.id, m.content) for m in chat.session.store.messages(conv)] == before
+
+
+def test_a_send_with_a_file_still_being_read_goes_with_it_once_read_when_it_fits(chat: Chat, tmp_path: Path) -> None:
+    note = tmp_path / "note.txt"
+    note.write_text(SENTENCE * 3)
+    chat.composer.type("What does it say?")
+    chat.composer.attach([str(note)])
+    assert chat.composer.must_count("What does it say?")  # the file goes with it: counted first
+    assert ops.send(chat) == ops.Changed.COMPOSER and chat.composer.queued is not None
+    (pending,) = wait_for(chat, chat.generation.started)
+    wait_for(chat, chat.generation.finished)
+    user = chat.conversation.vms[0]
+    assert user.content == "What does it say?" and [d.name for d in user.documents] == ["note.txt"]
+    assert [d.name for d in chat.session.store.documents([user.id])[user.id]] == ["note.txt"]
+    assert chat.composer.text == "" and chat.composer.attachments.documents == ()
+
+
+def test_an_unanswerable_message_loses_a_document_then_is_answered(chat: Chat, tmp_path: Path) -> None:
+    from engine.documents.bounded import read_file
+
+    huge = tmp_path / "huge.txt"
+    huge.write_text(SENTENCE * 300)
+    conv = chat.session.new_conversation(ChatSettings(sampler=settings().sampler, context_length=400))
+    message = chat.session.store.add_message(conv, None, "user", "Summarise it", documents=[read_file(str(huge))])
+    ops.open_conversation(chat, conv)
+    (user,) = chat.conversation.vms
+    assert user.id == message.id and user.unanswered
+    told: list[str] = []
+    chat.notices.notice_changed.connect(told.append)
+    ops.regenerate(chat)  # answering it is refused again: how to repair it is told
+    title, text = wait_for(chat, chat.notices.error_raised)
+    assert "documents" in text and told and told[-1].startswith("This message cannot be answered")
+    assert [vm.id for vm in chat.conversation.vms] == [user.id]
+    assert ops.remove_document(chat, user.id, 1) == ops.Changed.NOTHING  # no second document: said, nothing changed
+    assert ops.remove_document(chat, user.id, 0) == ops.Changed.STORE | ops.Changed.CONVERSATION
+    assert chat.session.store.documents([user.id]) == {} and chat.conversation.vms[0].documents == ()
+    assert told[-1].startswith("huge.txt is no longer part of this message")
+    ops.regenerate(chat)
+    wait_for(chat, chat.generation.finished)
+    assert [vm.role for vm in chat.conversation.vms] == ["user", "assistant"] and not chat.conversation.vms[0].unanswered
+    errors: list[tuple[str, str]] = []
+    chat.notices.error_raised.connect(lambda *a: errors.append(a))
+    assert ops.remove_document(chat, user.id, 0) == ops.Changed.NOTHING  # answered: its files made the reply
+    assert errors and "has replies" in errors[-1][1]

@@ -5,6 +5,7 @@ conversation, and the import error for a receipt."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from app.core.composer.context_budget import ContextBudget, budget_requests
 from app.core.composer.drafts import Drafts
@@ -109,6 +110,28 @@ def test_context_budget_wording() -> None:
     alone = ContextBudget(used=13473, limit=2048, max_tokens=512, policy="truncate", draft=1800)
     assert alone.warning.startswith("Too long: this message alone needs 1,800 tokens") and "refused" in alone.warning
     assert ContextBudget(used=13473, limit=2048, max_tokens=512).warning == ""  # no draft: nothing to warn about
+
+
+def test_a_draft_refused_for_its_documents_says_what_would_fit_and_which_model_would_hold_it() -> None:
+    # 2,048-token context, a 512-token reply: 1,536 tokens for the message with its documents; the
+    # message with its system prompt takes 36, so 1,500 tokens of documents fit.
+    pdf = ContextBudget(used=4036, limit=2048, max_tokens=512, draft=4036, documents=4000, pages=40)
+    assert pdf.documents_refused and pdf.room_for_documents == 1500
+    assert pdf.document_note(4000, 40, False) == "too long: about 15 of its 40 pages fit"
+    assert pdf.document_note(4000, None, True) == "too long: 1,500 tokens of documents fit in all"
+    assert pdf.document_note(1000, None, True) == "with the others, more than the 1,500 tokens of documents that fit"
+    assert pdf.document_note(None, None, False) == ""  # not counted yet: nothing to say
+    assert "attach about 15 of the 40 pages, remove a document, or use a model with a longer context." in pdf.warning
+    found = replace(pdf, model_context=2048, longer=("Qwen2.5-7B", 32768), looked=True)
+    assert found.warning.endswith("or use a model with a longer context: Qwen2.5-7B holds 32,768 tokens.")
+    none = replace(pdf, model_context=2048, looked=True)
+    assert none.warning.endswith("or use a model with a longer context (none found on this computer holds it).")
+    own = replace(pdf, model_context=8192, longer=("Qwen2.5-7B", 32768))  # the conversation's limit is too short
+    assert own.warning.endswith("or raise this conversation's context limit in Settings (the model holds 8,192 tokens).")
+    fits = ContextBudget(used=1000, limit=2048, max_tokens=512, draft=1000, documents=900)
+    assert not fits.documents_refused and fits.document_note(900, None, False) == ""
+    alone = ContextBudget(used=4036, limit=2048, max_tokens=512, draft=4036)  # no documents: the text's own advice
+    assert not alone.documents_refused and "shorten" in alone.warning
 
 
 def test_a_receipt_is_named_when_imported_as_a_conversation() -> None:

@@ -33,9 +33,11 @@ def settings(max_tokens: int = 24, temperature: float = 0.9, **kw: Any) -> ChatS
 
 
 def send(qtbot: Any, w: Any, text: str, wait: bool = True) -> None:
+    """Type `text` and click Send; the reply starts at once, or (documents with it) once the
+    draft is counted and fits (ops.send)."""
     w.composer.setPlainText(text)
     qtbot.mouseClick(w.findChild(QPushButton, "sendButton"), Qt.MouseButton.LeftButton)
-    assert w.chat.generation.busy
+    qtbot.waitUntil(lambda: w.chat.generation.busy, timeout=LONG)
     if wait:
         wait_idle(qtbot, w)
 

@@ -240,6 +240,142 @@ def test_a_document_too_long_for_the_context_is_refused_before_sending_with_what
     assert len(w.chat.composer.attachments.items) == 1  # the file stays attached
 
 
+@pytest.mark.parametrize("how", ["enter while the file is read", "enter after its chip shows the count",
+                                 "send clicked before the count"])
+def test_a_draft_whose_documents_cannot_fit_is_refused_before_anything_is_saved_however_it_is_sent(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path, how: str
+) -> None:
+    from tests.gui.driver import settings, status_said
+
+    w = open_window()
+    w.settings.apply(settings(24, context_length=400))
+    send(qtbot, w, "Hello there")  # a conversation with a reply: what it holds must not change
+    conv = w.chat.conversation.conv_id
+    before = [(m.id, m.content) for m in w.session.store.messages(conv)]
+    huge = tmp_path / "huge.txt"
+    huge.write_text("The numbers went up and then down again, every quarter of every year. " * 300)
+    drop(w.composer, huge)
+    if how != "enter while the file is read":
+        qtbot.waitUntil(counted(w, 1), timeout=LONG)
+    w.composer.setFocus()
+    if how == "send clicked before the count":
+        w.composer.setPlainText("Summarise it")
+        qtbot.mouseClick(w.reply_bar.send_button, Qt.MouseButton.LeftButton)
+    else:
+        qtbot.keyClicks(w.composer, "Summarise it")
+        qtbot.keyClick(w.composer, Qt.Key.Key_Return)
+    c = w.chat.composer
+    qtbot.waitUntil(lambda: w.chat.generation.busy or (c.queued is None and c.counted("Summarise it")), timeout=LONG)
+    # Nothing saved: the conversation is as it was; the draft and its file are kept.
+    assert not w.chat.generation.busy
+    assert [(m.id, m.content) for m in w.session.store.messages(conv)] == before
+    assert w.composer.toPlainText() == "Summarise it" and [d.name for d in w.chat.composer.attachments.documents] == ["huge.txt"]
+    # Send disabled, with the reason; the meter and the chip say what would fit.
+    assert not w.reply_bar.send_button.isEnabled()
+    assert "Too long: the documents" in w.reply_bar.send_button.toolTip()
+    assert "Too long: the documents" in w.context_meter.warning.text() and w.context_meter.warning.isVisible()
+    assert "400-token context" in w.context_meter.warning.text()
+    (chip,) = chips(w)
+    assert re.search(r"huge\.txt · [\d,]+ tokens · too long: [\d,]+ tokens of documents fit$", chip), chip
+    assert w.attach.bar.chips.chips[0].property("refused") is True
+    assert "Too long: the documents" in status_said(w)
+    # Enter again: still nothing.
+    qtbot.keyClick(w.composer, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.composer.queued is None, timeout=LONG)
+    assert not w.chat.generation.busy and [(m.id, m.content) for m in w.session.store.messages(conv)] == before
+    # Without the file it goes.
+    w.attach.bar.chips.chips[0].remove_button.click()
+    qtbot.waitUntil(lambda: w.reply_bar.send_button.isEnabled(), timeout=LONG)
+    qtbot.keyClick(w.composer, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.generation.busy, timeout=LONG)
+    wait_idle(qtbot, w)
+    assert [vm.content for vm in w.chat.conversation.vms if vm.role == "user"] == ["Hello there", "Summarise it"]
+
+
+def test_a_refused_draft_says_what_would_hold_it(qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path) -> None:
+    from app.core.engine_link.models import entry_name
+    from tests.gui.driver import settings
+
+    w = open_window()
+    qtbot.waitUntil(lambda: bool(w.chat.link.models), timeout=LONG)  # the models found on this machine
+    sentence = "The numbers went up and then down again, every quarter of every year. "
+
+    def refused_with(repeats: int, name: str) -> tuple[str, int]:
+        """The meter's warning with a file of `repeats` sentences attached, and the context the
+        draft needs (the message alone with its file, and the reply)."""
+        path = tmp_path / name
+        path.write_text(sentence * repeats)
+        drop(w.composer, path)
+        qtbot.waitUntil(counted(w, 1), timeout=LONG)
+        w.composer.setPlainText("Summarise it")
+        qtbot.waitUntil(lambda: "Too long: the documents" in w.context_meter.warning.text(), timeout=LONG)
+        said, need = w.context_meter.warning.text(), w.chat.composer.budget.draft + 24
+        w.attach.bar.chips.chips[0].remove_button.click()
+        qtbot.waitUntil(lambda: not w.context_meter.warning.isVisible(), timeout=LONG)
+        return said, need
+
+    # The conversation's own limit is what is too short: raise it (the model holds it).
+    w.settings.apply(settings(24, context_length=400))
+    said, need = refused_with(30, "a.txt")
+    assert 400 < need <= 4096 and "raise this conversation's context limit in Settings (the model holds 4,096 tokens)" in said
+    # The model's context is too short: a model found here that holds it, by name.
+    w.settings.apply(settings(24))
+    warning, need = refused_with(110, "b.txt")
+    assert 4096 < need
+    holder = min((e for e in w.chat.link.models if (e.context_length or 0) >= need), key=lambda e: e.context_length)
+    assert f"use a model with a longer context: {entry_name(holder)} holds {holder.context_length:,} tokens" in warning
+
+
+def test_a_message_saved_unanswerable_by_an_older_version_can_be_repaired(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    from engine.documents.bounded import read_file
+    from tests.gui.driver import click, settings, watch
+
+    w = open_window()
+    huge = tmp_path / "huge.txt"
+    huge.write_text("The numbers went up and then down again, every quarter of every year. " * 300)
+    doc = read_file(str(huge))
+
+    def orphan(text: str) -> int:
+        """A conversation as the old build left it: the message with its documents saved, no reply."""
+        conv = w.session.new_conversation(settings(24, context_length=400))
+        w.session.store.add_message(conv, None, "user", text, documents=[doc])
+        w.conversations.show(conv)
+        qtbot.waitUntil(lambda: w.chat.conversation.conv_id == conv, timeout=LONG)
+        return conv
+
+    orphan("Summarise it")
+    (user,) = w.chat.conversation.vms
+    assert user.unanswered and [d.name for d in user.documents] == ["huge.txt"]
+    # Answering it is refused again (nothing more is saved), and the window says how to repair it.
+    click(qtbot, w, "regenerateButton")
+    wait_idle(qtbot, w)
+    assert "documents take" in watch(w).last_error and [vm.id for vm in w.chat.conversation.vms] == [user.id]
+    assert "Take a file off it (× on its chip) or delete the message" in w.notice.text()
+    # Take the file off it (× on the message's chip): Regenerate answers it.
+    widget = w.chat_view.widget_for(user.id)
+    (chip,) = widget.doc_chips.chips
+    assert chip.remove_button is not None
+    chip.remove_button.click()
+    qtbot.waitUntil(lambda: not w.chat.conversation.vms[0].documents, timeout=LONG)
+    assert w.session.store.documents([user.id]) == {} and "huge.txt is no longer part of this message" in w.notice.text()
+    assert w.chat_view.widget_for(user.id).doc_chips.chips == []
+    click(qtbot, w, "regenerateButton")
+    wait_idle(qtbot, w)
+    assert [vm.role for vm in w.chat.conversation.vms] == ["user", "assistant"]
+    assert w.chat.conversation.vms[-1].status == "complete" and not w.chat.conversation.vms[0].unanswered
+    # A message with a reply keeps its files (they made the reply).
+    with pytest.raises(Exception, match="has replies"):
+        w.session.remove_document(user.id, 0)
+    # Or delete the message.
+    conv = orphan("Summarise it again")
+    (user,) = w.chat.conversation.vms
+    w.chat_view.widget_for(user.id).delete_button.click()
+    qtbot.waitUntil(lambda: not w.chat.conversation.vms, timeout=LONG)
+    assert w.session.store.messages(conv) == []
+
+
 def test_attached_in_the_middle_of_a_conversation_the_window_says_what_it_costs(
     qtbot: Any, open_window: Callable[..., MainWindow], files: dict[str, Path]
 ) -> None:

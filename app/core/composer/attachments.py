@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Coroutine, Optional, Sequence
 
 from psygnal import Signal
 
@@ -91,6 +91,7 @@ class Attachments:
 
     changed = Signal(list)  # list[Attachment]: the chips to show
     refused = Signal(list)  # list[str]: files that could not be attached, each "name: why"
+    reading_changed = Signal(tuple)  # tuple[str, ...]: the names of the files being read now
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: Callable[[Document], Awaitable[Optional[int]]],
                  on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
@@ -98,32 +99,62 @@ class Attachments:
         self._count = count  # the tokens a document adds (engine thread), None when no model answers
         self._on_change = on_change  # the composer counts the next prompt again
         self.items: list[Attachment] = []
+        self.reading: tuple[str, ...] = ()  # files being read now (Send waits for them)
+        self._reads: set["asyncio.Future[Any]"] = set()
 
     @property
     def documents(self) -> tuple[Document, ...]:
         return tuple(a.document for a in self.items)
 
-    async def add(self, paths: Sequence[str], already: Sequence[Document] = ()) -> list[Document]:
+    def add(self, paths: Sequence[str], already: Sequence[Document] = ()) -> Coroutine[Any, Any, list[Document]]:
         """Read `paths` (off the GUI thread) and attach what can be read; a file attached already
-        (here, or earlier in the conversation: `already`) is not attached twice. Returns the
-        documents added; refusals are told (`refused`), naming each file."""
-        docs, refused = await self._read(list(paths))
-        have = {d.digest for d in already} | {a.document.digest for a in self.items}
-        added = []
-        for d in docs:
-            if d.digest in have:
-                refused.append(f"{d.name}: already attached to this conversation")
-                continue
-            have.add(d.digest)
-            added.append(d)
-        self.items += [Attachment(d) for d in added]
+        (here, or earlier in the conversation: `already`) is not attached twice. The coroutine
+        returns the documents added; refusals are told (`refused`), naming each file. From this
+        call on, until they are attached, `reading` names the files (a Send waits: `read`)."""
+        names = tuple(shown_name(Path(p).name) for p in paths)
+        attached = self.loop.create_future()  # done once what was read is attached (or refused)
+        self._reads.add(attached)
+        self._set_reading(self.reading + names)
+        return self._add(list(paths), already, names, attached)
+
+    async def _add(self, paths: list[str], already: Sequence[Document], names: tuple[str, ...],
+                   attached: "asyncio.Future[None]") -> list[Document]:  # fmt: skip
+        added: list[Document] = []
+        refused: list[str] = []
+        try:
+            docs, refused = await self._read(paths)
+            have = {d.digest for d in already} | {a.document.digest for a in self.items}
+            for d in docs:
+                if d.digest in have:
+                    refused.append(f"{d.name}: already attached to this conversation")
+                    continue
+                have.add(d.digest)
+                added.append(d)
+            self.items += [Attachment(d) for d in added]
+        finally:
+            self._reads.discard(attached)
+            attached.set_result(None)
+            left = list(self.reading)
+            for name in names:
+                left.remove(name)
+            self.reading = tuple(left)
+            self.reading_changed.emit(self.reading)
         if refused:
             self.refused.emit(refused)
-        if added:
-            self._told()
-            for d in added:
-                await self._count_one(d)
+        self._told()
+        for d in added:
+            await self._count_one(d)
         return added
+
+    def _set_reading(self, names: tuple[str, ...]) -> None:
+        self.reading = names
+        self.reading_changed.emit(names)
+        self._on_change()  # what Send waits for changed
+
+    async def read(self) -> None:
+        """Once every file being read now is read and attached (or refused)."""
+        while self._reads:
+            await next(iter(self._reads))  # (no asyncio.wait: pytest-qt runs the loop without setting it running)
 
     def _read(self, paths: list[str]) -> "asyncio.Future[tuple[list[Document], list[str]]]":
         """`read_files` on a daemon thread of its own (a stuck read must not hold up quitting)."""

@@ -66,6 +66,11 @@ class ContextBudget:
     draft: int = 0  # tokens of the draft alone with the system prompt and the documents (0: no draft)
     documents: int = 0  # tokens the documents add (the path's and the draft's)
     pages: int = 0  # pages of the PDFs among them (what "fewer pages" counts)
+    # Only for a draft too long (Composer): the loaded model's own context, and a model found
+    # on this machine whose context would hold the draft and the reply (name, context).
+    model_context: Optional[int] = None
+    longer: Optional[tuple[str, int]] = None
+    looked: bool = False  # the models found here were looked through (`longer` None: none holds it)
 
     @property
     def fits(self) -> bool:
@@ -117,6 +122,30 @@ class ContextBudget:
                     " is refuse; Settings can leave the oldest turns out instead).")
         return f"Will not fit: {need}. Send will leave the oldest turns out of the prompt."
 
+    @property
+    def documents_refused(self) -> bool:
+        """Send is refused because of the documents: with them the message alone does not fit."""
+        return bool(self.documents) and self.limit is not None and self.draft + self.max_tokens > self.limit
+
+    @property
+    def room_for_documents(self) -> int:
+        """Tokens of documents that fit beside the system prompt, the message and the reply."""
+        assert self.limit is not None
+        return max(self.limit - self.max_tokens - (self.draft - self.documents), 0)
+
+    def document_note(self, tokens: Optional[int], pages: Optional[int], others: bool) -> str:
+        """What a document's chip says when the documents make Send refused ('' otherwise): how
+        much would fit (pages of a PDF). `others`: other documents go with it."""
+        if not self.documents_refused or tokens is None:
+            return ""
+        room = self.room_for_documents
+        if tokens <= room:
+            return f"with the others, more than the {room:,} tokens of documents that fit"
+        if pages and room:
+            keep = int(room / (tokens / pages))
+            if keep >= 1:
+                return f"too long: about {keep} of its {pages} pages fit"
+        return f"too long: {room:,} tokens of documents fit" + (" in all" if others else "")
 
     def _documents_advice(self) -> str:
         """The documents make the message too long: what would fit instead (never truncated)."""
@@ -132,8 +161,21 @@ class ContextBudget:
             if keep >= 1:
                 ways.append(f"attach about {keep} of the {self.pages} pages")
         ways.append("remove a document")
-        ways.append("use a model with a longer context")
+        ways.append(self._longer_context())
         return head + ", ".join(ways[:-1]) + ", or " + ways[-1] + "."
+
+    def _longer_context(self) -> str:
+        """What would hold the draft: the model's own context when the limit in force is the
+        conversation's (Settings), else a model found on this machine whose context would."""
+        assert self.limit is not None
+        need = self.draft + self.max_tokens
+        if self.model_context and self.model_context > self.limit and need <= self.model_context:
+            return (f"raise this conversation's context limit in Settings (the model holds {self.model_context:,}"
+                    " tokens)")
+        if self.longer is not None:
+            name, context = self.longer
+            return f"use a model with a longer context: {name} holds {context:,} tokens"
+        return "use a model with a longer context" + (" (none found on this computer holds it)" if self.looked else "")
 
 
 def refusal_text(prompt_tokens: int, max_tokens: int, limit: int, conversation_limit: Optional[int],

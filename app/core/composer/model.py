@@ -15,6 +15,7 @@ started).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 from psygnal import Signal
@@ -23,21 +24,27 @@ from app.core.composer.attachments import Attachments, token_cost
 from app.core.composer.context_budget import ContextBudget, budget_requests, measure_budget
 from app.core.composer.drafts import Drafts
 from app.core.conversation.model import Conversation
+from app.core.engine_link.model import EngineLink
 from app.core.jobs import EngineJobs
 from engine.documents.extract import Document
 
+Counted = tuple[Optional[int], str, tuple[str, ...]]  # what a count was of: conversation, text, files' digests
 COUNT_DELAY_S = 0.3  # the next prompt is counted once changes (typing, the path, the model) pause this long
 
 
 class Composer:
     text_changed = Signal(str)  # the draft's text changed (typed, or set here: the widget shows it)
     budget_changed = Signal(object)  # Optional[ContextBudget]: the next prompt against the limit in force
+    queued_changed = Signal(object)  # Optional[str]: a send waiting for its documents to be read and counted
 
-    def __init__(self, jobs: EngineJobs, conversation: Conversation, drafts: Drafts) -> None:
+    def __init__(self, jobs: EngineJobs, conversation: Conversation, drafts: Drafts,
+                 link: Optional[EngineLink] = None) -> None:  # fmt: skip
         self.jobs, self.conversation, self.drafts = jobs, conversation, drafts
+        self.link = link  # the model loaded and the others found: what would hold a draft too long
         self.text = ""
         self.budget: Optional[ContextBudget] = None  # the last count of the next prompt
-        self.budget_for: tuple[Optional[int], str] = (None, "")  # the conversation and text it counted
+        self.budget_for: Counted = (None, "", ())  # the conversation, text and documents it counted
+        self.queued: Optional[str] = None  # a send's text, waiting for its count (ops.send)
         # The files attached to the message being written, and those of the other conversations'
         # drafts while another is open (kept until quit).
         self.attachments = Attachments(jobs.loop, self._document_tokens, self.recount)
@@ -120,11 +127,46 @@ class Composer:
             return
         if self._count is not None:
             self._count.cancel()
-        self._count = self.jobs.spawn(self._measure())
+        self._count = self.jobs.spawn(self._measure(self.text))
 
-    async def _measure(self) -> None:
-        counted = (self.conversation.conv_id, self.text)
-        what = budget_requests(self.conversation.vms, self.text, self.conversation.settings(),
+    def _key(self, text: str) -> Counted:
+        return (self.conversation.conv_id, text, tuple(d.digest for d in self.attachments.documents))
+
+    def counted(self, text: str) -> bool:
+        """Whether the last count is of exactly this: this conversation, `text`, these files."""
+        return self.budget_for == self._key(text) and not self.attachments.reading
+
+    def must_count(self, text: str) -> bool:
+        """Whether a send of `text` must wait for its count: documents go with it (attached or on
+        the path: they are never left out, so nothing else can make room) and the last count is
+        not of this very draft, or a file is still being read (it goes with the message)."""
+        documents = self.attachments.documents or self.conversation.path_documents() or self.attachments.reading
+        return bool(documents) and not self.counted(text)
+
+    async def count_now(self, text: str) -> None:
+        """Count `text` now (once the files being read are attached), not waiting for typing to
+        pause: a send that must wait for its count (ops.send) is decided by it."""
+        self.queue(text)
+        try:
+            await self.attachments.read()
+            if self._count_at is not None:
+                self._count_at.cancel()
+            if self._count is not None:
+                self._count.cancel()
+            self._count = self.jobs.spawn(self._measure(text))
+            await self._count  # a newer count (typing meanwhile) cancels it, and the send waiting for it
+        finally:
+            self.queue(None)
+
+    def queue(self, text: Optional[str]) -> None:
+        """A send of `text` waits for its count (None: none waits)."""
+        if text != self.queued:
+            self.queued = text
+            self.queued_changed.emit(text)
+
+    async def _measure(self, text: str) -> None:
+        counted = self._key(text)
+        what = budget_requests(self.conversation.vms, text, self.conversation.settings(),
                                self.attachments.documents)  # fmt: skip
         budget: Optional[ContextBudget] = None
         if what is not None:
@@ -136,14 +178,24 @@ class Composer:
                 budget = None
         if self.jobs.closed:
             return
+        if budget is not None and budget.refused and self.link is not None:
+            budget = self._what_would_hold(budget, self.link)
         self.budget, self.budget_for = budget, counted
         self.budget_changed.emit(budget)
+
+    @staticmethod
+    def _what_would_hold(budget: ContextBudget, link: EngineLink) -> ContextBudget:
+        """A draft too long for the context in force: the model's own context when the limit is
+        the conversation's (Settings), or a model found here whose context would hold it."""
+        need = budget.draft + budget.max_tokens
+        model = link.info.context_length if link.info is not None else None
+        return replace(budget, model_context=model, longer=link.longer_context(need), looked=bool(link.models))
 
     def refusal(self, text: Optional[str] = None) -> str:
         """Why sending `text` (the draft by default) now would be refused ('' when it would not,
         as far as the last count of this conversation and this very text knows): the meter's warning."""
         b = self.budget
         text = self.text if text is None else text
-        if b is None or not b.refused or self.budget_for != (self.conversation.conv_id, text):
+        if b is None or not b.refused or not self.counted(text):
             return ""
         return b.warning

@@ -7,6 +7,7 @@ fields and emit them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Optional
 
 from psygnal import Signal
@@ -156,4 +157,6 @@ def read_path(session: ChatSession, conv_id: int) -> list[MessageVM]:
     for m in path:
         own = runs.get(m.id) or [r for r in [Run.of_message(m)] if r is not None]
         out.append(message_vm(m, siblings.get(m.parent_id) or [m.id], own, documents.get(m.id, ())))
+    if out and out[-1].role == "user":  # no reply answers it (its generation failed, or was refused)
+        out[-1] = replace(out[-1], unanswered=True)
     return out

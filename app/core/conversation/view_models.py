@@ -52,6 +52,7 @@ class MessageVM:
     shown: Optional[int] = None  # the run shown (an index of `runs`, picked in the runs menu); None: the latest
     continuable: bool = False  # stopped, or ended at max tokens: Continue goes on with it (continuing.py)
     documents: tuple[Document, ...] = field(default=(), compare=False, hash=False)  # a user message's files
+    unanswered: bool = False  # a user message ending the path: no reply answers it (its documents can go)
 
     @property
     def navigator(self) -> str:

@@ -13,12 +13,13 @@ local model swaps the in-process Engine back first.
 from __future__ import annotations
 
 import gc
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from psygnal import Signal
 
-from app.core.engine_link.models import model_label
+from app.core.engine_link.models import discover, entry_name, entry_spec, model_label
 from app.core.engine_link.template_default import default_system_prompt
 from app.core.jobs import EngineJobs, mlx_memory, user_message
 from app.core.notices import Notices
@@ -27,6 +28,9 @@ from engine import remote
 from engine.bridge import engine_swap
 from engine.engine import ModelInfo
 from engine.errors import Cancelled
+from engine.models.resolve import ModelEntry
+
+log = logging.getLogger(__name__)
 
 LINK_INTERVAL_S = 2.0  # how often a window attached to a server asks whether it still answers
 NOT_SENT = "Not sent: "  # how the explanation of a send the unreachable server stopped begins
@@ -51,6 +55,7 @@ class EngineLink:
     failed = Signal(str, str)  # why, the title of the error
     server_changed = Signal(object)  # Optional[ServerLink]: attached / reachability changed / detached
     stats_changed = Signal(dict, object)  # the prompt cache's numbers, MLX's memory (None: not read)
+    models_found = Signal(list)  # list[ModelEntry]: the models found on this machine
 
     def __init__(self, jobs: EngineJobs, session: ChatSession, notices: Notices, chunk: int = 512) -> None:
         self.jobs, self.session, self.notices = jobs, session, notices
@@ -66,6 +71,7 @@ class EngineLink:
         self.server: Optional[ServerLink] = None  # set while the engine is a server
         self.interval = LINK_INTERVAL_S
         self.stats: dict[str, Any] = {}
+        self.models: list[ModelEntry] = []  # found on this machine (discover): the picker, and "which model would"
         self.memory = 0  # MLX's active memory, as last read
         # Builds the in-process engine again after a server (the window's factory), and what to
         # load here when a server cannot be reached and no model is loaded (the window's last).
@@ -91,6 +97,26 @@ class EngineLink:
             return None
         env = dict(self.server.environment) if self.server is not None and self.server.environment else None
         return ModelIdentity(self.spec, info.key, info.name, info.dequantized, env)
+
+    def longer_context(self, tokens: int) -> Optional[tuple[str, int]]:
+        """A model found on this machine whose context holds `tokens` (the shortest such, as its
+        name and context length), other than the one loaded; None: none is."""
+        loaded = self.info.context_length if self.info is not None else None
+        fits = sorted((e.context_length, entry_name(e)) for e in self.models
+                      if e.context_length and e.context_length >= tokens and entry_spec(e) != self.spec
+                      and e.context_length != loaded)  # fmt: skip
+        return (fits[0][1], fits[0][0]) if fits else None
+
+    async def discover(self, extra_dirs: list[str]) -> None:
+        """Find the models on this machine (reading files: a worker thread, never the engine's)."""
+        try:
+            found = await self.jobs.in_thread(discover, extra_dirs)
+        except Exception as e:
+            log.info("model discovery failed: %s", user_message(e))
+            return
+        if not self.jobs.closed:
+            self.models = list(found)
+            self.models_found.emit(list(found))
 
     # ------------------------------------------------------------------------------ loading
     def use_engines(self, make_local: Callable[[], Any], fallback_spec: Optional[str]) -> None:

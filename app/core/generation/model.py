@@ -34,7 +34,7 @@ from app.core.notices import Notices
 from app.core.store import Action, ReplyOutcome, StoreError
 from app.core.store.session import ChatSession, PendingReply, SavedReply
 from engine.bridge import Done, engine_batches
-from engine.errors import ContextLengthError, ServerUnreachable
+from engine.errors import ContextLengthError, RequestError, ServerUnreachable
 from engine.types import CancelToken, GenerationResult, PrefillProgress, TokenEvent
 
 
@@ -134,13 +134,15 @@ class Generation:
         except Exception as e:
             if not self.jobs.closed:
                 self._end()
-                if isinstance(e, ContextLengthError) and pending.action is Action.SEND and not self.stream.text:
+                if too_long(e) and pending.action is Action.SEND and not self.stream.text:
                     self._take_back(pending, e)
                     return
                 self.conversation.reload()
                 if isinstance(e, ServerUnreachable):
                     self.link.link_down(str(e))
                 self.notices.error("The reply could not be generated", user_message(e))
+                if too_long(e) and pending.action is Action.RETRY:  # a message saved unanswerable: how to repair it
+                    self.notices.tell(REPAIR)
             return
         finally:
             self.jobs.release(cancel)
@@ -203,9 +205,10 @@ class Generation:
             self.ended.emit(pending)
             self.listing.refresh()
 
-    def _take_back(self, pending: PendingReply, e: ContextLengthError) -> None:
-        """The engine refused a send before any prefill (it did not fit; the meter had not
-        counted it yet): the user's message leaves the conversation and goes back to the composer."""
+    def _take_back(self, pending: PendingReply, e: Exception) -> None:
+        """The engine refused a send before any prefill (it did not fit, the meter had not
+        counted it: the composer counts a send with documents first, so this is the last guard):
+        the user's message leaves the conversation and goes back to the composer with its files."""
         text = str(pending.request.messages[-1].get("content", "")) if pending.request.messages else ""
         mine = pending.request.documents[len(pending.request.documents) - self._own_documents(pending):]
         withdrawn = False
@@ -219,6 +222,9 @@ class Generation:
             self.conversation.reload()
         self.listing.refresh()
         self.composer.take_back(text, mine)
+        if not isinstance(e, ContextLengthError):  # the documents' own refusal says it with its numbers
+            self.notices.error("Not sent", f"Not sent: {e}. What you typed is back in the composer.")
+            return
         limit = self.conversation.settings().context_length
         model = self.link.info.context_length if self.link.info is not None else None
         self.notices.error("Not sent", refusal_text(e.prompt_tokens, e.max_tokens, e.context_length, limit, model))
@@ -229,6 +235,16 @@ class Generation:
             return len(self.session.store.documents([pending.user_id]).get(pending.user_id, []))
         except StoreError:
             return 0
+
+
+REPAIR = ("This message cannot be answered: it does not fit the context with its documents. Take a file off it"
+          " (× on its chip) or delete the message; Regenerate then answers it.")
+
+
+def too_long(e: BaseException) -> bool:
+    """The engine refused the request before any prefill because it does not fit the context:
+    the conversation (ContextLengthError) or its documents (never cut, never left out)."""
+    return isinstance(e, ContextLengthError) or (isinstance(e, RequestError) and e.param == "documents")
 
 
 def hidden_note(n: int) -> str:

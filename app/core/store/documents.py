@@ -51,6 +51,24 @@ class DocumentRows:
         with self._tx(write=False):  # type: ignore[attr-defined]
             return self._documents_of(list(message_ids))
 
+    def remove_document(self, message_id: int, index: int) -> Document:
+        """Take the `index`-th document (attach order) off a user message that has no reply yet
+        (one the engine refused to answer: its documents do not fit); a message with replies
+        keeps its documents (they made those replies: an edit branches instead). Returns it."""
+        with self._tx() as c:  # type: ignore[attr-defined]
+            msg = self._get_message(message_id)  # type: ignore[attr-defined]
+            if msg.role != "user":
+                raise StoreError("only a user message carries documents")
+            if c.execute("SELECT 1 FROM messages WHERE parent_id = ? LIMIT 1", (message_id,)).fetchone():
+                raise StoreError("this message has replies: its documents made them (edit it to ask without one)")
+            docs = self._documents_of([message_id]).get(message_id, [])
+            if not 0 <= index < len(docs):
+                raise StoreError(f"this message has no document {index + 1}")
+            rows = c.execute("SELECT position FROM documents WHERE message_id = ? ORDER BY position",
+                             (message_id,)).fetchall()  # fmt: skip
+            c.execute("DELETE FROM documents WHERE message_id = ? AND position = ?", (message_id, rows[index][0]))
+            return docs[index]
+
     def document_digests(self) -> set[str]:
         """The digests of every document some message still has (what the cache keeps warm)."""
         with self._tx(write=False) as c:  # type: ignore[attr-defined]

@@ -173,6 +173,10 @@ class ChatSession:
         """Make a message (a reply variant or an edit branch) the active one among its siblings."""
         self.store.set_active(message_id)
 
+    def remove_document(self, message_id: int, index: int) -> Document:
+        """A document taken off an unanswered message (store.remove_document)."""
+        return self.store.remove_document(message_id, index)
+
     def has_followers(self, message_id: int) -> bool:
         return bool(self.store.children(message_id))
 

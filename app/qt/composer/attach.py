@@ -38,10 +38,12 @@ class AttachControls:
         self.drops = FileDrops(self.button)
         self.drops.dropped.connect(self.attach)
         composer = chat.composer
-        composer.attachments.changed.connect(self.bar.show_attachments)
+        composer.attachments.changed.connect(lambda items: self._show_chips())
         composer.attachments.refused.connect(self.bar.show_refused)
         self.bar.removed.connect(composer.attachments.remove)
         composer.budget_changed.connect(self._show_cost)
+        composer.budget_changed.connect(lambda budget: self._show_chips())
+        composer.attachments.reading_changed.connect(lambda names: self._show_chips())
         chat.generation.started.connect(self._started)
 
     def watch(self, *widgets: QWidget) -> None:
@@ -61,6 +63,13 @@ class AttachControls:
             return
         self.bar.clear_note()
         self.chat.composer.attach(list(paths))
+
+    def _show_chips(self) -> None:
+        """The chips, with why Send is refused for them when the last count of this very draft
+        says so (a count of another draft or other files says nothing about these)."""
+        c = self.chat.composer
+        budget = c.budget if c.counted(c.text) else None
+        self.bar.show_attachments(c.attachments.items, budget, c.attachments.reading)
 
     def _started(self, pending: Any) -> None:
         if pending.action is Action.SEND:  # the files went with the message: their note is over

@@ -17,6 +17,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QToolButton, QVBoxLayout, QWidget
 
 from app.core.composer.attachments import Attachment, chip_text, unread_note
+from app.core.composer.context_budget import ContextBudget
 from app.qt.widgets.wrap_label import WrapLabel
 from engine.documents.document import Document, shown_name
 
@@ -64,14 +65,15 @@ class ChipList(QWidget):
         self.chips: list[Chip] = []
         self.setVisible(False)
 
-    def set_chips(self, items: Sequence[tuple[str, str]]) -> None:
-        """Show one chip per (text, tooltip)."""
+    def set_chips(self, items: Sequence[tuple[str, str]], refused: Sequence[bool] = ()) -> None:
+        """Show one chip per (text, tooltip); `refused`: which ones Send is refused for (red)."""
         for chip in self.chips:
             self._lay.removeWidget(chip)
             chip.deleteLater()
         self.chips = []
         for i, (text, tip) in enumerate(items):
             chip = Chip(text, tip, self.removable, self)
+            chip.setProperty("refused", i < len(refused) and refused[i])
             chip.removed.connect(lambda i=i: self.removed.emit(i))
             self._lay.addWidget(chip)
             self.chips.append(chip)
@@ -108,8 +110,16 @@ class AttachmentBar(QWidget):
         self._refused = ""
         self._cost = ""
 
-    def show_attachments(self, items: Sequence[Attachment]) -> None:
-        self.chips.set_chips([(a.chip, a.tooltip) for a in items])
+    def show_attachments(self, items: Sequence[Attachment], budget: Optional[ContextBudget] = None,
+                         reading: Sequence[str] = ()) -> None:  # fmt: skip
+        """The chips; when the documents make Send refused (`budget`), each says how much would
+        fit; the files still being read (`reading`) after them."""
+        notes = [budget.document_note(a.tokens, a.document.pages, len(items) > 1) if budget is not None else ""
+                 for a in items]  # fmt: skip
+        chips = [(a.chip + (f" · {n}" if n else ""), a.tooltip + (f" Send is refused: {n}." if n else ""))
+                 for a, n in zip(items, notes)]  # fmt: skip
+        chips += [(f"{name} · reading…", "Being read: a Send waits for it, then for its count") for name in reading]
+        self.chips.set_chips(chips, [bool(n) for n in notes])
 
     def show_refused(self, refused: Sequence[str]) -> None:
         """Files that could not be attached: named, with why; kept until the next attach or Send."""

@@ -69,6 +69,7 @@ class ReplyBar(QObject):
         chat.conversation.settings_changed.connect(self.refresh)
         chat.composer.budget_changed.connect(self.refresh)
         chat.composer.text_changed.connect(self.refresh)
+        chat.composer.queued_changed.connect(self.refresh)
         chat.link.server_changed.connect(self.refresh)
         self.refresh()
 
@@ -98,6 +99,8 @@ class ReplyBar(QObject):
         # Send waits (disabled, the reason its tooltip) while the meter says it would be refused or
         # the server is away; the composer stays editable: what is typed is kept.
         why = chat.composer.refusal()
+        if chat.composer.queued is not None:
+            why = "Checking that the message and its documents fit the context…"
         if server is not None and not server.up:
             why = f"The server is not reachable ({server.error or 'no answer'}): Send works again when it answers"
         self.send_button.setEnabled(not chat.read_only and not busy and not why)

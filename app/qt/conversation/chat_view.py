@@ -69,6 +69,7 @@ class ChatView(QScrollArea):
     receiptRequested = Signal(int)
     continueRequested = Signal(int)
     regenerateRequested = Signal(int)
+    documentRemoved = Signal(int, int)
 
     MAX_WIDTH = 860
 
@@ -161,6 +162,7 @@ class ChatView(QScrollArea):
         self.deleteRequested.connect(self._delete)
         self.continueRequested.connect(lambda mid: ops.continue_reply(chat, mid))
         self.regenerateRequested.connect(lambda mid: ops.regenerate_reply(chat, mid))
+        self.documentRemoved.connect(lambda mid, i: ops.remove_document(chat, mid, i))
         self.copied.connect(lambda msg: chat.notices.status(msg, 2000))
 
     @property
@@ -338,6 +340,7 @@ class ChatView(QScrollArea):
             w.receiptRequested.connect(self.receiptRequested)
             w.continueRequested.connect(self.continueRequested)
             w.regenerateRequested.connect(self.regenerateRequested)
+            w.documentRemoved.connect(self.documentRemoved)
             self.widgets[vm.id] = w
             if self.mark is not None and self.mark[0] == vm.id:  # rebuilt (the window moved): still marked
                 w.set_flash(True)

@@ -177,6 +177,7 @@ class MessageWidget(QFrame):
     receiptRequested = Signal(int)
     continueRequested = Signal(int)  # a stopped reply (or one at max tokens): go on with it
     regenerateRequested = Signal(int)  # this reply, regenerated (its own seed and settings)
+    documentRemoved = Signal(int, int)  # message id, index: a file taken off a message no reply answers
 
     def __init__(self, vm: MessageVM, palette: Palette, assistant_name: str = "Assistant") -> None:
         super().__init__()
@@ -222,8 +223,9 @@ class MessageWidget(QFrame):
         lay.addLayout(head)
 
         self.doc_chips = ChipList(removable=False, parent=self)  # a user message's attached files
+        self.doc_chips.removed.connect(lambda i: self.documentRemoved.emit(self.vm.id, i))
         lay.addWidget(self.doc_chips)
-        self._docs_shown: tuple[str, ...] = ()
+        self._docs_shown: tuple[tuple[str, ...], bool] = ((), False)
 
         self.body = MessageBody()
         self.body.copyCode.connect(lambda code: self.copied.emit("Code block copied"))
@@ -372,6 +374,12 @@ class MessageWidget(QFrame):
     def update_vm(self, vm: MessageVM, force: bool = False) -> None:
         changed = force or vm != self.vm or self._shown != (vm.content, vm.status, False)
         self.vm = vm
+        # Its files (compared by digest: a MessageVM's equality leaves their text out).
+        shown = (tuple(d.digest for d in vm.documents), vm.unanswered)
+        if shown != self._docs_shown:
+            self._docs_shown = shown
+            self.doc_chips.removable = vm.unanswered  # no reply uses them yet: a file can be taken off
+            self.doc_chips.set_chips(document_chips(vm.documents))
         if not changed:
             return
         if vm.role == "user":
@@ -387,10 +395,6 @@ class MessageWidget(QFrame):
         self.prev_button.setEnabled(vm.prev_id is not None)
         self.next_button.setEnabled(vm.next_id is not None)
         self.edit_button.setVisible(vm.role == "user")
-        digests = tuple(d.digest for d in vm.documents)
-        if digests != self._docs_shown:
-            self._docs_shown = digests
-            self.doc_chips.set_chips(document_chips(vm.documents))
         is_reply = vm.role == "assistant"
         self.regen_button.setVisible(is_reply and vm.status != "generating")
         self.footer.setVisible(is_reply and bool(vm.footer))

@@ -80,6 +80,7 @@ class ModelControls(QObject):
         link.failed.connect(self._failed)
         link.server_changed.connect(self._show_server)
         link.stats_changed.connect(lambda stats, memory: self.update_memory())
+        link.models_found.connect(picker.show_models)
         self._memory = QTimer(self)
         self._memory.timeout.connect(self.update_memory)
         self._memory.start(MEMORY_MS)
@@ -95,7 +96,7 @@ class ModelControls(QObject):
         return api_keys.remembered_key(self.qsettings, url)
 
     def discover(self) -> None:
-        self.discovery = jobs.spawn(self.picker.refresh(self.extra_dirs()))
+        self.discovery = jobs.spawn(self.chat.link.discover(self.extra_dirs()))
 
     def extra_dirs(self) -> list[str]:
         raw = self.qsettings.value("model/dirs", "[]")

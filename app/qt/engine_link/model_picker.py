@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 from PySide6.QtCore import QSize, Qt, Signal
@@ -10,10 +9,9 @@ from PySide6.QtGui import QPaintEvent
 from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QStylePainter, QWidget
 from shiboken6 import isValid
 
-from app.core.engine_link.models import discover, entry_name, entry_spec
-from app.qt import jobs
+from app.core.engine_link.models import entry_name, entry_spec
+from engine.models.resolve import ModelEntry
 
-log = logging.getLogger(__name__)
 MANAGE = "__manage__"
 
 
@@ -71,13 +69,8 @@ class ModelPicker(QComboBox):
             self.insertSeparator(self.count())
             self.addItem("Manage models…", MANAGE)
 
-    async def refresh(self, extra_dirs: list[str]) -> None:
-        """Add the models found on this machine (discovery reads files: a background thread)."""
-        try:
-            entries = await jobs.in_thread(discover, extra_dirs)
-        except Exception as e:
-            log.info("model discovery failed: %s", jobs.user_message(e))
-            return
+    def show_models(self, entries: list[ModelEntry]) -> None:
+        """Add the models found on this machine (EngineLink.discover)."""
         if not isValid(self):  # the window closed meanwhile
             return
         for e in entries:
