@@ -5,7 +5,7 @@ ask of an engine: `engine.engine.Engine` implements it in process, and a remote 
 implement it over a connection, on the same `EngineExecutor` (one thread, jobs in order).
 
 `engine_events(executor, request, cancel=...)` runs one generation on the engine thread and
-yields its events on the loop, in order: `PrefillProgress`, `TokenEvent`, then always one final
+yields its events on the loop, in order: `RestoreEvent`, `PrefillProgress`, `TokenEvent`, then always one final
 `Done` carrying the `GenerationResult` (a cancelled generation ends with its partial result,
 finish reason "cancelled"); an error the engine raises is raised at the consumer instead.
 Events cross threads with `loop.call_soon_threadsafe`, batched: the loop wakes at most once per
@@ -51,6 +51,7 @@ from engine.types import (
     GenerationResult,
     PrefillProgress,
     Progress,
+    RestoreEvent,
     TokenEvent,
 )
 
@@ -77,7 +78,8 @@ class EngineAPI(Protocol):
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
-        """Generate: yield PrefillProgress and TokenEvents, return the GenerationResult."""
+        """Generate: yield a RestoreEvent (a remote engine: when the server sends one),
+        PrefillProgress and TokenEvents; return the GenerationResult."""
         ...
 
     def verify(self, request: GenerationRequest, result: GenerationResult,
@@ -132,7 +134,7 @@ class Failed:
     error: BaseException
 
 
-StreamEvent = Union[PrefillProgress, TokenEvent, Done]
+StreamEvent = Union[RestoreEvent, PrefillProgress, TokenEvent, Done]
 Observer = Callable[[Union[StreamEvent, Failed]], None]
 
 

@@ -205,7 +205,8 @@ class Engine:
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
-        """Generate a reply: yields PrefillProgress and TokenEvents, returns the GenerationResult."""
+        """Generate a reply: yields a RestoreEvent, PrefillProgress and TokenEvents, returns the
+        GenerationResult."""
         lm, path = self._lm(), self.builder
         p = path.prepare(request, self.limit_for(request))
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
