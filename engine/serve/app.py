@@ -42,7 +42,7 @@ from engine.serve.keys import Keys
 from engine.serve.engine_routes import add_engine_routes
 from engine.serve.quote import clip, quote
 from engine.serve.schema import APIError, ServedModel
-from engine.types import TokenEvent
+from engine.types import PrefillProgress, RestoreEvent, TokenEvent
 
 log = logging.getLogger(__name__)
 Batches = AsyncGenerator[list[StreamEvent], None]  # engine_batches: one list per wake-up of the loop
@@ -325,6 +325,8 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
                         named = event.index + 1
                     out.append(c)
                     sent += len(delta)
+            elif isinstance(event, (RestoreEvent, PrefillProgress)) and parsed.progress:
+                out.append(_progress_chunk(parsed, name, event))
             elif isinstance(event, Done):
                 done = event
         if done is not None:
@@ -367,6 +369,14 @@ async def _stream(request: web.Request, parsed: schema.ParsedRequest, name: str,
     await resp.write(_sse(out) + b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+def _progress_chunk(parsed: schema.ParsedRequest, name: str, event: "RestoreEvent | PrefillProgress") -> dict[str, Any]:
+    """A chunk with no choices that tells the restore or the prefill's progress (`verbatim.progress`)."""
+    c = responses.chunk(parsed, name, None, None)
+    c["choices"] = []
+    c["verbatim"] = responses.progress_fields(event)
+    return c
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:

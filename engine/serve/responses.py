@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from engine.serve.schema import ParsedRequest
-from engine.types import GenerationResult
+from engine.types import CacheReport, GenerationResult, PrefillProgress, RestoreEvent
 
 # An absolute path (POSIX or Windows) not glued to a word before it ("n/a", "1/2" stay).
 _PATH_RE = re.compile(r"(?<![\w.~/\\])(?:/|[A-Za-z]:[\\/])[^\s;,()'\"]*?(?=[:.]*(?:[\s;,()'\"]|$))")
@@ -25,7 +25,22 @@ def no_paths(text: str) -> str:
 
 def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The `verbatim` object: what the prompt cache did, and the seed actually used."""
-    r = result.report
+    out = report_fields(result.report)
+    out.update(seed=result.seed, token_ids=list(result.tokens), finish_reason=result.finish_reason)
+    if queue is not None:
+        out["queue"] = queue
+    return out
+
+
+def progress_fields(event: "RestoreEvent | PrefillProgress") -> dict[str, Any]:
+    """A `verbatim.progress` stream's chunk body for a restore or a prefill step (schema.verbatim_flag)."""
+    if isinstance(event, RestoreEvent):
+        return {"restore": {**report_fields(event.report), "planned": [list(c) for c in event.planned]}}
+    return {"prefill": {"done": event.done, "total": event.total}}
+
+
+def report_fields(r: CacheReport) -> dict[str, Any]:
+    """A cache report as the `verbatim` object carries it (paths left out of the texts)."""
     offsets = list(r.layer_offsets)
     known = [o for o in offsets if o is not None]
     out: dict[str, Any] = {
@@ -33,6 +48,7 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "matched": r.matched,
         "restored": r.restored,
         "stored": r.stored,
+        "snapshot_id": r.snapshot_id,
         "partial": r.partial,
         "source": r.source,
         "declines": [no_paths(d) for d in r.declines],
@@ -52,10 +68,8 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "context": asdict(r.context) if r.context is not None else None,
         "mode": r.mode,
         "chunk_size": r.chunk_size,
-        "seed": result.seed,
+        "seed": r.seed,
         "sampler": dict(r.sampler),
-        "token_ids": list(result.tokens),
-        "finish_reason": result.finish_reason,
         "identical_to_previous": r.identical,
         "first_diff": r.first_diff,
         "ttft_s": r.ttft_s,
@@ -72,8 +86,6 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
                    continue_note=no_paths(r.continue_note))
     if r.ranks:  # a distributed run: each rank's own cache report (engine/distributed/report.py)
         out["ranks"] = [dict(x) for x in r.ranks]
-    if queue is not None:
-        out["queue"] = queue
     return out
 
 

@@ -80,6 +80,7 @@ class ParsedRequest:
     top_logprobs: int = 0
     seed_given: bool = False
     token_ids: bool = False  # verbatim.token_ids: each streamed chunk names its tokens' ids
+    progress: bool = False  # verbatim.progress: the stream also tells the restore and the prefill's progress
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
 
@@ -273,19 +274,20 @@ def _sampler(body: dict[str, Any]) -> tuple[SamplerSettings, bool, bool]:
 
 
 def _verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
-    """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool, "token_ids": bool}`:
-    the request options (`token_ids` is the answer's: `token_ids_wanted`)."""
+    """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool, "token_ids": bool,
+    "progress": bool}`: the request options (`token_ids` and `progress` are the answer's:
+    `verbatim_flag`)."""
     v = body.get("verbatim")
     if v is None:
         return {}
     if not isinstance(v, dict):
         raise bad("'verbatim' must be an object", "verbatim")
     out: dict[str, Any] = {}
-    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "continue"))
+    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "progress", "continue"))
     if unknown:
         name = bare(unknown[0])
-        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids' and 'continue')",
-                  f"verbatim.{name}")
+        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids', 'progress' and "
+                  "'continue')", f"verbatim.{name}")
     if "mode" in v:
         if v["mode"] not in ("exact", "fast"):
             raise bad("'verbatim.mode' must be 'exact' or 'fast'", "verbatim.mode")
@@ -319,15 +321,20 @@ def continuation(body: dict[str, Any], messages: Optional[list[dict[str, Any]]])
     return Continuation(tuple(c))
 
 
-def token_ids_wanted(body: dict[str, Any]) -> bool:
-    """`"verbatim": {"token_ids": true}`: every streamed chunk that carries tokens also names their
-    ids (`"verbatim": {"token_ids": [...]}`), so a client keeps the ids of a reply it stops."""
+def verbatim_flag(body: dict[str, Any], name: str) -> bool:
+    """An answer option of ours, false unless asked. `"verbatim": {"token_ids": true}`: every
+    streamed chunk that carries tokens also names their ids (`"verbatim": {"token_ids": [...]}`),
+    so a client keeps the ids of a reply it stops. `"verbatim": {"progress": true}`: the stream
+    also carries, in chunks with no choices, what the prompt cache restored before the prefill
+    (`"verbatim": {"restore": {...the report so far, "planned": [[start, end], ...]}}`) and the
+    prefill's progress (`"verbatim": {"prefill": {"done": n, "total": n}}`): what a debug view
+    shows while a run goes on, and what a client that stops the run knows it did."""
     v = body.get("verbatim")
-    if not isinstance(v, dict) or "token_ids" not in v:
+    if not isinstance(v, dict) or name not in v:
         return False
-    if not isinstance(v["token_ids"], bool):
-        raise bad("'verbatim.token_ids' must be a boolean", "verbatim.token_ids")
-    return v["token_ids"]
+    if not isinstance(v[name], bool):
+        raise bad(f"'verbatim.{name}' must be a boolean", f"verbatim.{name}")
+    return v[name]
 
 
 def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
@@ -424,7 +431,7 @@ def parse_chat(body: Any, mode: str = "exact") -> ParsedRequest:
                             constraint=_checked(tools.constraint_of, body), continuation=going_on, documents=documents,
                             **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("chat", _model(body), req, stream, include_usage, logprobs, top, seed_given,
-                         token_ids_wanted(body))
+                         verbatim_flag(body, "token_ids"), verbatim_flag(body, "progress"))
 
 
 def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
@@ -452,4 +459,4 @@ def parse_completion(body: Any, mode: str = "exact") -> ParsedRequest:
                             max_tokens_fit=not max_given, continuation=going_on,
                             **{"mode": mode, **_verbatim_options(body)})
     return ParsedRequest("completion", _model(body), req, stream, include_usage, top is not None, top or 0,
-                         seed_given, token_ids_wanted(body))
+                         seed_given, verbatim_flag(body, "token_ids"), verbatim_flag(body, "progress"))
