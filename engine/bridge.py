@@ -40,6 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Protocol, TypeVar, Union, runtime_checkable
 
+from engine.documents.extract import Document
 from engine.engine import ModelInfo
 from engine.executor import EngineExecutor
 from engine.types import (
@@ -98,6 +99,11 @@ class EngineAPI(Protocol):
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens and the context limit in force for it, nothing
         run: what the context meter counts before Send."""
+        ...
+
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """What each document costs in a conversation with `system_prompt` about them: the count
+        a refusal and the report's span give for it (what a document's chip shows)."""
         ...
 
     def keep_documents(self, digests: Optional[Iterable[str]]) -> None:

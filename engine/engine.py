@@ -20,6 +20,7 @@ from engine.cache.eviction import DocumentsKept
 from engine.cache.families import class_names
 from engine.cache.namespace import cache_key
 from engine.cache.prompt_cache import PromptCache
+from engine.documents.extract import Document
 from engine.errors import EngineError, GGUFError, ModelError
 from engine.generate.constraints import tool_format
 from engine.generate.loop import drain, stream
@@ -196,6 +197,13 @@ class Engine:
         """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the
         limit in force for it: what a context meter counts before Send; prepare() then fits it."""
         return self.builder.measure(request, self.limit_for(request))
+
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """What each document costs in a conversation with `system_prompt` about them: the tokens
+        its block adds to the prompt, its name and the separator before it included. The same
+        number a refusal gives for it and the report's span (engine/documents/placement.py,
+        `document_costs`): what a document's chip shows."""
+        return self.builder.document_tokens(tuple(documents), system_prompt)
 
     def prepare(self, request: GenerationRequest) -> Prepared:
         """The request as it will run (engine/generate/prepare.py): validated, its prompt rendered

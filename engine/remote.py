@@ -28,6 +28,7 @@ import json
 import urllib.parse
 from typing import Any, Generator, Optional
 
+from engine.documents.extract import Document
 from engine.documents.placement import place
 from engine.engine import ModelInfo
 from engine.errors import EngineError, RequestError, ServerUnreachable
@@ -178,6 +179,11 @@ class RemoteEngine:
     def token_texts(self, tokens: list[int]) -> list[str]:
         return list(self._json("POST", "/verbatim/tokenize", {"tokens": tokens})["texts"])
 
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """Each document's cost, counted on the server (its tokenizer and template)."""
+        body = {"documents": _file_parts(documents), "system": system_prompt}
+        return [int(n) for n in self._json("POST", "/verbatim/tokenize", body)["document_tokens"]]
+
     def keep_documents(self, digests: Any) -> None:
         """Nothing to do: the server's cache is its own, and it keeps every document's state ahead
         (its clients' conversations are not known to it)."""
@@ -288,11 +294,16 @@ def _with_files(messages: list[dict[str, Any]], documents: Any) -> list[dict[str
     reads on the server exactly the text it would read here."""
     if not documents:
         return messages
-    parts = [{"type": "file", "file": {"filename": d.name, "file_data": "data:text/plain;base64,"
-                                       + base64.b64encode(d.text.encode()).decode("ascii")}} for d in documents]
+    parts = _file_parts(documents)
     first, *rest = messages
     text = first.get("content") or ""
     return [{**first, "content": ([{"type": "text", "text": text}] if text else []) + parts}, *rest]
+
+
+def _file_parts(documents: Any) -> list[dict[str, Any]]:
+    """The documents as `file` parts, their extracted text sent as text/plain."""
+    return [{"type": "file", "file": {"filename": d.name, "file_data": "data:text/plain;base64,"
+                                      + base64.b64encode(d.text.encode()).decode("ascii")}} for d in documents]
 
 
 def _events(resp: http.client.HTTPResponse, address: str) -> Generator[dict[str, Any], None, None]:

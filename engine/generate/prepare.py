@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from engine.constraint import check_tool_results
-from engine.documents.placement import DocumentSpan, block, document_spans, place
+from engine.documents.extract import Document
+from engine.documents.placement import DocumentSpan, document_costs, document_spans, place
 from engine.errors import RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
@@ -107,7 +108,7 @@ class PromptBuilder:
         whole = render(tok, messages, tools=tools)
         request = _fit_max_tokens(request, len(whole.ids), limit)
         if request.documents:
-            self._check_documents_fit(messages, request, limit, tools)
+            self._check_documents_fit(messages, whole, request, limit, tools)
         fitted = fit_to_context(lambda m: render(tok, m, tools=tools), messages, request.sampler.max_tokens, limit,
                                 request.context_policy, lambda m: len(tok.encode(m["content"])) + 4, whole=whole)
         prompt = fitted.rendered.ids
@@ -123,6 +124,15 @@ class PromptBuilder:
         return Prepared(replace(request, messages=fitted.messages, documents=()), prompt,
                         ContextInfo(limit, len(prompt), fitted.dropped), starts, headers, spans, points, earlier,
                         grammar)
+
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """What each of `documents` costs in a conversation with `system_prompt` about them
+        (placement.document_costs: its block and the separator before it, the count a refusal
+        and the report's spans give), in placement order."""
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        placed = place(messages + [{"role": "user", "content": "?"}], documents)
+        whole = render(self.lm.tokenizer, placed)
+        return document_costs(self.lm.tokenizer, placed, documents, whole.ids, whole.text)
 
     def guide(self, p: Prepared) -> Optional[Guide]:
         """A new guide through `p`'s grammar for one generation (None: decoding is free)."""
@@ -187,11 +197,12 @@ class PromptBuilder:
 
     # -- step 4: fit
 
-    def _check_documents_fit(self, placed: list[Message], request: GenerationRequest, limit: Optional[int],
-                             tools: Tools) -> None:
+    def _check_documents_fit(self, placed: list[Message], whole: Rendered, request: GenerationRequest,
+                             limit: Optional[int], tools: Tools) -> None:
         """Documents that cannot fit beside the reply are refused before any prefill, with the
         numbers: never truncated, never left out by the context policy. What they take is the
-        system message they end, rendered alone (the memoized render step 5 reads again)."""
+        system message they end, rendered alone (the memoized render step 5 reads again); each
+        one's size is its cost in the whole prompt (placement.document_costs)."""
         if not limit:
             return
         ids = self.starts.rendered(placed[:1], tools, generation=False)
@@ -201,8 +212,8 @@ class PromptBuilder:
         room = limit - request.sampler.max_tokens
         if n <= room:
             return
-        tok = self.lm.tokenizer
-        sizes = ", ".join(f"{d.name} {len(tok.encode(block(d))):,}" for d in request.documents)
+        costs = document_costs(self.lm.tokenizer, placed, request.documents, whole.ids, whole.text)
+        sizes = ", ".join(f"{d.name} {n:,}" for d, n in zip(request.documents, costs))
         raise RequestError(f"the documents take {n:,} tokens with the system prompt ({sizes}); the context holds "
                            f"{limit:,} with {request.sampler.max_tokens:,} kept for the reply, so at most "
                            f"{max(room, 0):,} fit: attach fewer pages or documents, or use a model with a longer "
