@@ -604,6 +604,12 @@ MUTATIONS: list[Mutation] = [
           "    if is_cancelled():  # the last prompt token is never forwarded: nothing will be decoded\n"),),
         (RP + "test_a_run_stopped_after_its_prefill_never_forwarded_the_last_prompt_token",),
     ),
+    Mutation(
+        "the tokenizer's length warning logged where the engine only counts",
+        (("engine/generate/templating.py",
+          'logging.getLogger("transformers.tokenization_utils_base").addFilter(_OnlyCounting())\n', ""),),
+        ("tests/test_counting.py::test_counting_a_conversation_longer_than_the_tokenizers_maximum_logs_no_warning",),
+    ),
     # issue 50, item 9: promises no test checked (tests/test_planted_promises.py)
     Mutation(
         "a logprob rounded as it is reported",
