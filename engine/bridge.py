@@ -43,6 +43,7 @@ from typing import Any, Iterable, Optional, Protocol, TypeVar, Union, runtime_ch
 from engine.documents.extract import Document
 from engine.engine import ModelInfo
 from engine.executor import EngineExecutor
+from engine.memory import MemoryReport
 from engine.types import (
     CancelToken,
     Comparison,
@@ -122,6 +123,15 @@ class EngineAPI(Protocol):
     def cache_stats(self) -> dict[str, Any]: ...
 
     def clear_cache(self) -> None: ...
+
+    def memory_report(self) -> Optional[MemoryReport]:
+        """Where the engine process's memory is (engine/memory.py); None: not this process's
+        (a server's)."""
+        ...
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        """The prompt cache's memory budget from now on: a smaller one evicts at once."""
+        ...
 
     def close(self) -> None: ...
 

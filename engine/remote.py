@@ -211,6 +211,13 @@ class RemoteEngine:
     def clear_cache(self) -> None:
         raise EngineError(f"the prompt cache of the server at {self.address} is managed on that server")
 
+    def memory_report(self) -> None:
+        """None: the memory that matters is the server's, in its own process."""
+        return None
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        raise EngineError(f"the prompt cache of the server at {self.address} is managed on that server")
+
     def close(self) -> None:
         pass
 
