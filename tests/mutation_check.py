@@ -62,6 +62,7 @@ DO = "tests/test_documents.py::"
 WD = "tests/test_app_window_documents.py::"
 PP = "tests/test_planted_promises.py::"
 RP = "tests/test_run_progress.py::"
+MM = "tests/test_memory.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in needed) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
@@ -609,6 +610,24 @@ MUTATIONS: list[Mutation] = [
         (("engine/generate/templating.py",
           'logging.getLogger("transformers.tokenization_utils_base").addFilter(_OnlyCounting())\n', ""),),
         ("tests/test_counting.py::test_counting_a_conversation_longer_than_the_tokenizers_maximum_logs_no_warning",),
+    ),
+    # issue 50, item 7: memory visible and bounded (tests/test_memory.py)
+    Mutation(
+        "a smaller memory budget evicts nothing until the next store",
+        (("engine/cache/memory_tier.py", "            self.budget_bytes = budget_bytes\n            self._evict()\n",
+          "            self.budget_bytes = budget_bytes\n"),),
+        (MM + "test_a_smaller_budget_evicts_at_once_and_a_larger_one_keeps_more",),
+    ),
+    Mutation(
+        "the memory tier keeps what its budget has no room for",
+        (("engine/cache/memory_tier.py", "            self._insert(entry, blocks)\n            self._evict()\n",
+          "            self._insert(entry, blocks)\n"),),
+        (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
+    ),
+    Mutation(
+        "MLX's buffer cache left unbounded",
+        (("engine/memory.py", "    return int(mx.set_cache_limit(limit))\n", "    return int(mx.set_cache_limit(1 << 40))\n"),),
+        (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
     ),
     # issue 50, item 9: promises no test checked (tests/test_planted_promises.py)
     Mutation(
