@@ -160,6 +160,11 @@ class Engine:
         )
         self._builder = PromptBuilder(self.lm)
         self._weights_bytes = _parameter_bytes(model)
+        import mlx.core as mx
+
+        # The load's temporaries (a dequantized model's packed weights, a shard's other parts) are
+        # buffers of sizes nothing asks for again: out of MLX's buffer cache, back to the system.
+        mx.clear_cache()
         cache = self.lm.new_cache()
         self.info = ModelInfo(
             name=self.lm.name,
