@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common as C  # noqa: E402
 
 MIB = 1 << 20
-LIMITS = {"0": 0, "32 MiB": 32 * MIB, "256 MiB": 256 * MIB, "1 GiB": 1024 * MIB, "unbounded": 1 << 40}
+LIMITS = {"0": 0, "32 MiB": 32 * MIB, "128 MiB": 128 * MIB, "512 MiB": 512 * MIB, "unbounded": 1 << 40}
 BASE = "32 MiB"
 
 

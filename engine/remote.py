@@ -362,9 +362,6 @@ def stopped_report(request: GenerationRequest, restore: Optional[RestoreEvent], 
     prompt token's included, once a token was `decoded`), and the seed the request used."""
     if restore is None:
         return CacheReport(seed=request.sampler.seed, sampler=request.sampler.to_dict(), mode=request.mode)
-    r = restore.report
-    chunks = restore.planned if decoded else [c for c in restore.planned if c[1] <= prefilled]
-    r.chunks = [list(c) for c in chunks]
-    r.prefill_tokens = sum(b - a for a, b in chunks)
+    r = restore.report_at(prefilled, decoded)
     r.seed = request.sampler.seed
     return r

@@ -8,7 +8,7 @@ renders them without knowing anything about MLX. JSON appears only at those edge
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Literal, Optional, Union
 
 from engine.constraint import Constraint, tool_message_keys
@@ -189,6 +189,13 @@ class RestoreEvent:
     def planned_tokens(self) -> int:
         """Tokens the prefill will forward (the last prompt token included)."""
         return sum(end - start for start, end in self.planned)
+
+    def report_at(self, done: int, decoding: bool = False) -> "CacheReport":
+        """The report as far as the run got: the cache holds `done` prompt tokens (the last
+        PrefillProgress), or the prefill is over and decode began (`decoding`: every planned
+        forward made, the last prompt token's included). A copy; this event is left as it is."""
+        made = self.planned if decoding else [c for c in self.planned if c[1] <= done]
+        return replace(self.report, chunks=[list(c) for c in made], prefill_tokens=sum(b - a for a, b in made))
 
     def to_dict(self) -> dict[str, Any]:
         return {"report": self.report.to_dict(), "planned": [list(c) for c in self.planned]}

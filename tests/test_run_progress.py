@@ -53,6 +53,14 @@ def test_the_restore_event_comes_before_any_prefill_forward_and_says_what_the_re
     assert [tuple(c) for c in restore.planned] == log.spans[: len(restore.planned)]
     # Nothing done yet at the restore: no forwards, no snapshots, no timings.
     assert (r.prefill_tokens, r.chunks, r.snapshots_stored, r.ttft_s) == (0, [], [], 0.0)
+    # What a view shows as the prefill goes on: the forwards made so far, then all of them.
+    for e, _ in rest:
+        if isinstance(e, PrefillProgress):
+            now = restore.report_at(e.done)
+            assert now.prefill_tokens == e.done - r.restored and now.chunks == final.chunks[: len(now.chunks)]
+    decoding = restore.report_at(final.prompt_tokens - 1, decoding=True)
+    assert (decoding.chunks, decoding.prefill_tokens) == (final.chunks, final.prefill_tokens)
+    assert restore.report.chunks == []  # a copy each time
 
 
 def test_a_cold_run_says_so_at_the_restore(tiny_model: Path) -> None:
@@ -66,14 +74,16 @@ def test_a_cold_run_says_so_at_the_restore(tiny_model: Path) -> None:
                                                                     result.report.prompt_tokens]
 
 
-def _stop_when(eng: Any, req: Any, done_at_least: int) -> tuple[Any, int, list[tuple[int, int]]]:
+def _stop_when(eng: Any, req: Any, done_at_least: int, seen: Any = None) -> tuple[Any, int, list[tuple[int, int]]]:
     """Run `req`, stopping once prefill reports `done_at_least` tokens in the cache: (result, the
-    last progress seen, the forwards the model made)."""
+    last progress seen, the forwards the model made); `seen` (a list) gets every event."""
     cancel = CancelToken()
     last = 0
 
     def on_event(e: Any) -> None:
         nonlocal last
+        if seen is not None:
+            seen.append(e)
         if isinstance(e, PrefillProgress):
             last = e.done
             if e.done >= done_at_least:
@@ -87,7 +97,8 @@ def _stop_when(eng: Any, req: Any, done_at_least: int) -> tuple[Any, int, list[t
 def test_a_run_stopped_mid_prefill_reports_the_tokens_it_forwarded_and_its_seed(tiny_model: Path) -> None:
     eng = make_engine(tiny_model, chunk=8)
     req = request(LONG, max_tokens=4, temperature=0.7, seed=SEED)
-    result, done, spans = _stop_when(eng, req, 24)
+    seen: list[Any] = []
+    result, done, spans = _stop_when(eng, req, 24, seen)
     r = result.report
     n = r.prompt_tokens
     assert result.finish_reason == "cancelled" and 24 <= done < n - 1  # stopped inside prefill
@@ -96,6 +107,9 @@ def test_a_run_stopped_mid_prefill_reports_the_tokens_it_forwarded_and_its_seed(
     assert r.prefill_tokens == done == sum(b - a for a, b in r.chunks)
     assert [(s["kind"], s["length"]) for s in r.snapshots_stored] == [("partial", done)]
     assert r.prefill_tps > 0 and r.ttft_s == 0.0  # its prefill's own rate; no first token
+    # What a view showed at the last progress is what the report says.
+    restore = next(e for e in seen if isinstance(e, RestoreEvent))
+    assert (restore.report_at(done).chunks, restore.report_at(done).prefill_tokens) == (r.chunks, r.prefill_tokens)
     # The seed it used, the request's (a random one in the app), in the report and the result.
     assert r.seed == result.seed == SEED and r.sampler["seed"] == SEED
 
