@@ -2,9 +2,10 @@
 mlx-lm alone, the same tokens on the same model object.
 
 For each context size: the engine answers a first message of about that many tokens (the prompt
-cache keeps the state), then a follow-up of --new tokens, a new one per repetition (so each
-prefills the same amount again). The engine restores the first turn's state and prefills the
-rest (in exact mode its reply too, whose decoded state is never reused). mlx-lm's
+cache keeps the state), then a follow-up of --new tokens, a new one per repetition, each with the
+memory tier as the first turn left it (an earlier follow-up's state would serve more of the next
+one), so each restores the same point and prefills the same amount. The engine restores the first turn's state and prefills the rest (in
+exact mode its reply too, whose decoded state is never reused). mlx-lm's
 `stream_generate` gets the very same tokens after the very same restored prefix: its KV cache
 holds that prefix (prefilled once, untimed, cut back after each run) and it prefills the rest in
 512-token steps (the engine's chunk) and samples one token. Prefill tok/s = prefilled tokens /
@@ -56,6 +57,7 @@ def main() -> None:
     args = C.bench_args(__doc__.splitlines()[0], _extra)
     C.ensure_openblas()
     t0 = time.perf_counter()
+    from engine.cache.snapshot import Snapshot
     from engine.types import GenerationRequest, SamplerSettings
 
     contexts, reps = ([300], 1) if args.quick else (args.contexts, args.reps)
@@ -66,27 +68,34 @@ def main() -> None:
     for ctx in contexts:
         first = [{"role": "user", "content": C.text_of_tokens(engine, ctx, 5000 + ctx)}]
         reply = engine.generate(GenerationRequest(first, SamplerSettings(max_tokens=16))).text
+        # The first turn's snapshots, as they were after it: what every follow-up starts from.
+        kept = [Snapshot(m, engine.cache.memory.cache_of(m.id)) for m in engine.cache.metas()]
         cache, cached_for = None, None
         best: dict[str, tuple[float, int, int, int]] = {}
         for rep in range(reps):
             msgs = first + [{"role": "assistant", "content": reply},
                             {"role": "user", "content": C.text_of_tokens(engine, args.new, 7000 + ctx * 10 + rep)}]
+            ids = engine.prompt_ids(msgs)
             for side in (["engine", "mlx-lm"] if rep % 2 == 0 else ["mlx-lm", "engine"]):
                 if side == "engine":
+                    engine.cache.memory.clear()  # an earlier follow-up's state would serve more of this one
+                    for snap in kept:
+                        engine.cache.put(snap, persist=False)
                     r = engine.generate(GenerationRequest(msgs, SamplerSettings(max_tokens=2)))
-                    ids, restored, s = r.prompt_ids, r.report.restored, r.report.ttft_s
-                else:
-                    ids = engine.prompt_ids(msgs)
-                    restored = best["engine"][2] if "engine" in best else engine.generate(
-                        GenerationRequest(msgs, SamplerSettings(max_tokens=1))).report.restored
-                    if cached_for != restored:
-                        cache, cached_for = prefilled_cache(engine, ids[:restored]), restored
+                    restored, s = r.report.restored, r.report.ttft_s
+                    cached_for = cached_for if cached_for is not None else restored
+                    assert restored == cached_for, "every repetition restores the same point"
+                else:  # after the engine's first run (repetition 0 starts with it): the same restore point
+                    if cache is None:
+                        cache = prefilled_cache(engine, ids[:cached_for])
+                    restored = cached_for
                     s = mlx_lm_followup(engine, ids, restored, cache)
                 C.log(f"context {ctx} rep {rep} {side:7s}: prompt {len(ids)}, restored {restored}, "
                       f"prefilled {len(ids) - restored}, first token {s:.2f} s")
                 if side not in best or s < best[side][0]:
                     best[side] = (s, len(ids), restored, len(ids) - restored)
         e, m = best["engine"], best["mlx-lm"]
+        assert (e[1], e[2]) == (m[1], m[2]), "both sides must prefill the same tokens"
         rows.append([f"{e[2]:,}", f"{e[1]:,}", e[3], C.fmt_s(m[0]), f"{m[3] / m[0]:.0f}", C.fmt_s(e[0]),
                      f"{e[3] / e[0]:.0f}", C.fmt_ratio(m[0] / e[0])])
         data.append({"context": ctx, "engine": e, "mlx_lm": m})

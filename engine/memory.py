@@ -29,8 +29,9 @@ BUDGET_MAX = 4 * GIB
 # MLX keeps freed buffers for reuse up to this many bytes (mx.set_cache_limit). MLX's own default
 # is its memory limit on Metal (most of the machine's memory: the cache grows with every new
 # buffer size a long chat asks for and is never given back) and 32 MiB on the CPU backend.
-# The cost of each limit in speed is in docs/benchmarks.md ("MLX's buffer cache").
-MLX_CACHE_LIMIT = 256 * MIB
+# Measured on the CPU backend (docs/benchmarks.md, "MLX's buffer cache"): 32 MiB is as fast as
+# 128 and 512 MiB, which cost their size in RSS; 0 is slower (CPU time 1.19x a follow-up).
+MLX_CACHE_LIMIT = 32 * MIB
 _cache_limit: int | None = None  # what limit_mlx_cache set last (MLX cannot be asked)
 
 
