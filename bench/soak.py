@@ -91,7 +91,8 @@ def server(model: Path, cache: Path, requests: int, every: int) -> None:
 def engine_chat(spec: str, turns: int, new: int, reply: int, budget_mib: int, context: int) -> None:
     """A chat of `turns` turns (~`new` tokens each, replies of `reply` tokens) with the engine
     alone; RSS and the memory's parts after each turn, then whether RSS leveled off once the
-    memory tier was full (its bytes plus a turn's growth past the budget)."""
+    memory tier was full (its bytes plus a turn's growth past the budget): what RSS still adds a
+    turn beside what the conversation's own KV state adds (its prompt grows; `--context` caps it)."""
     from bench.common import text_of_tokens
     from engine.engine import Engine
     from engine.memory import MIB
@@ -103,32 +104,34 @@ def engine_chat(spec: str, turns: int, new: int, reply: int, budget_mib: int, co
     settings = SamplerSettings(max_tokens=reply, temperature=0.7, seed=7)
     msgs: list[dict] = []
     seen = []
+    per_token = 0.0  # KV bytes a token (from the snapshots the tier holds)
     for t in range(turns):
         msgs = msgs + [{"role": "user", "content": text_of_tokens(eng, new, 300 + t)}]
         r = eng.generate(GenerationRequest(msgs, settings, context_policy="truncate", context_length=context or None))
         msgs = msgs + [{"role": "assistant", "content": r.text}]
         m = eng.memory_report()
-        seen.append((r.report.prompt_tokens, m))
+        per_token = max([per_token] + [x.nbytes / x.length for x in eng.cache.metas() if x.length])
+        seen.append((r.report.prompt_tokens + len(r.tokens), m))
         print(f"turn {t}: prompt {r.report.prompt_tokens}, restored {r.report.restored}; RSS {m.rss / MIB:.0f} MB; "
               f"tier {m.tier / MIB:.0f} of {m.tier_budget / MIB:.0f} MB ({m.tier_entries} snapshots), live KV "
               f"{m.live_kv / MIB:.0f} MB, weights {m.weights / MIB:.0f} MB, MLX active {m.mlx_active / MIB:.0f} MB, "
               f"cache {m.mlx_cache / MIB:.0f} MB", flush=True)
     eng.close()
     rss = [m.rss / MIB for _, m in seen]
-    grew = [b.tier - a.tier for (_, a), (_, b) in zip(seen, seen[1:])]
-    step = max(grew, default=0)
+    step = max([b.tier - a.tier for (_, a), (_, b) in zip(seen, seen[1:])], default=0)
     full = next((i for i, (_, m) in enumerate(seen) if m.tier + step > m.tier_budget), None)
     print(f"engine: {turns} turns; RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB "
           f"({(rss[-1] - rss[0]) / max(turns - 1, 1):.1f} MB a turn)")
     if full is None or full >= turns - 2:
         print("the memory tier never filled: nothing to level off yet (a smaller --memory-budget-mib fills it)")
         return
+    n = turns - 1 - full
     before = (rss[full] - rss[0]) / max(full, 1)
-    after = (rss[-1] - rss[full]) / (turns - 1 - full)
-    kv = (seen[-1][1].live_kv - seen[full][1].live_kv) / MIB / (turns - 1 - full)
-    print(f"the tier filled at turn {full}: RSS grew {before:.1f} MB a turn before, {after:.1f} MB a turn after "
-          f"(the live conversation's own KV cache: {kv:.1f} MB a turn); "
-          + ("levels off" if after <= max(kv, 0) + 2 else "still growing"))
+    after = (rss[-1] - rss[full]) / n
+    kv = (seen[-1][0] - seen[full][0]) * per_token / MIB / n
+    print(f"the tier filled at turn {full}: RSS grew {before:.1f} MB a turn before, {after:.1f} MB a turn after; "
+          f"the conversation's own KV state grew {kv:.1f} MB a turn after ({per_token / 1024:.0f} KB a token): "
+          + ("levels off beside it" if after <= kv + 2 else f"{after - kv:.1f} MB a turn more than it"))
 
 
 def main() -> None:
