@@ -59,7 +59,10 @@ FT = "tests/test_free_text.py::"
 KP = "tests/test_kept_prefix.py::"
 DO = "tests/test_documents.py::"
 DH = "tests/test_documents_hostile.py::"
-KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
+PP = "tests/test_planted_promises.py::"
+RP = "tests/test_run_progress.py::"
+MM = "tests/test_memory.py::"
+KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in needed) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -688,6 +691,86 @@ MUTATIONS: list[Mutation] = [
           "(system_end[0] > spans[-1].end if spans else False)"),),
         (KP + "test_a_second_session_restores_the_system_turn",
          KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
+    ),
+    # issue 50, item 5: a stopped run's report states what it did (tests/test_run_progress.py)
+    Mutation(
+        "a run stopped mid-prefill reports no tokens forwarded",
+        (("engine/generate/loop.py", "        return Prefilled(forwarded, True, done - restored, time.perf_counter())\n",
+          "        return Prefilled(forwarded, True, 0, time.perf_counter())\n"),),
+        (RP + "test_a_run_stopped_mid_prefill_reports_the_tokens_it_forwarded_and_its_seed",),
+    ),
+    Mutation(
+        "a run stopped after its prefill lists the last prompt token's forward",
+        (("engine/generate/loop.py", "    if is_cancelled():  # the last prompt token is never forwarded: nothing will be decoded\n",
+          "    forwarded.append([n_prompt - 1, n_prompt])\n"
+          "    if is_cancelled():  # the last prompt token is never forwarded: nothing will be decoded\n"),),
+        (RP + "test_a_run_stopped_after_its_prefill_never_forwarded_the_last_prompt_token",),
+    ),
+    Mutation(
+        "the tokenizer's length warning logged where the engine only counts",
+        (("engine/generate/templating.py",
+          'logging.getLogger("transformers.tokenization_utils_base").addFilter(_OnlyCounting())\n', ""),),
+        ("tests/test_counting.py::test_counting_a_conversation_longer_than_the_tokenizers_maximum_logs_no_warning",),
+    ),
+    # issue 50, item 7: memory visible and bounded (tests/test_memory.py)
+    Mutation(
+        "a smaller memory budget evicts nothing until the next store",
+        (("engine/cache/memory_tier.py", "            self.budget_bytes = budget_bytes\n            self._evict()\n",
+          "            self.budget_bytes = budget_bytes\n"),),
+        (MM + "test_a_smaller_budget_evicts_at_once_and_a_larger_one_keeps_more",),
+    ),
+    Mutation(
+        "the memory tier keeps what its budget has no room for",
+        (("engine/cache/memory_tier.py", "            self._insert(entry, blocks)\n            self._evict()\n",
+          "            self._insert(entry, blocks)\n"),),
+        (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
+    ),
+    Mutation(
+        "MLX's buffer cache left unbounded",
+        (("engine/memory.py", "    return int(mx.set_cache_limit(limit))\n", "    return int(mx.set_cache_limit(1 << 40))\n"),),
+        (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
+    ),
+    # issue 50, item 9: promises no test checked (tests/test_planted_promises.py)
+    Mutation(
+        "a logprob rounded as it is reported",
+        (("engine/generate/sampling.py",
+          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n",
+          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0].astype(mx.float16)"
+          ".astype(mx.float32), logprobs\n"),),
+        (PP + "test_a_reported_logprob_is_the_log_softmax_of_its_steps_logits",),
+    ),
+    Mutation(
+        "logprobs of the tempered distribution",
+        (("engine/generate/sampling.py",
+          "        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)\n",
+          "        logits = logits / (self.s.temperature or 1.0)\n"
+          "        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)\n"),),
+        (PP + "test_a_reported_logprob_is_the_log_softmax_of_its_steps_logits",),
+    ),
+    Mutation(
+        "only the first document's end is a cut",
+        (("engine/generate/prepare.py", "{s.end for s in spans if s.cut}", "{s.end for s in spans[:1] if s.cut}"),),
+        (PP + "test_the_second_of_two_documents_gets_its_own_cut_and_snapshot",),
+    ),
+    Mutation(
+        "a document snapshot only at the first document's end",
+        (("engine/generate/prepare.py", "for i, s in enumerate(spans) if s.cut}",
+          "for i, s in enumerate(spans[:1]) if s.cut}"),),
+        (PP + "test_the_second_of_two_documents_gets_its_own_cut_and_snapshot",),
+    ),
+    Mutation(
+        "a snapshot of two documents kept only while both are in use",
+        (("engine/cache/eviction.py", "        needed = meta.documents[:1] if meta.trimmable else meta.documents\n",
+          "        needed = meta.documents\n"),),
+        (PP + "test_which_documents_keep_a_document_snapshot_ahead",
+         PP + "test_a_snapshot_of_two_documents_with_one_still_in_use"),
+    ),
+    Mutation(
+        "a snapshot of two documents kept while any of them is in use",
+        (("engine/cache/eviction.py", KEPT_WHILE_USED,
+          "        return 1 if used is None or any(d in used for d in meta.documents) else 0\n"),),
+        (PP + "test_which_documents_keep_a_document_snapshot_ahead",
+         PP + "test_a_snapshot_of_two_documents_with_one_still_in_use"),
     ),
 ]
 

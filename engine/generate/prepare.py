@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from engine.constraint import check_tool_results
-from engine.documents.placement import DocumentSpan, block, document_spans, place
+from engine.documents.extract import Document
+from engine.documents.placement import DocumentSpan, document_costs, document_spans, place
 from engine.errors import RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
@@ -114,7 +115,7 @@ class PromptBuilder:
         whole = render(tok, messages, tools=tools, options=options)
         request = _fit_max_tokens(request, len(whole.ids), limit)
         if request.documents:
-            self._check_documents_fit(messages, request, limit, tools)
+            self._check_documents_fit(messages, whole, request, limit, tools)
         fitted = fit_to_context(lambda m: render(tok, m, tools=tools, options=options), messages,
                                 request.sampler.max_tokens, limit, request.context_policy,
                                 lambda m: len(tok.encode(m["content"])) + 4, whole=whole)
@@ -123,8 +124,7 @@ class PromptBuilder:
         headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools, options)
         spans: list[DocumentSpan] = []
         if request.documents:
-            spans = document_spans(lambda text, at: encode_prefix(tok, text, at), fitted.messages, request.documents,
-                                   prompt, fitted.rendered.text)
+            spans = document_spans(self._encode, fitted.messages, request.documents, prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
         system_end = self.starts(fitted.messages[:1], prompt, tools, options) if (
             fitted.messages[0].get("role") == "system") else []
@@ -133,6 +133,19 @@ class PromptBuilder:
         return Prepared(replace(request, messages=fitted.messages, documents=()), prompt,
                         ContextInfo(limit, len(prompt), fitted.dropped), starts, headers, spans, points, earlier,
                         grammar)
+
+    def _encode(self, text: str, content_at: int) -> list[int]:
+        """A prefix of a rendered prompt as the prompt encodes it (placement.Encode)."""
+        return encode_prefix(self.lm.tokenizer, text, content_at)
+
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """What each of `documents` costs in a conversation with `system_prompt` about them
+        (placement.document_costs: its block and the separator before it, the count a refusal
+        and the report's spans give), in placement order."""
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        placed = place(messages + [{"role": "user", "content": "?"}], documents)
+        whole = render(self.lm.tokenizer, placed)
+        return document_costs(self._encode, placed, documents, whole.ids, whole.text)
 
     def guide(self, p: Prepared) -> Optional[Guide]:
         """A new guide through `p`'s grammar for one generation (None: decoding is free)."""
@@ -201,11 +214,12 @@ class PromptBuilder:
 
     # -- step 4: fit
 
-    def _check_documents_fit(self, placed: list[Message], request: GenerationRequest, limit: Optional[int],
-                             tools: Tools) -> None:
+    def _check_documents_fit(self, placed: list[Message], whole: Rendered, request: GenerationRequest,
+                             limit: Optional[int], tools: Tools) -> None:
         """Documents that cannot fit beside the reply are refused before any prefill, with the
         numbers: never truncated, never left out by the context policy. What they take is the
-        system message they end, rendered alone (the memoized render step 5 reads again)."""
+        system message they end, rendered alone (the memoized render step 5 reads again); each
+        one's size is its cost in the whole prompt (placement.document_costs)."""
         if not limit:
             return
         options = request.template_options
@@ -216,8 +230,8 @@ class PromptBuilder:
         room = limit - request.sampler.max_tokens
         if n <= room:
             return
-        tok = self.lm.tokenizer
-        sizes = ", ".join(f"{d.name} {len(tok.encode(block(d))):,}" for d in request.documents)
+        costs = document_costs(self._encode, placed, request.documents, whole.ids, whole.text)
+        sizes = ", ".join(f"{d.name} {n:,}" for d, n in zip(request.documents, costs))
         raise RequestError(f"the documents take {n:,} tokens with the system prompt ({sizes}); the context holds "
                            f"{limit:,} with {request.sampler.max_tokens:,} kept for the reply, so at most "
                            f"{max(room, 0):,} fit: attach fewer pages or documents, or use a model with a longer "
