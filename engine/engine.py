@@ -18,6 +18,7 @@ from typing import Any, Callable, Generator, Iterable, Optional
 from engine.cache.disk.tier import DiskCache
 from engine.cache.eviction import DocumentsKept
 from engine.cache.families import class_names
+from engine.cache.kinds import SnapshotKind
 from engine.cache.namespace import cache_key
 from engine.cache.prompt_cache import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError
@@ -192,7 +193,7 @@ class Engine:
         is loaded, before anything is asked, `engine serve` at start; the number of snapshots read."""
         lm = self._lm()
         return len(self.cache.preload(cache_key(lm.key, None),
-                                      lambda m: m.kind == "document" and self.eviction.keep_priority(m) > 0))
+                                      lambda m: m.kind == SnapshotKind.DOCUMENT and self.eviction.keep_priority(m) > 0))
 
     def measure(self, request: GenerationRequest) -> ContextInfo:
         """The whole prompt of `request` in tokens (nothing left out, nothing refused) and the

@@ -1,7 +1,8 @@
 """The one thread that owns the Engine: every piece of MLX work runs here, in order.
 
 MLX streams are thread-local, so the model, its caches and every array must be created and
-used on one thread. `EngineExecutor` is a single-worker `ThreadPoolExecutor` whose initializer
+used on one thread. (The one other thread that calls MLX, the disk writer, only slices and
+saves snapshot arrays this thread has already evaluated: engine/cache/disk/tier.py, "Threads".) `EngineExecutor` is a single-worker `ThreadPoolExecutor` whose initializer
 creates the Engine on that thread; `submit(fn)` runs `fn(engine)` there and returns a
 `concurrent.futures.Future`. The GUI awaits those futures on its asyncio (qasync) loop, the
 local server does the same on its own loop, and the CLI simply calls the Engine directly.

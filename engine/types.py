@@ -306,7 +306,7 @@ class CacheReport:
     restored: int = 0  # tokens restored into the live cache (never the whole prompt)
     stored: Optional[int] = None  # length of the snapshot used, None if none
     partial: bool = False  # restored < stored (a trimmable cache was cut back)
-    source: Optional[str] = None  # "memory" | "disk" | None
+    source: Optional[str] = None  # engine.cache.kinds.RestoreSource ("memory" | "disk"); None: cold
     layer_offsets: list[Optional[int]] = field(default_factory=list)
     layers: list[LayerInfo] = field(default_factory=list)
     declines: list[str] = field(default_factory=list)

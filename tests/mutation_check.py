@@ -374,9 +374,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a manifest committed before its blocks are on disk",
-        (("engine/cache/disk/store.py", "            for row in rows:\n                size += self.files.write(snap, row, written)\n"
-          "            commit()\n",
-          "            commit()\n            for row in rows:\n                size += self.files.write(snap, row, written)\n"),),
+        (("engine/cache/disk/store.py", "            packs = [self.files.write(snap, row, written) for row in rows]\n"
+          "            commit(packs)\n",
+          "            commit(rows)\n            packs = [self.files.write(snap, row, written) for row in rows]\n"),),
         (DC + "test_sigkill_while_writing_leaves_consistent_cache",),
     ),
     # issue 27 (reply header cuts): each earlier reply's header is forwarded as its own turn did
@@ -493,6 +493,18 @@ MUTATIONS: list[Mutation] = [
         (("engine/cache/disk/tier.py", "        if read.lost:\n", "        if False:\n"),),
         (HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[deleted_pack]",
          HF + "test_generate_on_a_hostile_cache_answers_like_a_cold_run_and_names_the_loss[truncated_pack]"),
+    ),
+    # issue 48: the disk tier's owners (a typed missing pack; what the index shares with its views is frozen)
+    Mutation(
+        "a reader keeps the blocks before a damaged pack, as if the pack were gone",
+        (("engine/cache/disk/reader.py", "            except PackMissing as e:\n", "            except SnapshotError as e:\n"),),
+        (BS + "test_a_reader_declines_a_snapshot_whose_later_pack_is_damaged_not_gone",),
+    ),
+    Mutation(
+        "a use changes the entry in place, under the views that share it",
+        (("engine/cache/disk/index.py", "        self._entries[sid] = replace(e, last_used=at)\n",
+          "        object.__setattr__(e, \"last_used\", at)\n"),),
+        ("tests/test_disk_ownership.py::test_what_the_index_shares_with_its_views_is_frozen_and_a_use_replaces_the_entry",),
     ),
     # issue 39: Continue goes on with the unstopped run's key schedule
     Mutation(

@@ -7,6 +7,7 @@ Real MLX arrays, real files; engine-level tests use the tiny real models of test
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from dataclasses import replace
@@ -17,12 +18,14 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from engine.cache.blocks import block_bounds, block_keys
+from engine.cache.disk import format as disk_format
 from engine.cache.disk import writer as dw
 from engine.cache.disk.tier import DiskCache
 from engine.cache.prompt_cache import PromptCache
 from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
 from engine.engine import Engine
+from engine.errors import SnapshotError
 from engine.types import GenerationRequest, SamplerSettings
 from tests.tiny_models import build_model
 
@@ -264,5 +267,31 @@ def test_a_reader_whose_blocks_vanish_restores_the_longest_prefix_left(tmp_path)
     plan, cache = front.fetch(KEY, list(b.meta.tokens) + [99], "fast", ())
     assert plan.reuse == 16 and cache is not None and cache[0].offset == 16
     assert any("left on disk" in d for d in plan.declines), plan.declines
+    reader.close()
+    writer.close()
+
+
+def test_a_reader_declines_a_snapshot_whose_later_pack_is_damaged_not_gone(tmp_path):
+    """Only a pack that is not there (`PackMissing`) leaves a reader the prefix before it: B's own
+    pack forged (its checksum matching, its layers naming a tensor it lacks: an error that says
+    "missing") makes B unusable, and A, which does not use that pack, stays."""
+    root = tmp_path / "c"
+    a, b, _ = _a_and_b(root)
+    doc = json.loads((root / "index.json").read_text())
+    [own] = [p for p in doc["packs"] if p["start"] == 16]
+    path = root / "snapshots" / f"{own['id']}.safetensors"
+    header = disk_format.read_header(path)["__metadata__"]
+    mx.save_safetensors(str(path), {"x": mx.zeros((2,))}, metadata=dict(header, layers=json.dumps({"0": {"a": "nope"}})))
+    data = path.read_bytes()
+    own.update(file_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (root / "index.json").write_text(json.dumps(doc))
+    writer = DiskCache(root, budget_bytes=1 << 30)
+    reader = DiskCache(root, budget_bytes=1 << 30)
+    assert not reader.writable and {m.id for m in reader.entries(KEY)} == {a.meta.id, b.meta.id}
+    meta_b = next(m for m in reader.entries(KEY) if m.id == b.meta.id)
+    with pytest.raises(SnapshotError, match="missing tensor"):
+        reader.load(meta_b)
+    assert [m.id for m in reader.entries(KEY)] == [a.meta.id]
+    assert same_state(reader.load(reader.entries(KEY)[0]).full_cache(), a.cache)
     reader.close()
     writer.close()

@@ -27,6 +27,7 @@ from engine.blas import blas_library
 from engine.cache import env as cache_env
 from engine.cache.disk import files as disk_files
 from engine.cache.disk import format as disk_format
+from engine.cache.disk import store as disk_store
 from engine.cache.disk import writer as dw
 from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.packfiles import TMP_PREFIX
@@ -819,10 +820,10 @@ def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
     eng = engine(models["llama"], tmp_path / "cache")
     eng.generate(req())
     assert eng.cache.disk.flush(10)
-    tid = eng.cache.disk.writer.thread.native_id
+    tid = eng.cache.disk.store.thread.native_id
     stat = Path(f"/proc/self/task/{tid}/stat").read_text()
     nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat, counted after "(comm)"
-    assert nice == dw.WRITER_NICE
+    assert nice == disk_store.WRITER_NICE
     eng.close()
 
 

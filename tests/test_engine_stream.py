@@ -100,7 +100,7 @@ def test_a_closed_stream_leaves_no_write_hold_on_the_disk_tier(tiny_model: Path,
             break
     events.close()
     disk = eng.cache.disk
-    assert disk.writer.holds == 0  # the generation's hold on background writes ended with it
+    assert disk.queue.holds == 0  # the generation's hold on background writes ended with it
     assert disk.flush(timeout=60)
     # whatever the closed generation kept in memory also reached the disk tier
     assert {m.id for m in eng.cache.metas()} <= {m.id for m in disk.entries(eng.lm.key)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Hashable, Iterable, Optional, TypeVar
 
+from engine.cache.kinds import SnapshotKind
 from engine.cache.meta import SnapshotMeta
 
 K = TypeVar("K", bound=Hashable)
@@ -49,7 +50,7 @@ class DocumentsKept(EvictionPolicy):
         self.in_use: Optional[frozenset[str]] = None if in_use is None else frozenset(in_use)
 
     def keep_priority(self, meta: SnapshotMeta) -> int:
-        if meta.kind != "document":
+        if meta.kind != SnapshotKind.DOCUMENT:
             return 0
         used = self.in_use  # one read: another thread may set it meanwhile
         return 1 if used is None or all(d in used for d in meta.documents) else 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.cache.kinds import SnapshotKind
+
 
 @dataclass
 class SnapshotMeta:
@@ -13,7 +15,7 @@ class SnapshotMeta:
     id: str
     model_key: str
     tokens: tuple[int, ...]
-    kind: str  # "pre-last" | "end" | "boundary" | "partial" | "document"
+    kind: SnapshotKind
     exact_cuts: tuple[int, ...]  # ascending cuts of a canonical history, each <= len(tokens)
     classes: tuple[str, ...]
     trimmable: bool
@@ -24,7 +26,7 @@ class SnapshotMeta:
     # Where its blocks end besides `length`: the schedule's cuts it was prefilled at, and the
     # restore point it started from (engine/cache/blocks.py).
     block_ends: tuple[int, ...] = ()
-    # A "document" snapshot: the digests (Document.digest: the file's SHA-256) of the attached
+    # A document snapshot: the digests (Document.digest: the file's SHA-256) of the attached
     # documents its state holds, in order; what tells eviction whether a conversation still
     # uses it (engine/cache/eviction.py). () for every other kind, and for older packs.
     documents: tuple[str, ...] = ()

@@ -27,7 +27,13 @@ Snapshot kinds, taken per generation:
   it back to the last message boundary).
 - ``boundary``: for caches that cannot be cut back (wrapped sliding window, SSM state), a copy
   taken during prefill at the last cut before n - 1: what exact mode reuses on the next turn.
-- ``partial``: a prefill stopped at an exact cut.
+- ``partial``: a prefill stopped at an exact cut; also a prefix read back from disk (a restore
+  that needs fewer tokens than the snapshot holds, or whose later blocks another instance deleted).
+- ``document``: the state holding attached documents: at each document's end that is a cut, and
+  where the system message after the last one ends (Engine's `_document_points`); eviction keeps
+  it ahead of the other kinds while a conversation holds its documents (eviction.py).
+
+The kinds are `kinds.SnapshotKind`, a StrEnum: on disk and in reports they are these strings.
 """
 from __future__ import annotations
 
@@ -35,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional, Sequence
 
 from engine.cache.families import cut_reason
+from engine.cache.kinds import RestoreSource, SnapshotKind
 from engine.cache.meta import SnapshotMeta
+from engine.types import Mode
 
 
 def schedule_cuts(n_prompt: int, chunk: int, message_starts: Sequence[int] = (),
@@ -74,7 +82,7 @@ class Plan:
     """What to restore: a snapshot cut back (or not) to `reuse` tokens."""
 
     meta: Optional[SnapshotMeta] = None
-    source: Optional[str] = None
+    source: Optional[RestoreSource] = None
     reuse: int = 0
     matched: int = 0
     declines: list[str] = field(default_factory=list)
@@ -110,7 +118,7 @@ def exact_tail_at(meta: SnapshotMeta, reuse: int, cuts: Sequence[int], singles_f
     return exact_at(meta, singles_from, cuts) and decoded_alone(meta, singles_from, reuse)
 
 
-def reuse_point(meta: SnapshotMeta, matched: int, mode: str, cuts: Sequence[int],
+def reuse_point(meta: SnapshotMeta, matched: int, mode: Mode, cuts: Sequence[int],
                 singles_from: Optional[int] = None) -> int:
     """The longest prefix of `meta` that may be restored for a prompt with schedule `cuts`.
 
@@ -135,9 +143,9 @@ DISK_SLACK_SHARE = 16
 
 
 def plan_restore(
-    candidates: Sequence[tuple[SnapshotMeta, str]],
+    candidates: Sequence[tuple[SnapshotMeta, RestoreSource]],
     prompt: Sequence[int],
-    mode: str,
+    mode: Mode,
     cuts: Sequence[int],
     singles_from: Optional[int] = None,
     ready: Optional[str] = None,
@@ -164,14 +172,14 @@ def plan_restore(
     if not options:
         return plan
     # Ties: memory before disk, then the copy at hand, then the smallest snapshot (least to copy and cut).
-    options.sort(key=lambda o: (o.usable, o.source == "memory", o.meta.id == ready, -o.meta.length), reverse=True)
+    options.sort(key=lambda o: (o.usable, o.source == RestoreSource.MEMORY, o.meta.id == ready, -o.meta.length), reverse=True)
     best = options[0]
-    if best.source == "disk" and best.usable < limit:
+    if best.source == RestoreSource.DISK and best.usable < limit:
         # A few tokens more from the disk are not worth reading it: a memory snapshot nearly as
         # long wins (a document's state, read ahead at start, against a conversation's end a
         # header longer). Never for a regenerate: a restore of all but the last token stays one.
         slack = max(DISK_SLACK, best.usable // DISK_SLACK_SHARE)
-        near = [o for o in options if o.source == "memory" and o.usable > 0 and best.usable - o.usable <= slack]
+        near = [o for o in options if o.source == RestoreSource.MEMORY and o.usable > 0 and best.usable - o.usable <= slack]
         if near:
             best = near[0]
     if best.usable > 0:
@@ -188,7 +196,7 @@ class _Option(NamedTuple):
 
     usable: int  # tokens it may restore (0: it cannot be cut back to its reuse point)
     meta: SnapshotMeta
-    source: str  # "memory" | "disk"
+    source: RestoreSource
     matched: int  # its common prefix with the prompt
     problem: Optional[str]  # why it cannot be restored as far as it matches (a decline)
 
@@ -198,7 +206,7 @@ def dominates(a: SnapshotMeta, b: SnapshotMeta) -> bool:
     a trimmable extension of them, with `b`'s exact history as a prefix of `a`'s. A document's
     snapshot is dominated only by another one: it is what eviction keeps (cache/eviction.py),
     and over shared blocks it costs its manifest alone."""
-    if b.kind == "document" and a.kind != "document":
+    if b.kind == SnapshotKind.DOCUMENT and a.kind != SnapshotKind.DOCUMENT:
         return False
     if a.exact_cuts[: len(b.exact_cuts)] != b.exact_cuts:
         return False

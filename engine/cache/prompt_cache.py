@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 from engine.cache.families import rules_of
 from engine.cache.blocks import in_blocks
 from engine.cache.eviction import KEEP_DOCUMENTS, EvictionPolicy
+from engine.cache.kinds import RestoreSource
 from engine.cache.memory_tier import MemoryTier
 from engine.cache.meta import SnapshotMeta
 from engine.cache.planner import Plan, plan_restore
@@ -112,12 +113,12 @@ class PromptCache:
                 disk.release_writes()
 
     # -- lookup ---------------------------------------------------------------------------------
-    def candidates(self, model_key: str) -> list[tuple[SnapshotMeta, str]]:
-        mem = [(m, "memory") for m in self.memory.metas(model_key)]
+    def candidates(self, model_key: str) -> list[tuple[SnapshotMeta, RestoreSource]]:
+        mem = [(m, RestoreSource.MEMORY) for m in self.memory.metas(model_key)]
         seen = {m.id for m, _ in mem}
-        disk: list[tuple[SnapshotMeta, str]] = []
+        disk: list[tuple[SnapshotMeta, RestoreSource]] = []
         if self.disk is not None:
-            disk = [(m, "disk") for m in self.disk.entries(model_key) if m.id not in seen]
+            disk = [(m, RestoreSource.DISK) for m in self.disk.entries(model_key) if m.id not in seen]
         return mem + disk
 
     def fetch(self, model_key: str, prompt: Sequence[int], mode: str, cuts: Sequence[int],
@@ -158,16 +159,16 @@ class PromptCache:
             self.hits += 1
             if plan.meta.id in self.preloaded:  # read from the disk ahead of time: its state came from there
                 self.preloaded.discard(plan.meta.id)
-                plan.source = "disk"
+                plan.source = RestoreSource.DISK
             return plan, cache
 
-    def _restore(self, meta: SnapshotMeta, source: Optional[str], upto: int,
+    def _restore(self, meta: SnapshotMeta, source: Optional[RestoreSource], upto: int,
                  spare: Optional[list[Any]]) -> Optional[list[Any]]:
         """A private copy of `meta`'s first `upto` tokens (read from the disk and promoted to
         memory if need be); None if the disk has fewer than `upto` left."""
         if self.memory.touch(meta.id):
             return self.memory.restore(meta.id, upto, spare)
-        if source == "disk" and self.disk is not None:
+        if source == RestoreSource.DISK and self.disk is not None:
             snap = self.disk.load(meta, upto)
             self.memory.adopt(snap)  # to memory as it was read (no copy)
             if snap.meta.length < upto:

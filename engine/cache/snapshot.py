@@ -34,7 +34,6 @@ def new_snapshot_id() -> str:
 class Snapshot:
     meta: SnapshotMeta
     cache: list[Any]  # mlx-lm cache objects; never handed out, only copies of them
-    source: str = "memory"
 
     # What the disk writer reads (block_state.SharedSnapshot keeps the positions in blocks):
     def span_state(self, i: int, a: int, b: int) -> Any:

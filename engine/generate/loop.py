@@ -36,6 +36,7 @@ from engine.cache.families import (
 )
 from engine.cache.prompt_cache import PromptCache
 from engine.cache.namespace import cache_key
+from engine.cache.kinds import RestoreSource, SnapshotKind
 from engine.cache.meta import SnapshotMeta
 from engine.cache.planner import chunks, exact_at, exact_tail_at, schedule_cuts
 from engine.cache.snapshot import cache_arrays, cache_nbytes, describe_layers, new_snapshot_id
@@ -83,7 +84,7 @@ class _Snapshots:
         if cut:
             self.ends.append(end)
 
-    def take(self, kind: str, tokens: Sequence[int], cache: list[Any],
+    def take(self, kind: SnapshotKind, tokens: Sequence[int], cache: list[Any],
              documents: tuple[str, ...] = ()) -> Optional[str]:  # fmt: skip
         """Store a snapshot of `cache` holding `tokens` (and, a document's, the digests of the
         documents it holds); its id (None: nothing stored)."""
@@ -110,7 +111,7 @@ class _Snapshots:
     def keep_partial(self, prompt: Sequence[int], cache: list[Any], restored: int, done: int) -> None:
         """Stopped mid-prefill with the cache complete up to `done`: keep it if that state is exact."""
         if restored < done and done in self.exact_cuts:
-            self.take("partial", prompt[:done], cache)
+            self.take(SnapshotKind.PARTIAL, prompt[:done], cache)
 
 
 # -- restore -------------------------------------------------------------------------------------
@@ -126,7 +127,7 @@ class Restored:
     layers: list[LayerInfo]  # each layer as restored, before any prefill
     matched: int = 0  # longest common prefix with any stored snapshot
     stored: Optional[int] = None  # length of the snapshot restored from, None if none
-    source: Optional[str] = None  # "memory" | "disk" | None
+    source: Optional[RestoreSource] = None  # None: nothing restored
     declines: list[str] = field(default_factory=list)  # why longer matches were not usable
     forwards: tuple[tuple[int, int], ...] = ()  # the restored positions' history (SnapshotMeta.forwards)
     block_ends: tuple[int, ...] = ()  # where the restored positions' blocks end (the restore point too)
@@ -235,20 +236,20 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
             forwarded.append([start, end])
             yield PrefillProgress(end, n_prompt)
             if end in points.documents:
-                snaps.take("document", prompt[:end], cache, points.held.get(end, ()))
+                snaps.take(SnapshotKind.DOCUMENT, prompt[:end], cache, points.held.get(end, ()))
             elif end == points.boundary:
-                snaps.take("boundary", prompt[:end], cache)
+                snaps.take(SnapshotKind.BOUNDARY, prompt[:end], cache)
     except GeneratorExit:  # closed by the consumer: keep what a regenerate needs, then end
         mx.eval(cache_arrays(cache))
         if done < n_prompt - 1:
             snaps.keep_partial(prompt, cache, restored, done)
         raise
     if points.prelast_now:
-        snaps.take("pre-last", prompt[:-1], cache)
+        snaps.take(SnapshotKind.PRE_LAST, prompt[:-1], cache)
     forwarded.append([n_prompt - 1, n_prompt])
     cancelled = is_cancelled()
     if cancelled and points.prelast_by_end:  # no token will be decoded: no end snapshot to serve
-        snaps.take("pre-last", prompt[:-1], cache)
+        snaps.take(SnapshotKind.PRE_LAST, prompt[:-1], cache)
     return Prefilled(forwarded, cancelled, prefill_tokens=n_prompt - restored)
 
 
@@ -337,7 +338,7 @@ def stream(
         if prompt_cache is not None and decoded.tokens:
             fed = prompt + decoded.tokens[: decoded.forwarded]
             assert all(layer_offset(c) in (None, len(fed)) for c in cache), "cache/token bookkeeping drifted"
-            sid = snaps.take("end", fed, cache)
+            sid = snaps.take(SnapshotKind.END, fed, cache)
             if sid is not None and prompt_cache is not None:  # a regenerate restores from it
                 prompt_cache.keep_spare(sid, cache)  # this cache, handed over: nothing holds it now
         return result(pre, decoded)
@@ -346,7 +347,7 @@ def stream(
             mx.eval(cache_arrays(cache))
             if points.prelast_by_end:  # plain KV: cut the cache back to prompt[:-1]
                 cut_back(cache, (layer_offset(cache[0]) or 0) - (len(prompt) - 1))
-                snaps.take("pre-last", prompt[:-1], cache)
+                snaps.take(SnapshotKind.PRE_LAST, prompt[:-1], cache)
         raise
 
 

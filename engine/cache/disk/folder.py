@@ -2,7 +2,8 @@
 file, the stray files an interrupted write leaves, a damaged index moved aside.
 
 All of it runs once when a tier opens (or when a reader re-reads the writer's index, or takes
-over): I/O and checks, no state. The result is an `Index` handed to its owner (store.py).
+over): I/O and checks, no state. The result is an `Index` handed to its owner (store.py), which
+is the only code that changes it afterwards.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def index_version(index_path: Path) -> Optional[int]:
     return v if type(v) is int else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class IndexRead:
     """What `read_index` found: the valid manifests and packs, and every loss on the way."""
 
@@ -147,7 +148,8 @@ def read_index(index_path: Path, pack_dir: Path, env: str) -> IndexRead:
     it uses is. Never raises for bad content: a cache starts empty."""
     raw_packs: list[Any] = []
     raw: list[Any] = []
-    out = IndexRead(Index(env))
+    damage: Optional[str] = None
+    lost: list[str] = []
     try:
         doc = read_index_doc(index_path)
         if doc is not None:
@@ -157,9 +159,9 @@ def read_index(index_path: Path, pack_dir: Path, env: str) -> IndexRead:
             if not isinstance(raw, list) or not isinstance(raw_packs, list):
                 raise DamagedFile("entries or packs is not a list")
     except (OSError, ValueError) as e:
-        out.damage = str(e)
+        damage = str(e)
         raw, raw_packs = [], []
-    index = out.index
+    index = Index(env)
     for d in raw_packs:
         try:
             row = pack_from_dict(d)
@@ -176,8 +178,7 @@ def read_index(index_path: Path, pack_dir: Path, env: str) -> IndexRead:
                 raise ValueError(f"pack {row.id} has {st.st_size} bytes, its row says {row.file_bytes} "
                                  "(truncated or replaced)")
         except (ValueError, OSError) as e:
-            out.rejected += 1
-            out.lost.append(str(e))
+            lost.append(str(e))
             continue
         index.add_pack(row)
     for d in raw:
@@ -188,10 +189,22 @@ def read_index(index_path: Path, pack_dir: Path, env: str) -> IndexRead:
             if not index.add(e):
                 raise ValueError(f"snapshot {e.meta.id}: a block it names is not on disk")
         except ValueError as err:
-            out.rejected += 1
-            out.lost.append(str(err))
+            lost.append(str(err))
             continue
-    return out
+    return IndexRead(index, len(lost), damage, lost)
+
+
+def tidy(root: Path, pack_dir: Path, index: Index, tmp_prefix: str) -> tuple[bool, int, int]:
+    """A writing instance opens a freshly read `index` (before its owner has it): forget the packs
+    no snapshot uses (a crash between a delete and its files), delete the temp files (interrupted
+    writes) and the packs it does not list (written, but never named by a committed manifest).
+    (whether the index changed, temp files removed, unlisted packs removed)."""
+    changed = bool(index.collect())
+    temps = orphans = 0
+    for path, temp in stray_files(root, pack_dir, index, tmp_prefix):
+        unlink(path)
+        temps, orphans = (temps + 1, orphans) if temp else (temps, orphans + 1)
+    return changed, temps, orphans
 
 
 def stray_files(root: Path, pack_dir: Path, index: Index, tmp_prefix: str) -> Iterator[tuple[Path, bool]]:

@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from engine.cache.env import MAX_ENV_LEN
 from engine.cache.families import layer_offset, persisted, rules_named, trimmable
+from engine.cache.kinds import SnapshotKind
 from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
@@ -38,7 +39,7 @@ MAX_FILE_BYTES = 1 << 40
 MAX_INDEX_BYTES = 512 << 20
 MAX_INDEX_DEPTH = 64  # the index nests 6 deep; a deeper file is damage, not something to parse
 MAX_HEADER_BYTES = 256 << 20
-KINDS = ("pre-last", "end", "boundary", "partial", "document")
+_KINDS = frozenset(SnapshotKind)  # what an entry's "kind" may say (the members are their strings)
 
 def is_snapshot_id(sid: Any) -> bool:
     """Only ids like this ever become file names, so no index content can reach outside the root."""
@@ -144,7 +145,8 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
     if not all(_is_int(t, 0, MAX_TOKEN_ID) for t in tokens):
         raise ValueError("bad token id")
     n = len(tokens)
-    if d.get("kind") not in KINDS:
+    kind = d.get("kind")
+    if not isinstance(kind, str) or kind not in _KINDS:
         raise ValueError("bad kind")
     cuts = d.get("exact_cuts")
     if not isinstance(cuts, list) or not all(_is_int(c, 1, n) for c in cuts) or cuts != sorted(set(cuts)):
@@ -170,7 +172,7 @@ def meta_from_dict(d: Any) -> SnapshotMeta:
         id=sid,
         model_key=key,
         tokens=tuple(tokens),
-        kind=d["kind"],
+        kind=SnapshotKind(kind),
         exact_cuts=tuple(cuts),
         classes=tuple(classes),
         trimmable=d["trimmable"],

@@ -20,7 +20,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 
@@ -40,7 +40,7 @@ from engine.cache.disk.format import (
     read_header,
 )
 from engine.cache.meta import SnapshotMeta
-from engine.cache.block_state import MemBlock, MemPack, SharedSnapshot, block_arrays, state_nbytes
+from engine.cache.block_state import MemBlock, MemPack, block_arrays, state_nbytes
 from engine.cache.blocks import block_bounds
 from engine.cache.snapshot import Snapshot, cache_arrays, sliced
 from engine.errors import SnapshotError
@@ -57,9 +57,9 @@ def _env_ok(env: Any) -> bool:
     return isinstance(env, str) and len(env) <= MAX_ENV_LEN
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackRow:
-    """The index row of one pack file."""
+    """The index row of one pack file (frozen: the index and its views share it)."""
 
     id: str
     env: str
@@ -119,9 +119,9 @@ def pack_from_dict(d: Any) -> PackRow:
     return PackRow(d["id"], env, key, start, end, rows, whole, fb, sha)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Entry:
-    """A snapshot on disk: its manifest."""
+    """A snapshot on disk: its manifest (frozen: the index and its views share it)."""
 
     meta: SnapshotMeta
     env: str  # compute_env() of the process that computed it
@@ -244,12 +244,21 @@ def _check_parts(parts: list[Any], n: int) -> None:
             _check_parts([p[i] for p in parts], n)
 
 
+class Assembled(NamedTuple):
+    """A snapshot's state rebuilt from its packs (what `SharedSnapshot` is made of), and its bytes."""
+
+    cache: list[Any]
+    blocks: list[MemBlock]
+    blocked: list[bool]
+    nbytes: int
+
+
 def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whole: Optional[LoadedPack],
-             names: Sequence[str]) -> tuple[SharedSnapshot, int]:
-    """The snapshot `meta` from the pieces [a, b) of packs covering [0, length) in order (layers
-    kept in blocks: each piece becomes a `MemPack` of views of the pack's arrays, its blocks
-    named `names`; nothing is joined, the memory tier's restore joins once) and the pack of its
-    whole pieces (the other layers, rebuilt). Also the bytes of its state."""
+             names: Sequence[str]) -> Assembled:
+    """The state of snapshot `meta` from the pieces [a, b) of packs covering [0, length) in order
+    (layers kept in blocks: each piece becomes a `MemPack` of views of the pack's arrays, its
+    blocks named `names`; nothing is joined, the memory tier's restore joins once) and the pack
+    of its whole pieces (the other layers, rebuilt)."""
     n = meta.length
     pos = 0
     for _, a, b in pieces:
@@ -314,4 +323,4 @@ def assemble(meta: SnapshotMeta, pieces: list[tuple[LoadedPack, int, int]], whol
     except Exception as e:
         raise SnapshotError(f"cannot rebuild cache: {e}") from None
     nbytes = sum(p.nbytes for p in packs) + sum(a.nbytes for a in whole_arrays)
-    return SharedSnapshot(meta, cache, blocks, blocked), nbytes
+    return Assembled(cache, blocks, blocked, nbytes)

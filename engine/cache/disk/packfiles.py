@@ -9,6 +9,7 @@ index (store.py) decides what to write and when, the engine thread reads packs t
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -28,6 +29,11 @@ class BadPack(SnapshotError):
     """A pack that is there but fails its checks: every snapshot using it is unusable."""
 
 
+class PackMissing(SnapshotError):
+    """A pack the index names is not on disk: the writing instance deleted it after this one (a
+    reader) read its index. A reader keeps what comes before it (reader.py)."""
+
+
 class PackFiles:
     """The pack folder and the index file of one cache root (see the module doc)."""
 
@@ -39,13 +45,17 @@ class PackFiles:
         self.hooks = hooks
         self.pause = pause  # between the arrays of a write: a generation that started gets the CPU
 
+    def use_hooks(self, hooks: WriterHooks) -> None:
+        """Observe each step of a write with `hooks` from now on (tests)."""
+        self.hooks = hooks
+
     def path(self, pack_id: str) -> Path:
         return self.pack_dir / f"{pack_id}{PACK_SUFFIX}"
 
     # -- write ---------------------------------------------------------------------------------
-    def write(self, snap: Snapshot, row: PackRow, written: list[Path]) -> int:
-        """Write the pack `row` describes (temp file, fsync, rename, fsync the folder); its size.
-        Fills in the row's size and checksum; appends the file to `written` once renamed."""
+    def write(self, snap: Snapshot, row: PackRow, written: list[Path]) -> PackRow:
+        """Write the pack `row` describes (temp file, fsync, rename, fsync the folder); the row
+        with the file's size and checksum. Appends the file to `written` once renamed."""
         tensors, header_meta = encode_pack(snap, row)
         final = self.path(row.id)
         tmp = self.pack_dir / f"{TMP_PREFIX}{row.id}-{os.getpid()}{PACK_SUFFIX}"
@@ -66,8 +76,7 @@ class PackFiles:
                 self.pause()
                 fsync(f.fileno())
                 size = f.tell()
-            row.sha256 = writer.hash.hexdigest() if writer.linear and writer.pos == size else file_sha256(tmp)
-            row.file_bytes = size
+            sha256 = writer.hash.hexdigest() if writer.linear and writer.pos == size else file_sha256(tmp)
             self.hooks.point("temp_synced")
             os.replace(tmp, final)
             written.append(final)
@@ -78,7 +87,7 @@ class PackFiles:
             if writer is not None and writer.error is not None and not isinstance(e, OSError):
                 raise writer.error from None  # the errno MLX wrapped away
             raise
-        return size
+        return replace(row, file_bytes=size, sha256=sha256)
 
     def write_index(self, blob: bytes) -> None:
         """Atomically replace index.json with `blob` (temp file, fsync, rename, fsync the root)."""
@@ -108,12 +117,12 @@ class PackFiles:
     # -- read ----------------------------------------------------------------------------------
     def read(self, row: PackRow, env: str) -> LoadedPack:
         """Read pack `row` and check it against its row (size, sha256, header, layers).
-        SnapshotError "pack ... missing" if the file is gone; `BadPack` if it fails a check."""
+        `PackMissing` if the file is gone; `BadPack` if it fails a check."""
         try:
             # A regular file only, at most one byte past its row's size (more is a mismatch anyway).
             data = read_regular(self.path(row.id), row.file_bytes + 1)
         except FileNotFoundError:
-            raise SnapshotError(f"pack {row.id} missing") from None
+            raise PackMissing(f"pack {row.id} missing") from None
         except DamagedFile as e:
             raise BadPack(f"pack {row.id}: {e}") from None
         except OSError as e:

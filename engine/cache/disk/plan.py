@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from dataclasses import replace
 from typing import Container
 
 from engine.cache.blocks import block_bounds, block_keys, pack_groups
@@ -44,7 +45,7 @@ def plan_packs(snap: Snapshot, env: str, have: Container[str]) -> tuple[list[str
             for group in pack_groups(new, meta.canonical, snap.run_ends())]
     if whole is not None:
         if rows:
-            rows[-1].whole = whole
+            rows[-1] = replace(rows[-1], whole=whole)
         else:
             rows.append(PackRow(new_pack_id(), env, meta.model_key, meta.length, meta.length, [], whole, 0, ""))
     return names, rows

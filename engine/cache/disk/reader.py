@@ -10,21 +10,23 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional
 
+from engine.cache.block_state import SharedSnapshot
 from engine.cache.blocks import block_keys, prefix_meta_fields
 from engine.cache.disk.format import checked_trimmable
 from engine.cache.disk.index import IndexView
 from engine.cache.disk.pack import Entry, LoadedPack, PackRow, assemble
-from engine.cache.disk.packfiles import BadPack, PackFiles
-from engine.cache.snapshot import Snapshot, new_snapshot_id
+from engine.cache.disk.packfiles import BadPack, PackFiles, PackMissing
+from engine.cache.kinds import SnapshotKind
+from engine.cache.snapshot import new_snapshot_id
 from engine.errors import SnapshotError
 
 
 def read_snapshot(entry: Entry, view: IndexView, files: PackFiles, writable: bool,
-                  on_bad_pack: Callable[[str], None], upto: Optional[int] = None) -> Snapshot:
+                  on_bad_pack: Callable[[str], None], upto: Optional[int] = None) -> SharedSnapshot:
     """Read, verify and rebuild `entry`'s snapshot. A pack that fails its checks is reported to
     `on_bad_pack` (every snapshot using it is unusable) and raises. A reader (`writable` False)
-    that finds a pack gone gets the longest prefix whose blocks are still there, if its layers
-    allow cutting it. `upto`: read a snapshot that can be cut only up to the first block end at
+    that finds a pack gone (`PackMissing`) gets the longest prefix whose blocks are still there,
+    if its layers allow cutting it. `upto`: read a snapshot that can be cut only up to the first block end at
     or past it, as a shorter snapshot of a new id (the one on disk stays whole)."""
     meta = entry.meta
     env = view.env
@@ -43,7 +45,7 @@ def read_snapshot(entry: Entry, view: IndexView, files: PackFiles, writable: boo
 
     loaded: dict[str, LoadedPack] = {}
     pieces: list[tuple[LoadedPack, int, int]] = []
-    gone: Optional[SnapshotError] = None
+    gone: Optional[PackMissing] = None
     short = upto is not None and entry.whole is None and meta.trimmable and upto < meta.length
     for k in entry.block_names:
         loc = view.block_locs.get(k)
@@ -56,10 +58,10 @@ def read_snapshot(entry: Entry, view: IndexView, files: PackFiles, writable: boo
             row = view.packs.get(pid)
             try:
                 if row is None:  # the writer collected it meanwhile
-                    raise SnapshotError(f"pack {pid} missing")
+                    raise PackMissing(f"pack {pid} missing")
                 loaded[pid] = read(row)
-            except SnapshotError as e:
-                if writable or "missing" not in str(e):
+            except PackMissing as e:
+                if writable:
                     raise
                 gone = e  # a reader: the writer instance took it away; keep the prefix
                 break
@@ -77,20 +79,18 @@ def read_snapshot(entry: Entry, view: IndexView, files: PackFiles, writable: boo
         n = pieces[-1][2] if pieces else 0
         if n == 0 or entry.whole is not None or not meta.trimmable:
             raise gone
-        meta = replace(meta, tokens=meta.tokens[:n], kind="partial", **prefix_meta_fields(meta, n))
+        meta = replace(meta, tokens=meta.tokens[:n], kind=SnapshotKind.PARTIAL, **prefix_meta_fields(meta, n))
     elif short and pieces and pieces[-1][2] < meta.length:
         n = pieces[-1][2]
-        meta = replace(meta, id=new_snapshot_id(), tokens=meta.tokens[:n], kind="partial",
+        meta = replace(meta, id=new_snapshot_id(), tokens=meta.tokens[:n], kind=SnapshotKind.PARTIAL,
                        nbytes=meta.nbytes * n // meta.length, **prefix_meta_fields(meta, n))
     try:
-        snap, nbytes = assemble(meta, pieces, whole, entry.block_names)
+        state = assemble(meta, pieces, whole, entry.block_names)
     except SnapshotError as e:
         raise SnapshotError(f"cannot rebuild from its blocks: {e}") from None
     if gone is not None:
-        meta = replace(meta, nbytes=nbytes)
-    elif nbytes != meta.nbytes:
-        raise SnapshotError(f"its state holds {nbytes} bytes, its index entry says {meta.nbytes}: "
+        meta = replace(meta, nbytes=state.nbytes)
+    elif state.nbytes != meta.nbytes:
+        raise SnapshotError(f"its state holds {state.nbytes} bytes, its index entry says {meta.nbytes}: "
                             "the file does not match its index entry")
-    snap.meta = checked_trimmable(meta, snap.cache)
-    snap.source = "disk"
-    return snap
+    return SharedSnapshot(checked_trimmable(meta, state.cache), state.cache, state.blocks, state.blocked)

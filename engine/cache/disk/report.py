@@ -1,7 +1,9 @@
 """What the disk tier tells: its counters and its user-facing warnings (each problem once).
 
 Both threads report (the engine thread counts loads and skips, the writer writes and errors),
-so `Report` has its own small lock: it never waits for anything but another report.
+so `Report` has its own small lock: it never waits for anything but another report. Every field
+is written by `Report`'s own methods, under that lock; the others read through `counters()`,
+`stats()` and `pop_warnings()`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import threading
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
+
+from engine.cache.kinds import SnapshotKind
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,7 @@ class Report:
 
     on_warning: Optional[Callable[[str], None]] = None
     counts: Counters = field(default_factory=Counters)
-    write_log: list[tuple[str, int, int, float]] = field(default_factory=list)  # (kind, tokens, bytes, s)
+    write_log: list[tuple[SnapshotKind, int, int, float]] = field(default_factory=list)  # (kind, tokens, bytes, s)
     last_error: Optional[str] = None
     warnings: list[str] = field(default_factory=list)
     _warned: set[str] = field(default_factory=set)
@@ -52,7 +56,17 @@ class Report:
         with self._lock:
             setattr(self.counts, name, getattr(self.counts, name) + n)
 
-    def wrote(self, kind: str, tokens: int, nbytes: int, seconds: float) -> None:
+    def opened(self, rejected: int) -> None:
+        """The index was (re-)read: `rejected` pack rows and manifests were dropped on the way."""
+        with self._lock:
+            self.counts.rejected = rejected
+
+    def listen(self, on_warning: Optional[Callable[[str], None]]) -> None:
+        """Call `on_warning` with each new warning from now on (None: nobody)."""
+        with self._lock:
+            self.on_warning = on_warning
+
+    def wrote(self, kind: SnapshotKind, tokens: int, nbytes: int, seconds: float) -> None:
         with self._lock:
             c = self.counts
             c.writes, c.write_seconds, c.bytes_written = c.writes + 1, c.write_seconds + seconds, c.bytes_written + nbytes
@@ -101,10 +115,11 @@ class Report:
             self._warned.add(kind)
             self.warnings.append(message)
             self._unseen += 1
+            listener = self.on_warning
         log.warning("%s", message)  # once per kind, like the report's warning
-        if self.on_warning is not None:
+        if listener is not None:
             try:
-                self.on_warning(message)
+                listener(message)
             except Exception:
                 pass
 

@@ -28,8 +28,9 @@ Invariants, and why they hold:
 - ``load()`` reads each pack a snapshot uses once, checks its size, sha256 and header against its
   row, and only then builds cache objects (reader.py): a flipped, truncated, swapped or missing
   pack raises ``SnapshotError``, and every snapshot using it is removed (exactly those). Nothing
-  partial is ever restored. A reader (another instance writes) that finds a pack gone restores
-  the longest prefix of blocks still there.
+  partial is ever restored. A reader (another instance writes) that finds a pack gone
+  (``packfiles.PackMissing``, never a pack that is there and fails its checks) restores the
+  longest prefix of blocks still there.
 - Only ids accepted by ``format.is_snapshot_id`` ever become paths, so no index content can
   reach outside the root.
 - Each pack and manifest records the compute environment (engine/cache/env.py): a state computed
@@ -38,23 +39,30 @@ Invariants, and why they hold:
   budget) but never returned; the environment also roots every block name.
 - A folder of an older format (format 2: one file a snapshot) is removed at the first open, with
   one log line: nothing is lost but speed.
-- Threads. Every write (packs, index, deletions after an eviction) runs on one writer thread
-  (writer.py), which alone changes the index (store.py); ``save_async``, ``remove`` and ``clear``
-  only queue a task. The engine thread reads: ``entries()`` and ``load()`` use the index view the
-  writer last published, and ``load()`` reads and checks pack files on the engine thread (it owns
-  the arrays it builds). A reader instance has no writer: it re-reads the index, and deletes
-  stray files when it takes over, on the engine thread. No lock the engine thread takes is ever
-  held while the writer evicts, rescans, serializes or writes. Snapshot arrays are already
-  evaluated (the memory tier's packs), so serialising them off the engine thread needs no MLX
-  stream (checked: ``mx.save_safetensors`` works there).
+- Threads. Every write (packs, index, deletions after an eviction) runs on one writer thread,
+  the store's (store.py), which alone changes the index; ``save_async``, ``remove``, ``clear``
+  and a load's "used now" only queue a task (writer.py). The engine thread reads: ``entries()``
+  and ``load()`` use the index view the writer last published, and ``load()`` reads and checks
+  pack files on the engine thread (it owns the arrays it builds). A reader instance has no
+  writer thread: its store re-reads the index and forgets it on a clear, and deletes stray files
+  when it takes over, on the engine thread. No lock the engine thread takes is ever held while
+  the writer evicts, rescans, serializes or writes (the store's own lock only makes a role
+  change or an index replacement one step: store.py). MLX on the writer thread: a pack write
+  slices the snapshot's arrays (lazy views, made on the writer thread, so on its own stream) and
+  ``mx.save_safetensors`` evaluates those slices there. The arrays sliced are already evaluated
+  (the memory tier's packs and whole clones: ``MemoryTier.add`` evaluates them) and nothing
+  writes into them again, so no graph built on the engine thread is ever evaluated on the writer
+  thread (MLX refuses that: "There is no Stream(cpu, 0) in current thread") and the engine
+  thread's arrays never change under it.
 - I/O errors (disk full, read-only dir) never reach the generation: they are counted, the first
   one becomes a user-facing warning (report.py), and the memory tier keeps working.
 
 The package, one idea a module: tier.py (this front, what the prompt cache calls), folder.py
-(opening a folder), index.py (the index: pure data), store.py (the index's owner: the writer's
-tasks), plan.py (what a save writes), writer.py (the thread, its queue and holds), packfiles.py
-(the files), reader.py (reading a snapshot back), pack.py and format.py (the file format),
-files.py (file primitives), report.py (counters, warnings), hooks.py (observation points).
+(opening a folder), index.py (the index and its views: pure data), store.py (the index's owner
+and its writer thread), plan.py (what a save writes), writer.py (the writer's queue and holds),
+packfiles.py (the files), reader.py (reading a snapshot back), pack.py and format.py (the file
+format), files.py (file primitives), report.py (counters, warnings), hooks.py (observation
+points). Each field is written by its own class (tests/test_disk_ownership.py checks it).
 """
 
 from __future__ import annotations
@@ -70,7 +78,6 @@ from typing import Any, Callable, Optional
 
 from engine.cache.block_state import SharedSnapshot
 from engine.cache.disk import folder
-from engine.cache.disk.files import unlink
 from engine.cache.disk.format import FORMAT_VERSION
 from engine.cache.disk.hooks import NO_HOOKS, WriterHooks
 from engine.cache.disk.index import Index, IndexView
@@ -78,10 +85,11 @@ from engine.cache.disk.packfiles import TMP_PREFIX, PackFiles
 from engine.cache.disk.reader import read_snapshot
 from engine.cache.disk.report import Report
 from engine.cache.disk.store import DiskStore
-from engine.cache.disk.writer import MAX_PENDING_BYTES, WriterThread, WriteTask
+from engine.cache.disk.writer import MAX_PENDING_BYTES, WriteKind, WriteQueue, WriteTask
 from engine.cache.env import compute_env
 from engine.cache.eviction import KEEP_DOCUMENTS, EvictionPolicy
 from engine.cache.families import persisted
+from engine.cache.kinds import SnapshotKind
 from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
@@ -99,8 +107,9 @@ class DiskCache:
     """The persistent tier behind `PromptCache` (satisfies `prompt_cache.DiskTier`).
 
     The front: it queues the writer's work and reads the index view the writer publishes, so
-    `entries()` never touches the disk and never waits for the writer. Only the engine thread
-    calls `load()`."""
+    `entries()` never touches the disk and never waits for the writer. It changes nothing of
+    the store, the queue or the report but through their methods. Only the engine thread calls
+    `load()`."""
 
     def __init__(
         self,
@@ -116,8 +125,8 @@ class DiskCache:
         self.index_path = self.root / INDEX_NAME
         self.env = compute_env()
         self.report = Report(on_warning)
-        self.writer = WriterThread(self._do, hooks, max_pending_bytes)
-        self.files = PackFiles(self.root, self.pack_dir, self.index_path, hooks, self.writer.wait_while_held)
+        self.queue = WriteQueue(hooks, max_pending_bytes)
+        self.files = PackFiles(self.root, self.pack_dir, self.index_path, hooks, self.queue.wait_while_held)
         self.old_format_removed = False
         self.read_only_reason: Optional[str] = None
         self.took_over = False  # a reader that became the writer when the other instance exited
@@ -143,7 +152,7 @@ class DiskCache:
         if budget_bytes is None:
             budget_bytes = folder.default_budget(self.root)
         self.store = DiskStore(Index(self.env), self.files, int(budget_bytes), policy, self.report,
-                               self.writer, writable)
+                               self.queue, writable)
         if self.enabled:
             self._index_stamp = self._stamp()
             self._open_index()
@@ -156,7 +165,8 @@ class DiskCache:
 
     @hooks.setter
     def hooks(self, hooks: WriterHooks) -> None:
-        self.files.hooks = self.writer.hooks = hooks
+        self.files.use_hooks(hooks)
+        self.queue.use_hooks(hooks)
 
     @property
     def writable(self) -> bool:
@@ -172,10 +182,10 @@ class DiskCache:
 
     @on_warning.setter
     def on_warning(self, fn: Optional[Callable[[str], None]]) -> None:
-        self.report.on_warning = fn
+        self.report.listen(fn)
 
     @property
-    def write_log(self) -> list[tuple[str, int, int, float]]:
+    def write_log(self) -> list[tuple[SnapshotKind, int, int, float]]:
         return list(self.report.write_log)
 
     @property
@@ -188,14 +198,11 @@ class DiskCache:
 
     @property
     def index_reloads(self) -> int:
-        return self.report.counts.index_reloads
-
-    def _do(self, task: WriteTask) -> None:
-        self.store.do(task)
+        return self.report.counters()["index_reloads"]
 
     def _start_writer(self) -> None:
-        self.writer.submit(WriteTask("sync"))  # apply the budget (it may have shrunk) off this thread
-        self.writer.start()
+        self.queue.submit(WriteTask(WriteKind.SYNC))  # apply the budget (it may have shrunk) off this thread
+        self.store.start()
         # Best effort on exit without close(): pending writes get a short grace period.
         ref = weakref.ref(self)
         atexit.register(lambda: (c := ref()) is not None and c.close(timeout=10.0))
@@ -203,7 +210,7 @@ class DiskCache:
     # -- DiskTier protocol: reading --------------------------------------------------------------
     def _view(self) -> IndexView:
         view = self.store.view
-        return view if view.clears >= self._clears else IndexView(self.env, {}, {}, {}, {}, self._clears)
+        return view if view.clears >= self._clears else IndexView.empty(self.env, self._clears)
 
     def entries(self, model_key: str) -> list[SnapshotMeta]:
         self.poll()
@@ -212,7 +219,7 @@ class DiskCache:
 
     def last_used(self, snapshot_id: str) -> float:
         """When the snapshot was last written or read (0.0: not in the index)."""
-        entry = self._view().entries.get(snapshot_id)
+        entry = self._view().get(snapshot_id)
         return entry.last_used if entry is not None else 0.0
 
     def load(self, meta: SnapshotMeta, upto: Optional[int] = None) -> SharedSnapshot:
@@ -226,7 +233,7 @@ class DiskCache:
         or past it (a regenerate does not read the decoded tail), as a shorter snapshot of its own
         id (the one on disk stays whole)."""
         view = self._view()
-        entry = view.entries.get(meta.id) if meta.id not in self._forgotten else None
+        entry = view.get(meta.id) if meta.id not in self._forgotten else None
         if entry is None:
             raise SnapshotError("not in the disk index")
         try:
@@ -238,7 +245,7 @@ class DiskCache:
             log.warning("prompt cache %s: snapshot %s unusable: %s", self.root, meta.id, e)
             raise e
         if self.writable:
-            self.writer.submit(WriteTask("touch", ids=[meta.id], at=time.time()))
+            self.queue.submit(WriteTask(WriteKind.TOUCH, ids=[meta.id], at=time.time()))
         self.report.count("loads")
         return snap  # type: ignore[return-value]
 
@@ -251,14 +258,14 @@ class DiskCache:
             self.report.count("skipped")  # the writer counts its own skips too
             return
         self._forgotten.discard(snapshot.meta.id)
-        dropped = self.writer.submit_save(snapshot)
+        dropped = self.queue.submit_save(snapshot)
         if dropped:
             self.report.count("dropped", dropped)
 
     def remove(self, snapshot_id: str) -> None:
         self._forgotten.add(snapshot_id)
         if self.writable:
-            self.writer.submit(WriteTask("delete", ids=[snapshot_id]))
+            self.queue.submit(WriteTask(WriteKind.DELETE, ids=[snapshot_id]))
 
     def _remove_pack_users(self, view: IndexView, pack_id: str) -> list[str]:
         """A bad pack: forget every snapshot that uses it (exactly those); their ids."""
@@ -270,21 +277,20 @@ class DiskCache:
     def clear(self) -> None:
         self._clears += 1
         self._forgotten.clear()
-        if self.writable and self.writer.submit(WriteTask("clear")):
+        if self.writable and self.queue.submit(WriteTask(WriteKind.CLEAR)):
             return
-        self.store.clears = self._clears  # no writer: the view is this thread's to replace
-        self.store.replace_index(Index(self.env), False)
+        self.store.clear_now(self._clears)  # no writer thread will: the store forgets it here
 
     # -- DiskTier protocol: the writer's schedule, reports, lifecycle ------------------------------
     def hold_writes(self) -> None:
-        self.writer.hold_writes()
+        self.queue.hold_writes()
 
     def release_writes(self) -> None:
-        self.writer.release_writes()
+        self.queue.release_writes()
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until every queued write is on disk; False if `timeout` ran out first."""
-        return self.writer.flush(timeout)
+        return self.queue.flush(timeout)
 
     def pop_warnings(self) -> list[str]:
         """Warnings not yet shown to the user (each problem is reported once)."""
@@ -296,7 +302,7 @@ class DiskCache:
         return {
             "dir": str(self.root),
             "env": self.env,
-            "entries": len([s for s in view.entries if s not in self._forgotten]),
+            "entries": sum(1 for e in view if e.meta.id not in self._forgotten),
             "entries_other_env": view.other_env(),
             "bytes": total,  # unique bytes: each pack once
             "packs": len(view.packs),
@@ -306,14 +312,14 @@ class DiskCache:
             "old_format_removed": self.old_format_removed,
             "budget_bytes": self.budget_bytes,
             "writable": self.writable,
-            "pending": self.writer.pending(),
+            "pending": self.queue.pending(),
             **self.report.stats(),
         }
 
     def close(self, timeout: Optional[float] = None) -> bool:
         """Flush pending writes, stop the writer, release the folder lock. Idempotent."""
         done = self.flush(timeout)
-        ended = self.writer.stop(5.0 if done else 0.0)
+        ended = self.store.stop(5.0 if done else 0.0)
         if self._lock_fd is not None and self._lock_fd >= 0 and ended:
             try:
                 os.close(self._lock_fd)  # closing drops the flock
@@ -338,13 +344,14 @@ class DiskCache:
             return
         now = time.monotonic()
         with self._poll_lock:
-            if self.writer.thread is not None or (not force and now < self._next_poll):
+            if self.store.thread is not None or (not force and now < self._next_poll):
                 return
             self._next_poll = now + READER_POLL_S
             fd = folder.try_lock(self.root)
             if fd is not None:
                 self._lock_fd = fd
-                self.store.writable, self.took_over, self.read_only_reason = True, True, None
+                self.took_over, self.read_only_reason = True, None
+                self.store.take_over()
                 self._take_folder()
                 self._open_index()
                 self._start_writer()
@@ -388,7 +395,7 @@ class DiskCache:
         writable = self.writable
         read = folder.read_index(self.index_path, self.pack_dir, self.env)
         index = read.index
-        self.report.counts.rejected = read.rejected
+        self.report.opened(read.rejected)
         if read.damage is not None:
             self.report.error(f"prompt cache index unreadable, starting empty: {read.damage}")
             if writable:
@@ -406,13 +413,12 @@ class DiskCache:
                                      "Replies are computed afresh for those prompts.")
         dirty = bool(read.rejected or read.damage)
         if writable:
-            if index.collect():  # packs no snapshot uses (a crash between a delete and its files)
-                dirty = True
-            for path, temp in folder.stray_files(self.root, self.pack_dir, index, TMP_PREFIX):
-                # Temp files are interrupted writes; unlisted packs were written but never named
-                # by a committed manifest (module doc): both go.
-                unlink(path)
-                self.report.count("temps_removed" if temp else "orphans_removed")
+            # Packs no snapshot uses, temp files (interrupted writes) and unlisted packs (written
+            # but never named by a committed manifest: module doc) go.
+            changed, temps, orphans = folder.tidy(self.root, self.pack_dir, index, TMP_PREFIX)
+            dirty = dirty or changed
+            self.report.count("temps_removed", temps)
+            self.report.count("orphans_removed", orphans)
         else:
             dirty = False
         self._forgotten.clear()
