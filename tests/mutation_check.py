@@ -464,6 +464,26 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
          "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
     ),
+    # issue 47: three wire formats over one generation path
+    Mutation(
+        "tool-call arguments come whole at the call's end, not as they are decoded",
+        (("engine/serve/reply.py", "        if len(value) > len(c.sent):\n", "        if False:\n"),),
+        ("tests/test_agent_clients.py::"
+         "test_openai_tutorial_loop_sends_model_dump_back_with_names_and_streams_argument_fragments",
+         "tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length"),
+    ),
+    Mutation(
+        "a Responses function_call is a message of its own, not the reply's text's (another prompt)",
+        (("engine/serve/formats/responses.py",
+          '            if last is not None and last["role"] == "assistant":', "            if False:"),),
+        ("tests/test_server_formats.py::test_one_conversation_renders_the_same_prompt_through_all_three_formats",),
+    ),
+    Mutation(
+        "Anthropic's usage counts no prompt tokens as newly stored",
+        (("engine/serve/report.py", "    created = max(0, min(prompt, covered) - r.restored)\n",
+          "    created = 0\n"),),
+        ("tests/test_server_formats.py::test_anthropic_usage_split_stop_reasons_and_the_seed_of_the_server",),
+    ),
     # issue 37: cache files that cannot hurt
     Mutation(
         "the index read through a symlink",

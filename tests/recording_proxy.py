@@ -71,6 +71,10 @@ class RecordingProxy:
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
+        # Exchanges still being relayed: a client may have read a whole stream before the proxy
+        # has seen the upstream close and recorded it.
+        self._busy = 0
+        self._idle = threading.Condition(self._lock)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,6 +85,16 @@ class RecordingProxy:
                 pass
 
             def _forward(self) -> None:
+                with proxy._lock:
+                    proxy._busy += 1
+                try:
+                    self._relay()
+                finally:
+                    with proxy._lock:
+                        proxy._busy -= 1
+                        proxy._idle.notify_all()
+
+            def _relay(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("host", "connection", "content-length", "accept-encoding")}
@@ -114,11 +128,15 @@ class RecordingProxy:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}{path}"
 
     def mark(self) -> int:
-        with self._lock:
+        """How many exchanges were recorded, once every one in flight is (call it between runs)."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._busy == 0, TIMEOUT)
             return len(self.exchanges)
 
     def since(self, mark: int, path_suffix: Optional[str] = "/chat/completions") -> list[Exchange]:
-        with self._lock:
+        """The exchanges recorded after `mark` (once every one in flight is), on that path."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._busy == 0, TIMEOUT)
             got = self.exchanges[mark:]
         return [x for x in got if path_suffix is None or x.path.split("?")[0].endswith(path_suffix)]
 

@@ -232,7 +232,8 @@ def run_twice(server: Server, proxy: RecordingProxy, run: Callable[[], Any], pat
     out_a = run()
     mid, mid_results = proxy.mark(), len(server.recording.results)
     out_b = run()
-    a, b = proxy.since(mark, path)[: len(proxy.since(mark, path)) - len(proxy.since(mid, path))], proxy.since(mid, path)
+    both, b = proxy.since(mark, path), proxy.since(mid, path)
+    a = both[: len(both) - len(b)]
     gen_a, gen_b = server.recording.results[results:mid_results], server.recording.results[mid_results:]
     assert a and len(a) == len(b) == len(gen_a) == len(gen_b), (len(a), len(b), len(gen_a), len(gen_b))
     for x, y in zip(a, b):

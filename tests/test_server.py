@@ -17,6 +17,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Optional
 
@@ -25,7 +26,7 @@ import pytest
 
 from engine.engine import Engine
 from engine.executor import EngineExecutor
-from engine.serve.schema import ServedModel
+from engine.serve.schema import ServedModel, template_reads
 from engine.serve.server import ServeError, ServerHandle, check_bind
 from engine.types import CancelToken, Event, GenerationRequest, GenerationResult
 from tests.engine_helpers import require_openblas
@@ -72,7 +73,9 @@ class Server:
         self.info = self.executor.submit(lambda e: e.load(str(folder))).result(TIMEOUT)
         self.recording = RecordingExecutor(self.executor)
         self.loop = asyncio.new_event_loop()
-        self.handle = ServerHandle(self.recording, ServedModel.of(self.info), "127.0.0.1", 0, **options)
+        reads = self.executor.submit(lambda e: template_reads(e.lm.tokenizer)).result(TIMEOUT)
+        served = replace(ServedModel.of(self.info), template_reads=reads)
+        self.handle = ServerHandle(self.recording, served, "127.0.0.1", 0, **options)
         self.thread = threading.Thread(target=self.loop.run_forever, name="server-loop", daemon=True)
         self.thread.start()
         self.url = self.call(self.handle.start())

@@ -22,6 +22,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": [
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
            "required": ["city", "days"], "additionalProperties": False}
 SYSTEM, ASK, TOLD = "Answer briefly.", "What is the weather in Paris?", '{"sunny": true}'
+LOOK = "Let me look."  # an assistant's text before its call: one message with it in every format
 
 
 @pytest.fixture(scope="module")
@@ -51,24 +52,27 @@ def post(s: Server, path: str, body: dict[str, Any], headers: dict[str, str] | N
 
 
 def three_ways(call_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """One conversation (a system prompt, a question, a call, its result) in each wire format."""
+    """One conversation (a system prompt, a question, a reply's text and its call, the call's
+    result) in each wire format."""
     args = {"city": "Paris", "days": 2}
     tool = {"name": "get_weather", "description": "The weather.", "parameters": WEATHER}
     chat = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK},
-                         {"role": "assistant", "content": None, "tool_calls": [
+                         {"role": "assistant", "content": LOOK, "tool_calls": [
                              {"id": call_id, "type": "function",
                               "function": {"name": "get_weather", "arguments": json.dumps(args)}}]},
                          {"role": "tool", "tool_call_id": call_id, "content": TOLD}],
             "tools": [{"type": "function", "function": tool}]}
     responses = {"instructions": SYSTEM, "tools": [{"type": "function", **tool}],
                  "input": [{"role": "user", "content": ASK},
+                           {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": LOOK}]},
                            {"type": "function_call", "call_id": call_id, "name": "get_weather",
                             "arguments": json.dumps(args)},
                            {"type": "function_call_output", "call_id": call_id, "output": TOLD}]}
     messages = {"system": SYSTEM, "max_tokens": 6,
                 "tools": [{"name": "get_weather", "description": "The weather.", "input_schema": WEATHER}],
                 "messages": [{"role": "user", "content": ASK},
-                             {"role": "assistant", "content": [{"type": "tool_use", "id": call_id,
+                             {"role": "assistant", "content": [{"type": "text", "text": LOOK},
+                                                               {"type": "tool_use", "id": call_id,
                                                                 "name": "get_weather", "input": args}]},
                              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
                                                            "content": TOLD}]}]}
@@ -140,7 +144,7 @@ def test_harness_fields_are_accepted_and_listed_as_ignored(server: Server) -> No
         "reasoning": {"effort": "low"}, "store": False, "client_metadata": {"a": "b"}, "parallel_tool_calls": False,
         "text": {"verbosity": "low"}})
     assert code == 200, out
-    assert set(out["verbatim"]["ignored"]) == {"include", "prompt_cache_key", "reasoning", "client_metadata",
+    assert set(out["verbatim"]["ignored"]) == {"include", "prompt_cache_key", "reasoning.effort", "client_metadata",
                                                "text.verbosity", "parallel_tool_calls"}
     code, out = post(server, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "prompt_cache_key": "p",
@@ -220,3 +224,49 @@ def test_a_responses_or_messages_receipt_records_the_request_as_sent_and_verify_
     r = subprocess.run([sys.executable, "-m", "engine", "verify", str(file), "--model", str(folder), "--no-cache"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "reads as another request here" in r.stderr, r.stderr
+
+
+def test_reasoning_effort_goes_to_a_template_that_reads_it_in_every_format(tmp_path: Path) -> None:
+    """gpt-oss's template reads `reasoning_effort`: chat's reasoning_effort, Responses'
+    reasoning.effort and Messages' output_config.effort go to it (not listed as ignored), and the
+    prompt says so; the tool model's template reads none (listed as ignored, above)."""
+    from tests.test_template_inputs import OPTIONS_TEMPLATE, _folder
+
+    s = Server(_folder(tmp_path, "reads", OPTIONS_TEMPLATE), None)
+    try:
+        asks = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                         "reasoning_effort": "high"},
+                "/v1/responses": {"input": "x", "max_output_tokens": 2, "reasoning": {"effort": "high"}},
+                "/v1/messages": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                 "output_config": {"effort": "high"}}}
+        prompts = []
+        for path, body in asks.items():
+            code, out = post(s, path, body, {})
+            assert code == 200 and out["verbatim"]["ignored"] == [], out
+            prompts.append(s.engine(lambda e: e.lm.tokenizer.decode(s.recording.results[-1].prompt_ids)))
+        assert all("Reasoning: high" in p for p in prompts) and len(set(prompts)) == 1, prompts
+        code, out = post(s, "/v1/chat/completions", {**asks["/v1/chat/completions"], "reasoning_effort": "low"}, {})
+        assert "Reasoning: low" in s.engine(lambda e: e.lm.tokenizer.decode(s.recording.results[-1].prompt_ids))
+    finally:
+        s.close()
+
+
+def test_a_reply_sent_back_as_model_dump_and_a_named_message_are_accepted(server: Server) -> None:
+    """The tutorial loop: `messages.append(r.choices[0].message.model_dump())` sends the reply back
+    with refusal, annotations, audio and function_call null (null is absent); LangChain names its
+    messages (kept for the chat template: this one renders no names, so the prompt is as without)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url, api_key="k1", max_retries=0)
+    ask = [{"role": "user", "content": ASK}]
+    r = client.chat.completions.create(model=server.model, messages=ask, max_tokens=4, seed=1)
+    dumped = r.choices[0].message.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call"} <= {k for k, v in dumped.items() if v is None}
+    again = client.chat.completions.create(model=server.model, messages=[*ask, dumped, *ask], max_tokens=2, seed=1)
+    assert again.choices[0].finish_reason in ("stop", "length")
+    plain = server.recording.results[-1].prompt_ids
+    named = client.chat.completions.create(model=server.model, max_tokens=2, seed=1,
+                                           messages=[*ask[:0], {**ask[0], "name": "alice"}, dumped,
+                                                     {**ask[0], "name": "alice"}])
+    assert named.choices[0].finish_reason in ("stop", "length")
+    assert server.recording.results[-1].prompt_ids == plain  # a template without names renders none

@@ -231,3 +231,40 @@ def test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content() -
     assert r.content is None and json.loads(r.calls[0].arguments) == {"city": "Oslo", "days": 2}
     # Ended by itself (EOS) inside a call before its name: left as text, as any call that does not parse.
     assert read('<tool_call>\n{"name": "get_wea', "stop").content == '<tool_call>\n{"name": "get_wea'
+
+
+REPLIES = [  # (parser, reply text, engine finish)
+    ("json_tools", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
+                   '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}\n'
+                   '</tool_call>', "stop"),
+    ("json_tools", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "O', "length"),
+    ("json_tools", '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call> and text', "stop"),
+    ("json_tools", "Plain text, with a <tool and trailing space ", "stop"),
+    ("pythonic", 'Sure. <|tool_call_start|>[get_weather(city="Oslo", days=2)]<|tool_call_end|>', "stop"),
+]
+
+
+@pytest.mark.parametrize("parser,text,finish", REPLIES)
+def test_a_reply_read_token_by_token_gives_the_events_of_the_reply_read_whole(parser: str, text: str,
+                                                                              finish: str) -> None:
+    """Streamed and non-streamed answers agree: the reader decides on the text so far only, so any
+    cut of the text into pieces gives the same events (joined) and the same reply; every argument
+    fragment extends its call's arguments."""
+    def read(step: int) -> tuple[list[Any], Any]:
+        reader = ReplyReader(parser, Constraint.of([WEATHER], "auto"), "key")
+        events = [e for i in range(0, len(text), step) for e in reader.feed(text[i:i + step])]
+        last, reply = reader.finish(text, finish)
+        return events + last, reply
+
+    whole_events, whole = read(len(text))
+    for step in (1, 2, 3, 5, 8):
+        events, reply = read(step)
+        assert reply == whole
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == (whole.content or "")
+        for call in whole.calls:
+            fragments = [e.fragment for e in events if isinstance(e, CallArguments)
+                         and e.index == whole.calls.index(call)]
+            assert "".join(fragments) == call.arguments
+        assert [e for e in events if isinstance(e, CallStart)] == [e for e in whole_events if isinstance(e, CallStart)]
+    if whole.calls:
+        assert "<tool_call>" not in (whole.content or "") and "<|tool_call" not in (whole.content or "")

@@ -86,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.executor import EngineExecutor
     from engine.serve.guard import normalize_origin
     from engine.serve.keys import KeyFileError
-    from engine.serve.schema import ServedModel
+    from engine.serve.schema import ServedModel, template_reads
     from engine.serve.server import ServeError, check_bind, serve
 
     try:  # everything checked before the minutes a model load can take
@@ -125,7 +125,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         preloaded = executor.submit(lambda eng: eng.preload_documents()).result()  # documents' states: disk -> memory
         if preloaded:
             print(f"read {preloaded} documents' states from the prompt cache into memory", file=sys.stderr)
-        model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk)
+        reads = executor.submit(lambda eng: template_reads(eng.lm.tokenizer)).result()  # reasoning_effort, ...
+        model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk, template_reads=reads)
         serve(executor, model, args.host, args.port, keys, args.queue_limit,
               allow_origins=args.allow_origin, mode=args.mode, max_body=args.max_body_mb << 20, seed=args.seed)
     except ServeError as e:

@@ -86,7 +86,9 @@ def wire_note(receipt: Any) -> str:
     if api not in parsers:
         return f"the receipt records a request of an unknown API {api!r}: replaying its recorded request"
     try:
-        parsed = parsers[api](body, Defaults(receipt.mode, receipt.sampler.seed))
+        # the template options the receipt's model took are the ones its template reads
+        reads = tuple(name for name, _ in receipt.template_options)
+        parsed = parsers[api](body, Defaults(receipt.mode, receipt.sampler.seed, reads))
     except APIError as e:
         return f"the recorded {api} request does not read here ({e.message}): replaying its recorded request"
     if getattr(parsed, "previous", None):
@@ -95,7 +97,8 @@ def wire_note(receipt: Any) -> str:
     same = ((receipt.prompt is not None and req.prompt == receipt.prompt)
             or (req.messages and validate_messages(req.messages) == receipt.messages))
     same = bool(same) and req.constraint == receipt.constraint and tuple(req.stop) == receipt.stop \
-        and replace(req.sampler, seed=receipt.sampler.seed) == receipt.sampler
+        and replace(req.sampler, seed=receipt.sampler.seed) == receipt.sampler \
+        and req.template_options == receipt.template_options
     return "" if same else f"the recorded {api} request reads as another request here: replaying the receipt's"
 
 

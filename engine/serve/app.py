@@ -38,7 +38,7 @@ from engine.serve.admission import ServerState
 from engine.serve.connections import ConnectionGuard
 from engine.serve.engine_routes import add_engine_routes
 from engine.serve.formats import chat, messages, responses
-from engine.serve.generation import Generation, log_once, run_admitted, stream
+from engine.serve.generation import Generation, Outcome, StreamWriter, log_once, run_admitted, stream
 from engine.serve.guard import BrowserGuard
 from engine.serve.keys import Keys
 from engine.serve.quote import quote
@@ -213,7 +213,7 @@ async def status(request: web.Request) -> web.Response:
 
 def _defaults(request: web.Request) -> Defaults:
     config = request.app[CONFIG_KEY]
-    return Defaults(config.mode, config.seed)
+    return Defaults(config.mode, config.seed, config.model.template_reads if config.model is not None else ())
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -226,26 +226,31 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _chat(request, chat.parse_completion(body, _defaults(request)), body)
 
 
-def start_generation(request: web.Request, model: ServedModel, gen: GenerationRequest, api: str, body: Any, *,
-                     logprobs: bool = False, per_token: bool = False, prompt_param: str = "messages") -> Generation:
-    """The request's generation, admitted now (or refused: 429 when the queue is full, 503 while
-    the server stops), in the requester's own cache namespace (keys.py): it restores and stores
-    only there. `api` and `body`: the request as sent, for its receipt (`verbatim.receipt`)."""
-    return Generation(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
-                      replace(gen, cache_namespace=request.get(NAMESPACE_KEY)), logprobs=logprobs,
-                      per_token=per_token, prompt_param=prompt_param,
-                      wire=(api, body) if receipt_wanted(body) else None)
+async def _generate(request: web.Request, asked: str, gen: GenerationRequest, api: str, body: Any, streamed: bool,
+                    writer: Callable[[str], StreamWriter], final: Callable[[str, Outcome], Any], *,
+                    logprobs: bool = False, prompt_param: str = "messages") -> web.StreamResponse:
+    """Run a parsed request of any wire format: admitted now (or refused: 429 when the queue is
+    full, 503 while the server stops), in the requester's own cache namespace (keys.py: it
+    restores and stores only there), answered by the format's `writer` (a stream) or `final` (the
+    body), each given the model's name as the client wrote it. `api` and `body`: the request as
+    sent, for its receipt (`verbatim.receipt`)."""
+    model = served(request, asked)
+    name = asked or model.id
+    async with Generation(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
+                          replace(gen, cache_namespace=request.get(NAMESPACE_KEY)), logprobs=logprobs,
+                          per_token=streamed, prompt_param=prompt_param,
+                          wire=(api, body) if receipt_wanted(body) else None) as run:
+        if streamed:
+            return await stream(request, run, writer(name))
+        return web.json_response(final(name, await run.final()))
 
 
 async def _chat(request: web.Request, parsed: chat.ParsedRequest, body: Any) -> web.StreamResponse:
-    model = served(request, parsed.model)
-    name = parsed.model or model.id
-    api = "chat.completions" if parsed.kind == "chat" else "completions"
-    async with start_generation(request, model, parsed.request, api, body, logprobs=parsed.logprobs,
-                                per_token=parsed.stream, prompt_param=parsed.prompt_param) as gen:
-        if parsed.stream:
-            return await stream(request, gen, chat.ChatStream(parsed, name))
-        return web.json_response(chat.full_response(parsed, name, await gen.final()))
+    return await _generate(request, parsed.model, parsed.request,
+                           "chat.completions" if parsed.kind == "chat" else "completions", body, parsed.stream,
+                           lambda name: chat.ChatStream(parsed, name),
+                           lambda name, outcome: chat.full_response(parsed, name, outcome),
+                           logprobs=parsed.logprobs, prompt_param=parsed.prompt_param)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -254,16 +259,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     store, namespace = request.app[RESPONSES_KEY], request.get(NAMESPACE_KEY)
     previous = store.get(namespace, parsed.previous).conversation if parsed.previous else None
     parsed = responses.resolve(parsed, previous)
-    model = served(request, parsed.model)
-    name = parsed.model or model.id
-    async with start_generation(request, model, parsed.request, "responses", body) as gen:
-        if parsed.stream:
-            return await stream(request, gen, responses.ResponseStream(parsed, name, store, namespace))
-        outcome = await gen.final()
+
+    def final(name: str, outcome: Outcome) -> Any:
         obj = responses.final(parsed, name, outcome)
         if parsed.store:
             store.put(namespace, obj, responses.conversation(parsed, outcome))
-        return web.json_response(obj)
+        return obj
+
+    return await _generate(request, parsed.model, parsed.request, "responses", body, parsed.stream,
+                           lambda name: responses.ResponseStream(parsed, name, store, namespace), final)
 
 
 async def get_response(request: web.Request) -> web.Response:
@@ -280,18 +284,15 @@ async def delete_response(request: web.Request) -> web.Response:
 async def create_message(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     parsed = messages.parse(body, _defaults(request))
-    model = served(request, parsed.model)
-    name = parsed.model or model.id
-    async with start_generation(request, model, parsed.request, "messages", body) as gen:
-        if parsed.stream:
-            return await stream(request, gen, messages.MessageStream(parsed, name))
-        return web.json_response(messages.final(parsed, name, await gen.final()))
+    return await _generate(request, parsed.model, parsed.request, "messages", body, parsed.stream,
+                           lambda name: messages.MessageStream(parsed, name),
+                           lambda name, outcome: messages.final(parsed, name, outcome))
 
 
 async def count_tokens(request: web.Request) -> web.Response:
     """The prompt's tokens (the chat template applied, tools rendered), nothing generated."""
     body = await _read_json(request)
-    name, gen = messages.parse_count(body)
+    name, gen = messages.parse_count(body, _defaults(request))
     model = served(request, name)
     info = await run_admitted(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
                               lambda engine: engine.measure(gen))

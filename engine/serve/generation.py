@@ -135,9 +135,10 @@ class Generation:
         self.model = model
         self.wire = wire  # (the API, the body as sent): the reply carries a receipt recording them
         self.prompt_param = prompt_param
-        self.ticket = Ticket(state, model.key, logprobs, per_token=per_token, stops=request.stop)
         self.key = request_key(request)  # what the reply's ids derive from (reply.py)
         self.reader = ReplyReader(model.tool_parser, request.constraint, self.key)
+        # Admitted last: nothing after it may fail before the bridge's hooks free its place.
+        self.ticket = Ticket(state, model.key, logprobs, per_token=per_token, stops=request.stop)
         # Iterated at once (that submits the job); the ticket's hooks run on the engine thread.
         self._batches: Batches = engine_batches(executor, request, self.ticket.cancel, start=self.ticket.start,
                                                 observe=self.ticket.observe)
@@ -160,6 +161,10 @@ class Generation:
     def feed(self, event: TokenEvent) -> list[ReplyEvent]:
         """The reply events a decoded token settles."""
         return self.reader.feed(event.text)
+
+    def feed_all(self, events: list[StreamEvent]) -> list[ReplyEvent]:
+        """The reply events a batch's decoded tokens settle (a format that does not write per token)."""
+        return [e for event in events if isinstance(event, TokenEvent) for e in self.feed(event)]
 
     def outcome(self, done: Done) -> tuple[list[ReplyEvent], Outcome]:
         """The last reply events and the outcome; APIError 503 when the server cancelled it."""

@@ -260,11 +260,12 @@ class ReplyReader:
             value = value.lstrip()
         if not value.startswith("{"):
             return  # not an object (yet): sent whole when the call ends
-        try:
-            _, n = _DECODER.raw_decode(value)
-            value, c.args_end = value[:n], c.args_at + n
-        except ValueError:
-            pass  # not whole yet: all of it belongs to the object
+        if "}" in value[len(c.sent):]:  # only a closing brace can make the object whole
+            try:
+                _, n = _DECODER.raw_decode(value)
+                value, c.args_end = value[:n], c.args_at + n
+            except ValueError:
+                pass  # not whole yet: all of it belongs to the object
         if len(value) > len(c.sent):
             out.append(CallArguments(c.index, value[len(c.sent):]))
             c.sent = value

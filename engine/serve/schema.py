@@ -11,6 +11,7 @@ it can be tested as plain functions.
 from __future__ import annotations
 
 import math
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,36 @@ def bad(message: str, param: Optional[str] = None, code: Optional[str] = None) -
 @dataclass(frozen=True)
 class Defaults:
     """What the server fills in for a request that leaves it out: the cache mode, and the seed
-    (`engine serve --seed N`; None: a fresh one per request, reported in `verbatim.seed`)."""
+    (`engine serve --seed N`; None: a fresh one per request, reported in `verbatim.seed`). Also
+    which TEMPLATE_OPTIONS the served model's chat template reads (`template_reads`)."""
 
     mode: str = "exact"
     seed: Optional[int] = None
+    template_reads: tuple[str, ...] = ()
+
+    def template_option(self, name: str, value: Any, field_name: str) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+        """A request field the chat template may take as option `name` (gpt-oss's
+        `reasoning_effort`): (the template options, []) where the template reads it, else
+        ((), [field_name]): accepted and listed in `verbatim.ignored`."""
+        if value is None:
+            return (), []
+        if not isinstance(value, str):
+            raise bad(f"'{field_name}' must be a string", field_name)
+        if name in self.template_reads:
+            return ((name, text(value, field_name)),), []
+        return (), [field_name]
+
+
+# Options a chat template may read from a request (GenerationRequest.template_options).
+TEMPLATE_OPTIONS = ("reasoning_effort",)
+
+
+def template_reads(tokenizer: Any) -> tuple[str, ...]:
+    """The TEMPLATE_OPTIONS a model's chat template reads (its source names them)."""
+    source = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(source, dict):  # named templates (default, tool_use, ...)
+        source = "\n".join(str(v) for v in source.values())
+    return tuple(n for n in TEMPLATE_OPTIONS if re.search(rf"\b{n}\b", str(source)))
 
 
 @dataclass
@@ -63,6 +90,7 @@ class ServedModel:
     aliases: tuple[str, ...] = ()
     context_length: Optional[int] = None
     tool_parser: Optional[str] = None  # mlx-lm's tool-call format of the model (reply.py reads calls with it)
+    template_reads: tuple[str, ...] = ()  # the TEMPLATE_OPTIONS its chat template reads (template_reads)
     chunk: Optional[int] = None  # the engine's prefill chunk size (a client's receipts name it)
 
     @classmethod

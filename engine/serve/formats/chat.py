@@ -52,14 +52,11 @@ from engine.types import MAX_TOP_LOGPROBS, GenerationRequest, GenerationResult, 
 # Accepted, checked for type, and changing nothing here: listed in `verbatim.ignored`.
 IGNORED = {"user": "a string", "metadata": "an object of strings", "store": "a boolean",
            "prompt_cache_key": "a string", "prompt_cache_retention": "a string", "safety_identifier": "a string",
-           "service_tier": "a string", "verbosity": "a string",
-           # TODO(issue 47): to the chat template (GenerationRequest.template_options) where it takes
-           # `reasoning_effort` (gpt-oss), once the engine has template_options.
-           "reasoning_effort": "a string"}
+           "service_tier": "a string", "verbosity": "a string"}
 _SAMPLING = {"model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed",
              "stop", "stream", "stream_options", "n", "presence_penalty", "frequency_penalty", "logit_bias",
              "verbatim", "user"}
-CHAT_FIELDS = _SAMPLING | set(IGNORED) | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+CHAT_FIELDS = _SAMPLING | set(IGNORED) | {"reasoning_effort", "messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                           "response_format", "tools", "functions", "tool_choice", "function_call",
                                           "parallel_tool_calls", "modalities"}
 COMPLETION_FIELDS = _SAMPLING | {"prompt", "suffix", "echo", "best_of", "logprobs"}
@@ -195,12 +192,14 @@ def parse_chat(body: Any, defaults: Defaults = Defaults()) -> ParsedRequest:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     stream = boolean(body, "stream")
     include_usage = _stream_options(body, stream)
+    # to the chat template where it reads it (gpt-oss), else listed as ignored
+    options, more = defaults.template_option("reasoning_effort", body.get("reasoning_effort"), "reasoning_effort")
     req = GenerationRequest(messages, settings, stop=stop_strings(body), top_logprobs=top,
                             max_tokens_fit=not max_given, constraint=checked(tools.constraint_of, body),
-                            continuation=going_on, documents=documents,
+                            continuation=going_on, documents=documents, template_options=options,
                             **{"mode": defaults.mode, **verbatim_options(body)})
     return ParsedRequest("chat", model_name(body), req, stream, include_usage, logprobs, top, seed_given,
-                         token_ids_wanted(body), tuple(skipped))
+                         token_ids_wanted(body), tuple(skipped + more))
 
 
 def parse_completion(body: Any, defaults: Defaults = Defaults()) -> ParsedRequest:

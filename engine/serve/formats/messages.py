@@ -57,7 +57,7 @@ from engine.serve.schema import (
     text,
     verbatim_options,
 )
-from engine.types import GenerationRequest, TokenEvent
+from engine.types import GenerationRequest
 
 IGNORED = {"metadata": "an object", "thinking": "an object", "context_management": "an object",
            "cache_control": "an object", "service_tier": "a string", "inference_geo": "a string",
@@ -245,19 +245,24 @@ def _tool_choice(body: dict[str, Any]) -> tuple[Any, Optional[bool]]:
     return {"auto": "auto", "any": "required", "none": "none"}[v["type"]], parallel
 
 
-def _output_format(body: dict[str, Any], skipped: list[str]) -> Optional[dict[str, Any]]:
+def _output_config(body: dict[str, Any], defaults: Defaults,
+                   skipped: list[str]) -> tuple[Optional[dict[str, Any]], tuple[tuple[str, str], ...]]:
+    """`output_config.format` as a response format; `output_config.effort` to the chat template
+    where it reads `reasoning_effort` (gpt-oss), else listed as ignored."""
     cfg = body.get("output_config")
     if cfg is None:
-        return None
+        return None, ()
     if not isinstance(cfg, dict):
         raise bad("'output_config' must be an object", "output_config")
     unknown = sorted(k for k in cfg if k not in ("effort", "format") and cfg[k] is not None)
     if unknown:
         raise bad(f"'output_config.{bare(unknown[0])}' is not supported", f"output_config.{bare(unknown[0])}")
-    # TODO(issue 47): `effort` to the chat template (GenerationRequest.template_options) where it
-    # takes a reasoning effort, once the engine has template_options.
-    skipped += ignored(cfg, {"effort": "a string"}, "output_config.")
-    fmt = cfg.get("format")
+    options, more = defaults.template_option("reasoning_effort", cfg.get("effort"), "output_config.effort")
+    skipped += more
+    return _json_format(cfg.get("format")), options
+
+
+def _json_format(fmt: Any) -> Optional[dict[str, Any]]:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
@@ -266,11 +271,10 @@ def _output_format(body: dict[str, Any], skipped: list[str]) -> Optional[dict[st
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
-def _constraint(body: dict[str, Any], skipped: list[str]) -> Any:
+def _constraint(body: dict[str, Any], skipped: list[str], fmt: Optional[dict[str, Any]]) -> Any:
     choice, parallel = _tool_choice(body)
     return checked(tools.constraint_of, {"tools": _tools(body, skipped), "tool_choice": choice,
-                                         "parallel_tool_calls": parallel,
-                                         "response_format": _output_format(body, skipped)})
+                                         "parallel_tool_calls": parallel, "response_format": fmt})
 
 
 def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedMessages:
@@ -282,22 +286,26 @@ def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedMessages:
     if limit is None:
         raise bad("'max_tokens' is required", "max_tokens")
     messages = conversation(body, skipped)
-    constraint = _constraint(body, skipped)
+    fmt, options = _output_config(body, defaults, skipped)
+    constraint = _constraint(body, skipped, fmt)
     settings, _, _ = sampler(body, defaults, max_temperature=1.0, max_tokens_given=limit)
     req = GenerationRequest(messages, settings, stop=stop_strings(body, "stop_sequences", MAX_STOP_SEQUENCES),
-                            constraint=constraint, **{"mode": defaults.mode, **verbatim_options(body)})
+                            constraint=constraint, template_options=options,
+                            **{"mode": defaults.mode, **verbatim_options(body)})
     ident = "msg_" + hashlib.sha256(repr(req).encode()).hexdigest()[:48]
     return ParsedMessages(model_name(body), req, boolean(body, "stream"), tuple(skipped), ident)
 
 
-def parse_count(body: Any) -> tuple[str, GenerationRequest]:
-    """count_tokens: the same conversation and tools, nothing generated."""
+def parse_count(body: Any, defaults: Defaults = Defaults()) -> tuple[str, GenerationRequest]:
+    """count_tokens: the same conversation, tools and template options, nothing generated."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     check_fields(body, COUNT_FIELDS)
     skipped: list[str] = []
     messages = conversation(body, skipped)
-    return model_name(body), GenerationRequest(messages, constraint=_constraint(body, skipped))
+    fmt, options = _output_config(body, defaults, skipped)
+    return model_name(body), GenerationRequest(messages, constraint=_constraint(body, skipped, fmt),
+                                               template_options=options)
 
 
 # -- out -------------------------------------------------------------------------------------------
@@ -401,11 +409,7 @@ class MessageStream:
                           ("ping", {"type": "ping"})])
 
     def batch(self, gen: Generation, events: list[StreamEvent]) -> bytes:
-        out = []
-        for event in events:
-            if isinstance(event, TokenEvent):
-                out += self.blocks.events(gen.feed(event))
-        return self._sse(out)
+        return self._sse(self.blocks.events(gen.feed_all(events)))
 
     def end(self, gen: Generation, last: list[ReplyEvent], outcome: Outcome) -> bytes:
         out = self.blocks.events(last) + self.blocks.finish()

@@ -56,15 +56,12 @@ from engine.serve.schema import (
     text,
     verbatim_options,
 )
-from engine.types import GenerationRequest, GenerationResult, TokenEvent
+from engine.types import GenerationRequest, GenerationResult
 
 IGNORED = {"metadata": "an object of strings", "user": "a string", "include": "a list",
            "prompt_cache_key": "a string", "prompt_cache_retention": "a string", "safety_identifier": "a string",
-           "service_tier": "a string", "client_metadata": "an object", "stream_options": "an object",
-           # TODO(issue 47): `reasoning.effort` to the chat template (GenerationRequest.template_options)
-           # where it takes `reasoning_effort` (gpt-oss), once the engine has template_options.
-           "reasoning": "an object"}
-FIELDS = set(IGNORED) | {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+           "service_tier": "a string", "client_metadata": "an object", "stream_options": "an object"}
+FIELDS = set(IGNORED) | {"reasoning", "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                          "max_output_tokens", "temperature", "top_p", "truncation", "stream", "store",
                          "previous_response_id", "background", "max_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
                          "verbatim"}
@@ -244,6 +241,19 @@ def _format(body: dict[str, Any]) -> tuple[Optional[dict[str, Any]], list[str]]:
     return fmt, skipped
 
 
+def _reasoning(body: dict[str, Any], defaults: Defaults, skipped: list[str]) -> tuple[tuple[str, str], ...]:
+    """`reasoning.effort` to the chat template where it reads `reasoning_effort` (gpt-oss); the
+    rest of `reasoning` (a summary wanted) changes nothing here."""
+    r = body.get("reasoning")
+    if r is None:
+        return ()
+    if not isinstance(r, dict):
+        raise bad("'reasoning' must be an object", "reasoning")
+    options, more = defaults.template_option("reasoning_effort", r.get("effort"), "reasoning.effort")
+    skipped += more + [f"reasoning.{k}" for k in sorted(r) if k != "effort" and r[k] is not None]
+    return options
+
+
 def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedResponse:
     """A Responses request, its conversation not yet joined to a previous response's (`resolve`)."""
     if not isinstance(body, dict):
@@ -279,9 +289,10 @@ def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedResponse:
     prev = body.get("previous_response_id")
     if prev is not None and (not isinstance(prev, str) or not prev):
         raise bad("'previous_response_id' must be a response id", "previous_response_id")
+    options = _reasoning(body, defaults, skipped)
     system = [{"role": "system", "content": text(instructions, "instructions")}] if instructions else []
     req = GenerationRequest(system + messages, settings, constraint=constraint, max_tokens_fit=not max_given,
-                            documents=tuple(documents),
+                            documents=tuple(documents), template_options=options,
                             context_policy="truncate" if truncation == "auto" else "refuse",
                             **{"mode": defaults.mode, **verbatim_options(body)})
     return ParsedResponse(model_name(body), req, messages, body, boolean(body, "stream"),
@@ -485,11 +496,7 @@ class ResponseStream:
         return self._sse([created, self.output._event("response.in_progress", response=head)])
 
     def batch(self, gen: Generation, events: list[StreamEvent]) -> bytes:
-        out = []
-        for event in events:
-            if isinstance(event, TokenEvent):
-                out += self.output.events(gen.feed(event))
-        return self._sse(out)
+        return self._sse(self.output.events(gen.feed_all(events)))
 
     def end(self, gen: Generation, last: list[ReplyEvent], outcome: Outcome) -> bytes:
         out = self.output.events(last)
