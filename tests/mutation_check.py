@@ -659,12 +659,6 @@ MUTATIONS: list[Mutation] = [
         (KP + "test_a_second_session_restores_the_system_turn",
          KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),
-    Mutation(
-        "the disk's slack over a memory restore stays 64 tokens (a harness's read-ahead system turn loses to the disk)",
-        (("engine/cache/planner.py", "        slack = max(DISK_SLACK, best.usable // DISK_SLACK_SHARE)\n",
-          "        slack = DISK_SLACK\n"),),
-        (PL + "test_a_long_memory_snapshot_within_a_sixteenth_wins_over_the_disk",),
-    ),
 ]
 
 

@@ -101,24 +101,6 @@ def test_a_memory_snapshot_nearly_as_long_wins_over_the_disk_but_not_for_a_regen
     assert (plan.meta, plan.source, plan.reuse) == (whole, "disk", 28)
 
 
-def test_a_long_memory_snapshot_within_a_sixteenth_wins_over_the_disk():
-    """A harness's system turn read ahead into memory (8776 tokens) against the last session's end
-    on disk that matches 134 tokens further (to the new question): more than 64 tokens, but
-    forwarding them costs less than reading 8910 tokens' state (bench/harness_prefix.py). The
-    slack is a sixteenth of what the disk would restore (556 tokens here): 710 more are read from it."""
-    prompt = list(range(1, 9001))
-    cuts = schedule_cuts(len(prompt), 512, [8776, 8910])
-    kept = meta(prompt[:8776], tuple(c for c in cuts if c <= 8776), kind="document", sid="kept")
-    end = meta(prompt[:8910] + [7, 7], tuple(c for c in cuts if c <= 8910), sid="end")
-    plan = plan_restore([(end, "disk"), (kept, "memory")], prompt, "exact", cuts)
-    assert (plan.meta, plan.source, plan.reuse) == (kept, "memory", 8776)
-    cuts = schedule_cuts(len(prompt), 512, [8200, 8910])
-    short = meta(prompt[:8200], tuple(c for c in cuts if c <= 8200), kind="document", sid="short")
-    end = meta(prompt[:8910] + [7, 7], tuple(c for c in cuts if c <= 8910), sid="end")
-    plan = plan_restore([(end, "disk"), (short, "memory")], prompt, "exact", cuts)
-    assert (plan.meta, plan.source, plan.reuse) == (end, "disk", 8910)
-
-
 def test_a_tie_goes_to_the_snapshot_whose_copy_is_at_hand():
     """Two memory snapshots restore the same 16 tokens: the smaller wins (less to copy), unless
     the other's restored copy is ready (PromptCache's spare: nothing to copy at all)."""

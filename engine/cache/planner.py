@@ -134,12 +134,7 @@ def reuse_point(meta: SnapshotMeta, matched: int, mode: Mode, cuts: Sequence[int
     return max((c for c in (matched, *meta.exact_cuts) if c <= matched and exact_at(meta, c, cuts)), default=0)
 
 
-# Tokens a disk restore must add over a memory one to be read: at least DISK_SLACK and a
-# DISK_SLACK_SHARE-th of what it restores (forwarding a few tokens costs less than reading a long
-# state: a harness's system turn read ahead, 8776 tokens, against the last session's end on disk
-# 134 tokens further, bench/harness_prefix.py).
-DISK_SLACK = 64
-DISK_SLACK_SHARE = 16
+DISK_SLACK = 64  # tokens a disk restore must add over a memory one to be read (forwarding them costs less)
 
 
 def plan_restore(
@@ -178,8 +173,7 @@ def plan_restore(
         # A few tokens more from the disk are not worth reading it: a memory snapshot nearly as
         # long wins (a document's state, read ahead at start, against a conversation's end a
         # header longer). Never for a regenerate: a restore of all but the last token stays one.
-        slack = max(DISK_SLACK, best.usable // DISK_SLACK_SHARE)
-        near = [o for o in options if o.source == RestoreSource.MEMORY and o.usable > 0 and best.usable - o.usable <= slack]
+        near = [o for o in options if o.source == RestoreSource.MEMORY and o.usable > 0 and best.usable - o.usable <= DISK_SLACK]
         if near:
             best = near[0]
     if best.usable > 0:
