@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.qt.window import MainWindow
+    from app.qt.window.window import MainWindow
 
 
 def build_main_window(model: str, data_dir: Path, **options: Any) -> "MainWindow":
@@ -20,7 +20,7 @@ def build_main_window(model: str, data_dir: Path, **options: Any) -> "MainWindow
     from PySide6.QtWidgets import QApplication
 
     from app.qt.main import ensure_application
-    from app.qt.window import MainWindow
+    from app.qt.window.window import MainWindow
 
     ensure_application()
     assert QApplication.instance() is not None

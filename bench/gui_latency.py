@@ -9,7 +9,7 @@ the chat view having taken the text that contains it (`ChatView.stream` returned
 thread). The reply job batches text updates (50 ms by default), so that batching is part of the
 latency, by design. Baseline: the same timer on an idle window (what the event loop itself costs).
 
-Also recorded: every cyclic-GC collection (generation, thread, mid-reply or not; app/qt/gc_pacer.py
+Also recorded: every cyclic-GC collection (generation, thread, mid-reply or not; app/qt/window/gc_pacer.py
 runs them on the GUI thread and a full one only between replies), and what one full collection
 costs at the end: of the objects made since the model load (what the pacer runs) and, for scale,
 of the whole heap (gc.unfreeze() first: what an automatic full collection cost before the pacer).
@@ -17,7 +17,7 @@ of the whole heap (gc.unfreeze() first: what an automatic full collection cost b
 And a reply full of code, which the random models never write: the same window streams a fixed
 ~6.6k-character Python answer into one message in 60-character updates (one text batch at ~20
 tokens/s) and times each update (`ChatView.stream` plus the layout and paint it causes), then the
-final render, with the streaming highlight policy of app/core/markdown.py and, side by side, with
+final render, with the streaming highlight policy of app/core/conversation/markdown.py and, side by side, with
 every code block highlighted on every update (what it did before).
 """
 
@@ -50,8 +50,8 @@ def code_stream(w, app, highlight_all: bool) -> dict:
     """Stream CODE_REPLY into a message of the window's chat view; per-update and final times."""
     from dataclasses import replace
 
-    from app.core import markdown as M
-    from app.core.view_models import MessageVM
+    from app.core.conversation import markdown as M
+    from app.core.conversation.view_models import MessageVM
 
     saved = M._complete, M.STREAM_HIGHLIGHT_CHARS
     if highlight_all:  # the policy before: every block coloured on every update
@@ -113,8 +113,8 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
     app = QApplication.instance()
     errors: list[str] = []
     updates = [0]  # text updates the chat view got, all replies together
-    w.chat.subscribe("error", lambda title, text: errors.append(text))
-    w.chat.subscribe("stream", lambda *_: updates.__setitem__(0, updates[0] + 1))
+    w.chat.notices.error_raised.connect(lambda title, text: errors.append(text))
+    w.chat.generation.streamed.connect(lambda *_: updates.__setitem__(0, updates[0] + 1))
 
     def spin_until(cond, timeout: float) -> None:
         end = time.perf_counter() + timeout
@@ -122,12 +122,12 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
             app.processEvents()
             time.sleep(0.001)
 
-    spin_until(lambda: w.chat.model_ready, 300)
-    if not w.chat.model_ready:
+    spin_until(lambda: w.chat.link.ready, 300)
+    if not w.chat.link.ready:
         raise RuntimeError(f"model did not load: {errors[-1] if errors else 'timed out'}")
     from dataclasses import replace
 
-    w.apply_settings(replace(w.current_settings(), random_seed=False,
+    w.settings.apply(replace(w.chat.conversation.settings(), random_seed=False,
                              sampler=SamplerSettings(temperature=0.8, max_tokens=max_tokens, seed=1)))
 
     gaps: list[float] = []
@@ -144,7 +144,7 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
-            collections.append((info["generation"], threading.current_thread().name, w.chat.generating))
+            collections.append((info["generation"], threading.current_thread().name, w.chat.generation.busy))
 
     gc.callbacks.append(on_gc)
     shown: dict[int, float] = {}
@@ -175,9 +175,9 @@ def measure(model: str, max_tokens: int, replies: int) -> dict:
         gaps.clear()
         w.composer.setPlainText(f"Tell me a long story, part {k + 1}. " + C.filler(30, 40 + k))
         clock.restart()
-        w.send()
+        w.reply_bar.send()
         t0 = time.perf_counter()
-        spin_until(lambda: not w.chat.generating, 300)
+        spin_until(lambda: not w.chat.generation.busy, 300)
         wall = time.perf_counter() - t0
         stalls = [g - TICK_MS for g in gaps[1:]]
         lat = [shown[i] - produced[i] for i in produced if i in shown]
@@ -280,14 +280,14 @@ def main() -> None:
         "same timer on an idle window: the floor on this machine). Token-to-screen includes the reply job's "
         "deliberate 50 ms batching of token signals (updating the view on every token cost "
         "~15% of tokens/s elsewhere), so its median sits near half the batch interval and its max near one "
-        "interval plus one decode step. 50 ms is the stall bound the app tests use (tests/test_app_window.py). The reply job sends the last "
+        "interval plus one decode step. 50 ms is the stall bound the app tests use (tests/gui/test_replies.py). The reply job sends the last "
         "batch only after `Engine.generate` returns, so the engine's end-of-generation work (end snapshot, "
         "queueing disk writes) adds to the last tokens' latency: last column. Replies are sampled "
         "(T=0.8, seed 1); latency counts tokens that complete text (the engine sends an event for every "
         "token, so text held in a batch goes out within an interval even when the tokens after it show "
         "nothing: before that, a random model's run of text-less tokens kept one batch back ~400 ms).")
     res.notes.append(
-        "GC: automatic collection is off while the window lives; app/qt/gc_pacer.py collects young "
+        "GC: automatic collection is off while the window lives; app/qt/window/gc_pacer.py collects young "
         "generations from a GUI-thread timer and a full one only after a second without a reply. The last "
         "column is what a full collection would cost without gc.freeze() after the model load, and that "
         "automatic collection could trigger on any thread, mid-stream included; in the test process, with "

@@ -1,5 +1,5 @@
 """Opening a long conversation in the real window: time and memory, with the chat view building
-only the messages near the viewport (app/qt/widgets/chat_view.py, VIRTUALIZE) and, side by
+only the messages near the viewport (app/qt/conversation/chat_view.py, VIRTUALIZE) and, side by
 side in the same process, building every message's widget (what it did before); then the
 time of one scroll step (a wheel's worth, 120 px) through the conversation.
 
@@ -57,7 +57,7 @@ def open_once(model: Path, n: int, virtualize: bool, app) -> dict:
     from PySide6.QtGui import QWheelEvent
 
     from app import build_main_window
-    from app.qt.widgets import chat_view
+    from app.qt.conversation import chat_view
 
     chat_view.VIRTUALIZE = virtualize
     with tempfile.TemporaryDirectory() as d:
@@ -66,14 +66,14 @@ def open_once(model: Path, n: int, virtualize: bool, app) -> dict:
         w = build_main_window(str(model), data)
         w.resize(1200, 800)
         w.show()
-        while not w.chat.model_ready:
+        while not w.chat.link.ready:
             app.processEvents()
-        w.show_conversation(None)
+        w.conversations.show(None)
         app.processEvents()
         gc.collect()
         before = rss_mb()
         t0 = time.perf_counter()
-        w.show_conversation(conv)
+        w.conversations.show(conv)
         app.processEvents()
         opened = time.perf_counter() - t0
         built = len(w.chat_view.widgets)

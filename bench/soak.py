@@ -1,4 +1,4 @@
-"""The soak tests, for longer: the real window's session rounds (tests/soak_window.py) for
+"""The soak tests, for longer: the real window's session rounds (tests/gui/soak_window.py) for
 --minutes, then --requests through one `engine serve` process (tests/soak_server.py), printing
 None's reference count, RSS, threads, open files and widgets after every round / every --every
 requests, and the growth after warm-up at the end.
@@ -6,7 +6,7 @@ requests, and the growth after warm-up at the end.
     .venv/bin/python bench/soak.py --minutes 10 --requests 20000      # (offscreen Qt)
     .venv/bin/python bench/soak.py --minutes 0 --requests 5000        # the server only
 
-The test suite runs the same rounds a dozen times (tests/test_soak_window.py) and 2,000 requests
+The test suite runs the same rounds a dozen times (tests/gui/test_soak_window.py) and 2,000 requests
 (tests/test_soak_server.py) with bounds; this prints the curve, to see whether memory levels off.
 """
 
@@ -28,10 +28,10 @@ def window(model: Path, data: Path, minutes: float, reply_tokens: int) -> None:
     from PySide6.QtWidgets import QApplication
 
     from app import build_main_window
-    from app.core.session import ChatSettings
+    from app.core.store import ChatSettings
     from engine.types import SamplerSettings
     from tests.soak_probes import sample
-    from tests.soak_window import WindowSoak
+    from tests.gui.soak_window import WindowSoak
 
     app = QApplication.instance() or QApplication([])
 
@@ -44,8 +44,8 @@ def window(model: Path, data: Path, minutes: float, reply_tokens: int) -> None:
 
     w = build_main_window(str(model), data, chunk=16)
     w.show()
-    wait(lambda: w.chat.model_ready, 120_000)
-    w.apply_settings(ChatSettings(sampler=SamplerSettings(temperature=0.9, top_p=0.95, max_tokens=reply_tokens,
+    wait(lambda: w.chat.link.ready, 120_000)
+    w.settings.apply(ChatSettings(sampler=SamplerSettings(temperature=0.9, top_p=0.95, max_tokens=reply_tokens,
                                                           seed=7), random_seed=False))
     soak = WindowSoak(w, wait)
     end, i, first = time.monotonic() + 60 * minutes, 0, None

@@ -45,30 +45,30 @@ def main() -> int:
     w.resize(1000, 700)
     w.debug_panel.show()
     w.composer.setPlainText(QUESTION)
-    w.send()
-    wait_until(lambda: not w.chat.generating)
-    reply = w.chat.vms[-1]
+    w.reply_bar.send()
+    wait_until(lambda: not w.chat.generation.busy)
+    reply = w.chat.conversation.vms[-1]
     if not reply.continuable:
         print(f"the reply did not end at max tokens ({reply.status}): nothing to continue", file=sys.stderr)
         return 1
     if not ops.continue_reply(w.chat, reply.id):
         print("Continue was refused", file=sys.stderr)
         return 1
-    wait_until(lambda: not w.chat.generating)
+    wait_until(lambda: not w.chat.generation.busy)
     if errors:
         print(errors[-1], file=sys.stderr)
         return 1
-    continued = w.chat.vms[-1]
+    continued = w.chat.conversation.vms[-1]
     # The reply that was never cut: the same request, twice the max tokens, no cache.
     messages = [{"role": "user", "content": QUESTION}]
-    full = w.chat.executor.submit(lambda e: e.generate(GenerationRequest(
+    full = w.chat.jobs.executor.submit(lambda e: e.generate(GenerationRequest(
         messages, SamplerSettings(temperature=0.7, top_p=0.9, max_tokens=2 * CUT_AT, seed=11), use_cache=False))
     ).result(600)
     if continued.content != full.text[: len(continued.content)] or not continued.content.startswith(reply.content):
         print("the continued reply differs from the reply that was never cut: no screenshot of that",
               file=sys.stderr)
         return 1
-    w.chat.select(continued.id)
+    w.chat.conversation.select(continued.id)
     w.chat_view.scroll_to_bottom()
     args.out.mkdir(parents=True, exist_ok=True)
     settle(0.5)

@@ -55,10 +55,10 @@ def main() -> int:
 
     def ask(w: object, question: str) -> None:
         w.attach.attach([str(report)])  # type: ignore[attr-defined]
-        wait_until(lambda: bool(w.chat.attachments.items) and w.chat.attachments.items[0].tokens is not None)  # type: ignore[attr-defined]
+        wait_until(lambda: bool(w.chat.composer.attachments.items) and w.chat.composer.attachments.items[0].tokens is not None)  # type: ignore[attr-defined]
         w.composer.setPlainText(question)  # type: ignore[attr-defined]
-        w.send()  # type: ignore[attr-defined]
-        wait_until(lambda: not w.chat.generating)  # type: ignore[attr-defined]
+        w.reply_bar.send()  # type: ignore[attr-defined]
+        wait_until(lambda: not w.chat.generation.busy)  # type: ignore[attr-defined]
 
     try:
         w, _ = ready_window(args.model, sampler, data_dir=work / "data")
@@ -68,12 +68,12 @@ def main() -> int:
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return 1
-    w.new_conversation()
+    w.conversations.new()
     w.resize(1200, 800)
     w.debug_panel.show()
     ask(w, "How much sooner did a second question start?")
-    reply = [vm for vm in w.chat.vms if vm.role == "assistant"][-1]
-    w.chat.select(reply.id)
+    reply = [vm for vm in w.chat.conversation.vms if vm.role == "assistant"][-1]
+    w.chat.conversation.select(reply.id)
     settle()
     source = reply.report.documents[0]["source"] if reply.report and reply.report.documents else None
     if source != "disk":

@@ -42,12 +42,12 @@ def main() -> int:
         return 1
     w.resize(1100, 760)
     w.composer.setPlainText(QUESTION)
-    w.send()
-    wait_until(lambda: not w.chat.generating)
-    first = [vm for vm in w.chat.vms if vm.role == "assistant"][-1]
+    w.reply_bar.send()
+    wait_until(lambda: not w.chat.generation.busy)
+    first = [vm for vm in w.chat.conversation.vms if vm.role == "assistant"][-1]
     ops.regenerate(w.chat, fresh=True)
-    wait_until(lambda: not w.chat.generating)
-    second = [vm for vm in w.chat.vms if vm.role == "assistant"][-1]
+    wait_until(lambda: not w.chat.generation.busy)
+    second = [vm for vm in w.chat.conversation.vms if vm.role == "assistant"][-1]
     view = w.inspector.open_compare(second.id, first.id)
     view.resize(1000, 700)
     wait_until(lambda: w.inspector.last is not None)

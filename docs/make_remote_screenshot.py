@@ -37,7 +37,7 @@ def main() -> int:
 
     from app import build_main_window
     from app.core import ops
-    from app.core.session import ChatSettings
+    from app.core.store import ChatSettings
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings
     from tests.cluster import Cluster
@@ -51,18 +51,18 @@ def main() -> int:
         w.resize(1560, 980)
         errors: list[str] = []
         finished: list = []
-        w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
-        w.chat.subscribe(ops.FINISHED, lambda pending, result: finished.append(result))
-        wait_until(lambda: w.chat.model_ready or bool(errors), 300)
+        w.chat.notices.error_raised.connect(lambda title, text: errors.append(text))
+        w.chat.generation.finished.connect(lambda done: finished.append(done.result))
+        wait_until(lambda: w.chat.link.ready or bool(errors), 300)
         if errors:
             raise RuntimeError(errors[-1])
-        w.apply_settings(ChatSettings(sampler=SamplerSettings(temperature=0.3, top_p=0.9, max_tokens=40, seed=7),
+        w.settings.apply(ChatSettings(sampler=SamplerSettings(temperature=0.3, top_p=0.9, max_tokens=40, seed=7),
                                       random_seed=False))
         w.composer.setPlainText(QUESTION)
-        w.send()
-        wait_until(lambda: not w.chat.generating and bool(finished) or bool(errors))
+        w.reply_bar.send()
+        wait_until(lambda: not w.chat.generation.busy and bool(finished) or bool(errors))
         ops.regenerate(w.chat, fresh=False)
-        wait_until(lambda: not w.chat.generating and len(finished) == 2 or bool(errors))
+        wait_until(lambda: not w.chat.generation.busy and len(finished) == 2 or bool(errors))
         if errors:
             raise RuntimeError(errors[-1])
         first, again = finished
@@ -74,7 +74,7 @@ def main() -> int:
             return 1
         w.debug_panel.show()
         w.chat_view.scroll_to_bottom()
-        wait_until(lambda: w.debug_panel.rank_box.isVisible() and w.chat.budget is not None
+        wait_until(lambda: w.debug_panel.rank_box.isVisible() and w.chat.composer.budget is not None
                    and w.debug_panel.value("entries") == "on the server", 120)
         for _ in range(20):
             w.grab()  # let the layout settle

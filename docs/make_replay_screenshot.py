@@ -44,11 +44,11 @@ def main() -> int:
     w.resize(1000, 700)
     w.debug_panel.show()
     w.composer.setPlainText(QUESTION)
-    w.send()
-    wait_until(lambda: not w.chat.generating)
+    w.reply_bar.send()
+    wait_until(lambda: not w.chat.generation.busy)
     ops.regenerate(w.chat, fresh=False)
-    wait_until(lambda: (r := w.chat.replay) is not None and 8 <= r.verified < r.total - 8 or not w.chat.generating)
-    if not w.chat.generating:
+    wait_until(lambda: (r := w.chat.generation.replay) is not None and 8 <= r.verified < r.total - 8 or not w.chat.generation.busy)
+    if not w.chat.generation.busy:
         print("the replay ended before it could be grabbed mid-way", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
@@ -56,11 +56,11 @@ def main() -> int:
     # The same replay at the smallest window (the dock still open), while it is still verifying.
     w.resize(*w.MIN_SIZE)
     settle(0.4)
-    if not w.chat.generating:
+    if not w.chat.generation.busy:
         print("the replay ended before the small grab", file=sys.stderr)
         return 1
     w.grab().save(str(args.out / "screenshot-replay-small.png"))
-    wait_until(lambda: not w.chat.generating)
+    wait_until(lambda: not w.chat.generation.busy)
     badge = w.chat_view.message_widgets()[-1].identity.text()
     if "identical" not in badge:
         print(f"the replay did not end identical ({badge!r})", file=sys.stderr)

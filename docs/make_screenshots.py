@@ -48,7 +48,7 @@ def main() -> int:
 
     from app import build_main_window
     from app.core import ops
-    from app.core.session import ChatSettings
+    from app.core.store import ChatSettings
     from app.qt.main import ensure_application
     from engine.types import SamplerSettings
 
@@ -58,14 +58,14 @@ def main() -> int:
     w = build_main_window(args.model, data, theme=args.theme)
     w.resize(1280, 820)
     errors: list[str] = []
-    finished: list = []  # (pending, result) of each reply
-    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
-    w.chat.subscribe(ops.FINISHED, lambda pending, result: finished.append((pending, result)))
-    wait_until(lambda: w.chat.model_ready or bool(errors))
-    if not w.chat.model_ready:
+    finished: list = []  # each reply's FinishedReply (pending, result, saved)
+    w.chat.notices.error_raised.connect(lambda title, text: errors.append(text))
+    w.chat.generation.finished.connect(finished.append)
+    wait_until(lambda: w.chat.link.ready or bool(errors))
+    if not w.chat.link.ready:
         print(f"cannot load {args.model}: {errors[-1]}", file=sys.stderr)
         return 1
-    w.apply_settings(
+    w.settings.apply(
         ChatSettings(
             sampler=SamplerSettings(temperature=0.3, top_p=0.9, repetition_penalty=1.1, max_tokens=300, seed=args.seed),
             random_seed=False,
@@ -74,26 +74,26 @@ def main() -> int:
 
     def ask(text: str) -> None:
         w.composer.setPlainText(text)
-        w.send()
-        wait_until(lambda: not w.chat.generating)
+        w.reply_bar.send()
+        wait_until(lambda: not w.chat.generation.busy)
         if errors:
             raise RuntimeError(errors[-1])
 
     for q in SIDE_CHATS:
-        w.new_conversation()
+        w.conversations.new()
         ask(q)
-    w.new_conversation()
+    w.conversations.new()
     for q in MAIN_CHAT:
         ask(q)
-    first = w.chat.vms[-1]
+    first = w.chat.conversation.vms[-1]
     ops.regenerate(w.chat, fresh=False)
-    wait_until(lambda: not w.chat.generating)
-    again = w.chat.vms[-1]  # identical: no copy added, the same reply stays selected
-    outcome = finished[-1][0].outcome
+    wait_until(lambda: not w.chat.generation.busy)
+    again = w.chat.conversation.vms[-1]  # identical: no copy added, the same reply stays selected
+    outcome = finished[-1].saved.outcome
     if outcome.comparison is None or not outcome.comparison.identical or again.id != first.id:
         print("regenerate was not identical: refusing to take screenshots of that", file=sys.stderr)
         return 1
-    w.chat.select(again.id)
+    w.chat.conversation.select(again.id)
     w.chat_view.scroll_to_bottom()
     settle()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,7 @@ def main() -> int:
     w.resize(1560, 1080)
     w.debug_panel.show()
     w.debug_panel.verifyRequested.emit(again.id)
-    wait_until(lambda: not w.chat.verifying)
+    wait_until(lambda: not w.chat.cold_runs.verifying)
     w.chat_view.scroll_to_bottom()
     settle()
     w.grab().save(str(args.out / "screenshot-debug.png"))
@@ -113,7 +113,7 @@ def main() -> int:
     w.debug_panel.hide()
 
     w.resize(1280, 820)
-    dlg = w.open_model_manager()
+    dlg = w.models.open_manager()
     wait_until(lambda: "found" in dlg.status.text() or "No models" in dlg.status.text())
     dlg.resize(820, 380)
     # This machine is offline: show what a failed download looks like (one clear line).

@@ -41,7 +41,7 @@ def main() -> int:
 
     from shots import ready_window, settle, wait_until  # docs/shots.py, beside this script
 
-    from app.qt.widgets.sidebar import MARKED_ROLE
+    from app.qt.conversation.sidebar import MARKED_ROLE
     from engine.types import SamplerSettings
 
     try:
@@ -53,9 +53,9 @@ def main() -> int:
     w.debug_panel.show()
     for text in [FIRST, *FILLERS]:
         w.composer.setPlainText(text)
-        w.send()
-        wait_until(lambda: not w.chat.generating)
-    hit_id = w.chat.vms[0].id
+        w.reply_bar.send()
+        wait_until(lambda: not w.chat.generation.busy)
+    hit_id = w.chat.conversation.vms[0].id
     args.out.mkdir(parents=True, exist_ok=True)
     for width, height in SIZES:
         w.resize(width, height)

@@ -37,15 +37,14 @@ def ready_window(model: str, sampler: Any, theme: str = "light", data_dir: Any =
     from pathlib import Path
 
     from app import build_main_window
-    from app.core import ops
-    from app.core.session import ChatSettings
+    from app.core.store import ChatSettings
 
     folder = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="verbatim-shots-"))
     w = build_main_window(model, folder, theme=theme)
     errors: list[str] = []
-    w.chat.subscribe(ops.ERROR, lambda title, text: errors.append(text))
-    wait_until(lambda: w.chat.model_ready or bool(errors))
-    if not w.chat.model_ready:
+    w.chat.notices.error_raised.connect(lambda title, text: errors.append(text))
+    wait_until(lambda: w.chat.link.ready or bool(errors))
+    if not w.chat.link.ready:
         raise RuntimeError(f"cannot load {model}: {errors[-1]}")
-    w.apply_settings(ChatSettings(sampler=sampler, random_seed=False))
+    w.settings.apply(ChatSettings(sampler=sampler, random_seed=False))
     return w, errors

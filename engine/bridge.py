@@ -103,8 +103,9 @@ class EngineAPI(Protocol):
         of ordinary turns under eviction (None: every document's)."""
         ...
 
-    def preload_documents(self) -> int:
-        """Read the kept documents' states from the disk into memory (after a restart); how many."""
+    def preload_documents(self, every_namespace: bool = False) -> int:
+        """Read the kept documents' states from the disk into memory (after a restart): the
+        window's own, or every namespace's; how many."""
         ...
 
     def token_texts(self, tokens: list[int]) -> list[str]:

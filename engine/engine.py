@@ -19,7 +19,7 @@ from engine.cache.disk.tier import DiskCache
 from engine.cache.eviction import DocumentsKept
 from engine.cache.families import class_names
 from engine.cache.kinds import SnapshotKind
-from engine.cache.namespace import cache_key
+from engine.cache.namespace import cache_key, is_key_of
 from engine.cache.prompt_cache import PromptCache
 from engine.errors import EngineError, GGUFError, ModelError
 from engine.generate.constraints import tool_format
@@ -185,14 +185,17 @@ class Engine:
         an ordinary snapshot does. None: keep every document's state ahead (the default)."""
         self.eviction.in_use = None if digests is None else frozenset(digests)
 
-    def preload_documents(self) -> int:
-        """Read the states that are kept warm from the disk into memory while they fit: the
-        documents' (keep_documents) and long system turns' (a harness's system prompt and tools:
-        generate/prepare.py, kept_points): after a restart the first question about a document,
-        or a harness's first session, restores it from memory. The window runs this once a model
-        is loaded, before anything is asked, `engine serve` at start; the number of snapshots read."""
+    def preload_documents(self, every_namespace: bool = False) -> int:
+        """Read the states that are kept warm from the disk into memory while they fit (the memory
+        budget bounds it): the documents' (keep_documents) and long system turns' (a harness's
+        system prompt and tools: generate/prepare.py, kept_points). After a restart the first
+        question about a document, or a harness's first session, restores it from memory. The
+        window runs this once a model is loaded, for its own conversations (no namespace);
+        `engine serve` at start with `every_namespace` (each API key's, and keyless clients').
+        The number of snapshots read."""
         lm = self._lm()
-        return len(self.cache.preload(cache_key(lm.key, None),
+        own = cache_key(lm.key, None)
+        return len(self.cache.preload((lambda k: is_key_of(lm.key, k)) if every_namespace else (lambda k: k == own),
                                       lambda m: m.kind == SnapshotKind.DOCUMENT and self.eviction.keep_priority(m) > 0))
 
     def measure(self, request: GenerationRequest) -> ContextInfo:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from engine.constraint import Constraint
-from engine.documents.extract import Document
+from engine.documents.document import Document, shown_name
 from engine.engine import Engine
 from engine.errors import EngineError, RequestError
 from engine.types import (
@@ -456,7 +456,7 @@ def describe(receipt: Receipt) -> str:
             f"chunk {receipt.chunk}, seed {s.seed}, T {s.temperature:g}, {len(receipt.tokens)} tokens "
             f"({receipt.finish_reason})" + (f", constrained ({_constraint_note(receipt.constraint)})"
                                             if receipt.constraint is not None else "")
-            + (f", {len(receipt.documents)} documents ({', '.join(d.name for d in receipt.documents)})"
+            + (f", {len(receipt.documents)} documents ({', '.join(shown_name(d.name) for d in receipt.documents)})"
                if receipt.documents else ""))
 
 

@@ -166,7 +166,7 @@ class RemoteEngine:
         """Nothing to do: the server's cache is its own, and it keeps every document's state ahead
         (its clients' conversations are not known to it)."""
 
-    def preload_documents(self) -> int:
+    def preload_documents(self, every_namespace: bool = False) -> int:
         """Nothing to do: a server preloads its own at start (`engine serve`)."""
         return 0
 

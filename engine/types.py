@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 from engine.constraint import Constraint, tool_message_keys
 from engine.documents.extract import Document
@@ -394,6 +394,27 @@ class GenerationResult:
         }
 
 
+def first_divergence(a_tokens: Sequence[int], b_tokens: Sequence[int], a_logprobs: Optional[Sequence[float]] = None,
+                     b_logprobs: Optional[Sequence[float]] = None, start: int = 0,
+                     b_ended: bool = True) -> Optional[tuple[int, str]]:
+    """Where generation b first parts from a, looking from index `start` on: (index, why) with why
+    "token" (another token), "logprob" (the same token, a logprob not bit-equal: only when both
+    logprobs are given), "longer" (b goes on past a's end) or "shorter" (b ended first: only once
+    `b_ended`); None while b agrees with a. The one definition of "the first divergent token":
+    Comparison.of (tokens only) and a regenerate's replay (app/core/generation/replay.py, token by
+    token as it streams) both use it."""
+    for i in range(start, min(len(a_tokens), len(b_tokens))):
+        if a_tokens[i] != b_tokens[i]:
+            return i, "token"
+        if a_logprobs is not None and b_logprobs is not None and a_logprobs[i] != b_logprobs[i]:
+            return i, "logprob"
+    if len(b_tokens) > len(a_tokens):
+        return len(a_tokens), "longer"
+    if b_ended and len(b_tokens) < len(a_tokens):
+        return len(b_tokens), "shorter"
+    return None
+
+
 @dataclass
 class Comparison:
     """Whether two generations (a, b) are the same, where they first differ and by how much.
@@ -421,8 +442,9 @@ class Comparison:
         stopped early: identical up to where it stopped)."""
         upto = min(len(a_tokens), len(b_tokens)) if shared_length else None
         ta, tb = (a_tokens[:upto], b_tokens[:upto]) if upto is not None else (a_tokens, b_tokens)
-        shared = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-        first = shared if shared < max(len(ta), len(tb)) else None
+        parted = first_divergence(ta, tb)
+        first = parted[0] if parted is not None else None
+        shared = first if first is not None else len(ta)
         diff = max((abs(x - y) for x, y in zip(a_lps[:shared], b_lps[:shared])), default=0.0)
         identical = first is None and diff == 0.0
         chars = None

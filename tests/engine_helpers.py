@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import struct
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -138,3 +139,9 @@ def kv_snapshot(tokens: list[int], key: str = "k" * 32, seed: int = 0):
     meta = SnapshotMeta(new_snapshot_id(), key, tuple(tokens), "end", (), ("KVCache", "KVCache"), True,
                         cache_nbytes(cache))
     return Snapshot(meta, cache)
+
+
+def flip_low_bit(x: float) -> float:
+    """`x` as float32 with its lowest mantissa bit flipped: the smallest change a logprob can have."""
+    (bits,) = struct.unpack("<I", struct.pack("<f", x))
+    return struct.unpack("<f", struct.pack("<I", bits ^ 1))[0]

@@ -46,11 +46,8 @@ DC = "tests/test_disk_cache.py::"
 PL = "tests/test_cache_planner.py::"
 FA = "tests/test_cache_families.py::"
 EP = "tests/test_edge_promises.py::"
-AP = "tests/test_app_edge_promises.py::"
 SS = "tests/test_stop_strings.py::"
-AR = "tests/test_app_remote.py::"
 RE = "tests/test_remote.py::"
-WT = "tests/test_app_window_truth.py::"
 BS = "tests/test_block_store.py::"
 MT = "tests/test_memory_tier.py::"
 RS = "tests/test_restore_spare.py::"
@@ -61,7 +58,7 @@ CO = "tests/test_continue.py::"
 FT = "tests/test_free_text.py::"
 KP = "tests/test_kept_prefix.py::"
 DO = "tests/test_documents.py::"
-WD = "tests/test_app_window_documents.py::"
+DH = "tests/test_documents_hostile.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
@@ -191,8 +188,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "identical to an existing variant decided on tokens alone",
-        (("app/core/session.py", "\n                    and m.logprobs == list(result.logprobs)):", "):"),),
-        (AP + "test_a_regenerate_with_equal_tokens_but_other_logprobs_is_kept_as_a_variant",),
+        (("app/core/store/session.py", "\n                    and m.logprobs == list(result.logprobs)):", "):"),),
+        ("tests/app/test_regenerate_promises.py::test_a_regenerate_with_equal_tokens_but_other_logprobs_is_kept_as_a_variant",),
     ),
     Mutation(
         "the context check off by one (prompt + max_tokens may pass the context by one)",
@@ -202,10 +199,11 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "regenerate uses the Settings' current mode instead of the reply's own",
-        (("app/core/session.py", "            mode = reply.report.mode if reply.report is not None else settings.mode\n",
-          "            mode = settings.mode\n"),),
-        (AP + "test_regenerate_repeats_the_replys_mode_whatever_the_settings_say",
-         AP + "test_window_regenerate_runs_in_the_replys_mode_after_settings_changed"),
+        (("app/core/store/session.py", "        mode = reply.report.mode if reply.report is not None else settings.mode\n"
+          "        settings = replace(settings, sampler=sampler, mode=mode)\n",
+          "        mode = settings.mode\n        settings = replace(settings, sampler=sampler, mode=mode)\n"),),
+        ("tests/app/test_regenerate_promises.py::test_regenerate_repeats_the_replys_mode_whatever_the_settings_say",
+         "tests/gui/test_regenerate.py::test_window_regenerate_runs_in_the_replys_mode_after_settings_changed"),
     ),
     Mutation(
         "the sampler reuses one random key for every step",
@@ -222,7 +220,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "attaching to a server drops the loaded engine before the server answers",
         (("engine/executor.py", "        new = make_engine()\n", "        self._engine = None\n        new = make_engine()\n"),),
-        (AR + "test_a_server_that_cannot_be_reached_keeps_the_model_loaded",),
+        ("tests/gui/test_attached_to_server.py::test_a_server_that_cannot_be_reached_keeps_the_model_loaded",),
     ),
     Mutation(
         "a remote engine ignores the token ids the stream names (a stopped reply loses them)",
@@ -233,21 +231,21 @@ MUTATIONS: list[Mutation] = [
     # issue 31: the key in the keyring, not settings.ini; the workflows' checks
     Mutation(
         "a key stored in the keyring is also written to settings.ini",
-        (("app/core/api_keys.py", '            settings.remove(FILE_SETTING)\n            return "keyring"\n',
+        (("app/core/engine_link/api_keys.py", '            settings.remove(FILE_SETTING)\n            return "keyring"\n',
           '            settings.setValue(FILE_SETTING, key)\n            return "keyring"\n'),),
-        ("tests/test_api_keys.py::test_a_remembered_key_is_in_the_keyring_not_in_settings_ini_and_survives_a_restart",
-         AR + "test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
+        ("tests/app/test_api_keys.py::test_a_remembered_key_is_in_the_keyring_not_in_settings_ini_and_survives_a_restart",
+         "tests/gui/test_attached_to_server.py::test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
     ),
     Mutation(
         "the migration copies the key into the keyring but leaves it in settings.ini",
-        (("app/core/api_keys.py", "    settings.remove(FILE_SETTING)\n    log.info(", "    log.info("),),
-        ("tests/test_api_keys.py::test_a_key_in_settings_ini_moves_to_the_keyring_at_the_next_start",
-         AR + "test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
+        (("app/core/engine_link/api_keys.py", "    settings.remove(FILE_SETTING)\n    log.info(", "    log.info("),),
+        ("tests/app/test_api_keys.py::test_a_key_in_settings_ini_moves_to_the_keyring_at_the_next_start",
+         "tests/gui/test_attached_to_server.py::test_a_server_with_a_key_is_remembered_and_attached_again_at_the_next_start"),
     ),
     Mutation(
         "keyring's fail backend taken for a keyring (the dialog claims a keyring it does not have)",
-        (("app/core/api_keys.py", "(fail.Keyring, null.Keyring)", "(null.Keyring,)"),),
-        ("tests/test_api_keys.py::test_without_a_keyring_the_key_stays_in_settings_ini_and_the_dialog_says_so",),
+        (("app/core/engine_link/api_keys.py", "(fail.Keyring, null.Keyring)", "(null.Keyring,)"),),
+        ("tests/app/test_api_keys.py::test_without_a_keyring_the_key_stays_in_settings_ini_and_the_dialog_says_so",),
     ),
     Mutation(
         "the macOS job runs a narrower test command than the README's",
@@ -331,25 +329,27 @@ MUTATIONS: list[Mutation] = [
     # issue 28: the window's truth (the run shown, Send against the meter, drafts, the GUI thread)
     Mutation(
         "the run shown is not the one selected (the debug panel shows the latest run)",
-        (("app/core/view_models.py", "    if run is None and vm.shown is not None:\n        run = vm.runs[vm.shown]\n", ""),),
-        (WT + "test_the_run_picked_in_the_runs_menu_is_the_one_the_footer_badge_and_debug_panel_show",),
+        (("app/core/conversation/view_models.py", "    if run is None and vm.shown is not None:\n        run = vm.runs[vm.shown]\n", ""),),
+        ("tests/gui/test_reply_report.py::test_the_run_picked_in_the_runs_menu_is_the_one_the_footer_badge_and_debug_panel_show",),
     ),
     Mutation(
         "Send enabled (and sending) on a send the meter refuses",
-        (("app/core/chat.py", "        if b is None or not b.refused or self.budget_for != (self.conv_id, text):\n",
+        (("app/core/composer/model.py",
+          "        if b is None or not b.refused or self.budget_for != (self.conversation.conv_id, text):\n",
           "        if True:\n"),),
-        (WT + "test_a_send_the_meter_refuses_is_disabled_and_never_touches_the_conversation",),
+        ("tests/gui/test_composer.py::test_a_send_the_meter_refuses_is_disabled_and_never_touches_the_conversation",),
     ),
     Mutation(
         "a draft not saved at close",
-        (("app/qt/window.py", "        self.save_draft()  # what was typed and not sent is there at the next start\n", ""),),
-        (WT + "test_drafts_are_stored_with_their_conversation_and_restored_at_start",),
+        (("app/qt/window/window.py", "        self.chat.composer.save()  # what was typed and not sent is there at the next start\n",
+          ""),),
+        ("tests/gui/test_composer.py::test_drafts_are_stored_with_their_conversation_and_restored_at_start",),
     ),
     Mutation(
         "the GUI thread waits on the engine job of a reply",
         (("engine/bridge.py", "    executor.submit(run).add_done_callback(finished)\n",
           "    job = executor.submit(run)\n    job.add_done_callback(finished)\n    job.exception()\n"),),
-        ("tests/test_app_window.py::test_gui_thread_never_waits_on_the_engine_during_generation",),
+        ("tests/gui/test_replies.py::test_gui_thread_never_waits_on_the_engine_during_generation",),
     ),
     # issue 27: the block store (blocks named by their history, shared, freed, committed in order)
     Mutation(
@@ -441,8 +441,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the chat view builds every message's widget (virtualization off)",
-        (("app/qt/widgets/chat_view.py", "VIRTUALIZE = True  #", "VIRTUALIZE = False  #"),),
-        ("tests/test_long_conversation_view.py::test_a_long_conversation_builds_only_the_messages_near_the_viewport",),
+        (("app/qt/conversation/chat_view.py", "VIRTUALIZE = True  #", "VIRTUALIZE = False  #"),),
+        ("tests/gui/test_long_conversation.py::test_a_long_conversation_builds_only_the_messages_near_the_viewport",),
     ),
     Mutation(
         "the grammar cache shared across namespaces",
@@ -536,19 +536,19 @@ MUTATIONS: list[Mutation] = [
     # issue 39: a regenerate shown at once is still proved by its recomputation
     Mutation(
         "the replay skips the recomputation",
-        (("app/core/replay.py", "    return Replay(expected)\n",
+        (("app/core/generation/replay.py", "    return Replay(expected)\n",
           "    return Replay(expected, verified=len(expected.tokens), seen=len(expected.tokens), ended=True)\n"),),
-        ("tests/test_app_window_replay.py::test_a_regenerate_shows_the_reply_at_once_and_verifies_it_as_it_is_recomputed",),
+        ("tests/gui/test_regenerate_replay.py::test_a_regenerate_shows_the_reply_at_once_and_verifies_it_as_it_is_recomputed",),
     ),
     # issue 39: a search hit in the open conversation is scrolled to
     Mutation(
         "search hit not scrolled into view",
-        (("app/qt/widgets/chat_view.py",
+        (("app/qt/conversation/chat_view.py",
           "        self._revealing = message_id  # the messages above may still grow as they lay out: follow it\n"
           "        self.widget().layout().activate()  # geometry up to date before scrolling to it\n"
           "        self.ensureWidgetVisible(w, 0, 40)\n",
           "        self.widget().layout().activate()  # geometry up to date before scrolling to it\n"),),
-        ("tests/test_app_window_issue39.py::"
+        ("tests/gui/test_conversations.py::"
          "test_a_search_hit_in_the_open_conversation_is_scrolled_to_and_marked_until_the_next_action",),
     ),
     # issue 38: documents read once
@@ -587,15 +587,15 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the window's reply is generated without the message's documents",
-        (("app/core/session.py", "                                    documents=self.store.documents_for_prompt(user_id))",
+        (("app/core/store/session.py", "                                    documents=self.store.documents_for_prompt(user_id))",
           "                                    documents=())"),),
-        (WD + "test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_before_sending",
-         WD + "test_regenerate_about_a_document_is_identical_and_a_new_conversation_restores_it"),
+        ("tests/gui/test_documents.py::test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_before_sending",
+         "tests/gui/test_documents.py::test_regenerate_about_a_document_is_identical_and_a_new_conversation_restores_it"),
     ),
     Mutation(
         "an edit of a message drops its documents",
         (("app/core/store/conversations.py", "            self._copy_documents(old.id, edited.id)", "            pass"),),
-        (WD + "test_an_edit_keeps_the_documents_and_export_import_carries_them",),
+        ("tests/gui/test_documents.py::test_an_edit_keeps_the_documents_and_export_import_carries_them",),
     ),
     Mutation(
         "no document snapshot where the system message ends (a new conversation forwards its closing first)",
@@ -615,12 +615,42 @@ MUTATIONS: list[Mutation] = [
         (("engine/cache/planner.py", "o.meta.id == ready", "False"),),
         (PL + "test_a_tie_goes_to_the_snapshot_whose_copy_is_at_hand",),
     ),
+    # issue 49: files that cannot hurt the server, documents read whole
+    Mutation(
+        "a tracked insertion dropped from a Word document",
+        (("engine/documents/word.py", '_SKIPPED = frozenset({"w:del", ', '_SKIPPED = frozenset({"w:ins", "w:del", '),),
+        (DH + "test_every_word_construct_is_read_as_word_shows_it",),
+    ),
+    Mutation(
+        "binary content looked for in the first block of a text file only",
+        (("engine/documents/extract.py", '    if "\\x00" in text:\n', '    if "\\x00" in text[:BINARY_BLOCK]:\n'),
+         ("engine/documents/extract.py", "    for at in range(0, len(text), BINARY_BLOCK):\n",
+          "    for at in range(0, min(len(text), 1), BINARY_BLOCK):\n")),
+        (DH + "test_binary_content_is_found_anywhere_in_the_file",),
+    ),
+    Mutation(
+        "a reader's page clock not watched (PDFium parses a hostile page as long as it likes)",
+        (("engine/documents/bounded.py", "if stepped is not None and now - stepped > limits.page_seconds:",
+          "if False:"),),
+        (DH + "test_each_hostile_file_is_refused_within_the_limits",),
+    ),
+    Mutation(
+        "a document's span counted with the markers typed in it as control tokens",
+        (("engine/generate/prepare.py", "lambda text, at: encode_prefix(tok, text, at)",
+          "lambda text, at: tok.encode(text, add_special_tokens=False)"),),
+        (DH + "test_a_document_holding_control_token_text_is_reported_with_its_true_span",),
+    ),
+    Mutation(
+        "engine serve reads only the window's namespace ahead",
+        (("engine/engine.py", "(lambda k: is_key_of(lm.key, k)) if every_namespace else", "(lambda k: k == own) if True else"),),
+        (DH + "test_engine_serve_reads_every_api_namespace_s_documents_ahead",),
+    ),
     Mutation(
         "a selected search result drawn in the palette's highlighted text (white on the pale selection)",
-        (("app/qt/widgets/sidebar.py",
+        (("app/qt/conversation/sidebar.py",
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.Text))\n",
           "        ctx.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(QPalette.ColorRole.HighlightedText))\n"),),
-        ("tests/test_app_window_issue39.py::test_a_selected_search_result_is_drawn_readably_on_the_selection",),
+        ("tests/gui/test_conversations.py::test_a_selected_search_result_is_drawn_readably_on_the_selection",),
     ),
     Mutation(
         "stop strings searched in a reply decoded under a grammar (they cut a forced call or a JSON value)",

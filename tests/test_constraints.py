@@ -386,3 +386,22 @@ def test_a_constrained_reply_continued_equals_the_unstopped_one(tool_model: Path
         assert valid_weather(json.loads(part.text[: cont.report.continued_chars] + cont.text))
     finally:
         eng.close()
+
+
+def test_a_continue_whose_reply_so_far_does_not_fit_the_schema_says_so(tool_model: Path) -> None:
+    """A reply made without the schema, continued under it: refused before any prefill, saying
+    the reply so far is not valid under it (not that a simpler schema avoids it)."""
+    from engine.types import Continuation
+
+    eng = Engine(use_disk=False, chunk=8)
+    eng.load(str(tool_model))
+    try:
+        req = GenerationRequest(ASK, SamplerSettings(temperature=0.0, max_tokens=40),
+                                constraint=Constraint.of(response_format=JSON_SCHEMA),
+                                continuation=Continuation(text="Hello, it is sunny"))
+        with pytest.raises(ConstraintFailed) as e:
+            eng.generate(req)
+        assert "the reply so far is not valid under this 'response_format'" in str(e.value)
+        assert "simpler schema" not in str(e.value) and e.value.param == "continue"
+    finally:
+        eng.close()

@@ -213,3 +213,25 @@ def test_the_server_refuses_a_malformed_continue(llama: Path) -> None:
                                            extra_body={"verbatim": {"continue": True}})
     finally:
         srv.close()
+
+
+def test_a_continued_reply_never_reports_more_cached_tokens_than_prompt_tokens(llama: Path) -> None:
+    """usage: the reply so far the client sends back is input the cache restores, so it counts in
+    prompt_tokens (a repeated `continue: [ids]` reported 37 cached of 35 prompt tokens)."""
+    from tests.test_server import Server
+
+    srv = Server(llama, None)
+    try:
+        client = srv.client()
+        part = client.chat.completions.create(model=srv.model, messages=MSGS, max_tokens=6, temperature=0.0)
+        ids = part.verbatim["token_ids"]
+        history = [*MSGS, {"role": "assistant", "content": part.choices[0].message.content}]
+        for _ in range(2):  # the second restores the first's state: the most cached
+            cont = client.chat.completions.create(model=srv.model, messages=history, max_tokens=FULL, temperature=0.0,
+                                                  extra_body={"verbatim": {"continue": ids}})
+            usage, v = cont.usage, cont.verbatim
+            assert usage.prompt_tokens == v["prompt_tokens"] + len(ids)
+            assert usage.prompt_tokens_details.cached_tokens == v["restored"] <= usage.prompt_tokens
+            assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    finally:
+        srv.close()

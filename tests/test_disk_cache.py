@@ -830,7 +830,7 @@ def test_writer_thread_runs_at_the_lowest_priority(models, tmp_path):
 def test_cache_stats_carry_the_disk_tiers_own_stats_which_the_panel_shows(models, tmp_path):
     """The prompt cache's stats hold the disk tier's stats as they are, under "disk" (no prefixed
     copies); the debug panel's store box reads them from there."""
-    from app.core.view_models import stats_rows
+    from app.core.conversation.view_models import stats_rows
 
     eng = engine(models["llama"], tmp_path / "cache")
     eng.generate(req())

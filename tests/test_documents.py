@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,15 @@ import pytest
 
 from engine.cli.main import main as cli
 from engine.documents import extract
-from engine.documents.extract import Document, DocumentError, document_from_bytes, read_document
+from engine.documents.bounded import read_file
+from engine.documents.extract import Document, DocumentError, document_from_bytes
 from engine.documents.placement import block, place
 from engine.engine import Engine
 from engine.errors import RequestError
 from engine.generate.templating import render_prompt
 from engine.receipts import Receipt, ReceiptError, ReceiptModel, build
 from engine.types import GenerationRequest, SamplerSettings
+from tests.document_files import docx_bytes, pdf_bytes
 from tests.engine_helpers import model_dir
 
 # A document long enough to span several prefill chunks, in words the tiny tokenizer knows.
@@ -32,32 +33,8 @@ APPENDIX = "The capital of France is Paris. The capital of Italy is Rome.\n" * 6
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
 
 
-def pdf_bytes(pages: list[str], password: str | None = None) -> bytes:
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_font("helvetica", size=11)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 6, text)
-    if password:
-        pdf.set_encryption(owner_password=password, user_password=password)
-    return bytes(pdf.output())
 
 
-def docx_bytes(paragraphs: list[str], table: list[list[str]]) -> bytes:
-    import docx
-
-    d = docx.Document()
-    for p in paragraphs:
-        d.add_paragraph(p)
-    t = d.add_table(rows=len(table), cols=len(table[0]))
-    for r, row in enumerate(table):
-        for c, cell in enumerate(row):
-            t.cell(r, c).text = cell
-    out = io.BytesIO()
-    d.save(out)
-    return out.getvalue()
 
 
 def doc(text: str = REPORT, name: str = "report.md") -> Document:
@@ -96,7 +73,7 @@ def test_text_markdown_and_source_are_read_as_they_are(tmp_path: Path) -> None:
     for name, text in (("notes.txt", "plain\r\nlines  \r\n"), ("README.md", "# Title\n\n- a\n- b\n"),
                        ("add.py", "def add(a, b):\n    return a + b\n")):
         (tmp_path / name).write_bytes(text.encode())
-        d = read_document(tmp_path / name)
+        d = read_file(tmp_path / name)
         assert (d.name, d.kind, d.pages) == (name, "text", None)
         assert d.text == text.replace("\r\n", "\n").replace("  \n", "\n").strip("\n")
         assert d.digest == hashlib.sha256(text.encode()).hexdigest()  # of the file's bytes, as stored
@@ -104,12 +81,12 @@ def test_text_markdown_and_source_are_read_as_they_are(tmp_path: Path) -> None:
 
 def test_a_pdf_is_read_page_by_page_and_a_docx_with_its_tables(tmp_path: Path) -> None:
     (tmp_path / "paper.pdf").write_bytes(pdf_bytes(["First page: the quick brown fox.", "Second page: Paris."]))
-    d = read_document(tmp_path / "paper.pdf")
+    d = read_file(tmp_path / "paper.pdf")
     assert (d.kind, d.pages) == ("pdf", 2)
     assert d.text.split("\n\n") == ["First page: the quick brown fox.", "Second page: Paris."]
     (tmp_path / "contract.docx").write_bytes(docx_bytes(["Clause 1. Pay on time.", "Clause 2."],
                                                          [["Party", "Role"], ["Ann", "Buyer"]]))
-    d = read_document(tmp_path / "contract.docx")
+    d = read_file(tmp_path / "contract.docx")
     assert d.kind == "docx" and d.text == "Clause 1. Pay on time.\nClause 2.\nParty | Role\nAnn | Buyer"
 
 
@@ -129,7 +106,7 @@ def test_a_file_that_cannot_be_a_document_is_refused_naming_it(tmp_path: Path, c
         monkeypatch.setattr(extract, "MAX_FILE_BYTES", 1024)
     (tmp_path / name).write_bytes(data)
     with pytest.raises(DocumentError) as e:
-        read_document(tmp_path / name)
+        read_file(tmp_path / name)
     assert str(e.value).startswith(f"{name}: ") and why in str(e.value), str(e.value)
     assert isinstance(e.value, RequestError)  # a 400 through the server, a clear line in the CLI
 

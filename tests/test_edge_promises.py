@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import struct
 from pathlib import Path
 import mlx.core as mx
 import pytest
@@ -19,18 +18,12 @@ from engine.engine import Engine
 from engine.errors import ContextLengthError
 from engine.receipts import ReceiptModel
 from engine.types import GenerationRequest, SamplerSettings
-from tests.engine_helpers import make_engine, request
+from tests.engine_helpers import flip_low_bit, make_engine, request
 from tests.test_engine_cli import run_cli, write
 from tests.test_server import Server
 from tests.tiny_models import VOCAB_SIZE, build_model
 
 SKY = [{"role": "user", "content": "Why is the sky blue?"}]
-
-
-def flip_low_bit(x: float) -> float:
-    """`x` as float32 with its lowest mantissa bit flipped: the smallest change a logprob can have."""
-    (bits,) = struct.unpack("<I", struct.pack("<f", x))
-    return struct.unpack("<f", struct.pack("<I", bits ^ 1))[0]
 
 
 # -- mutation "verify ignores the logprobs digest" ----------------------------------------------

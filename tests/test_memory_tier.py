@@ -50,7 +50,7 @@ def test_four_variants_hold_their_shared_prefix_once(models):
     assert stats["memory_bytes"] <= 1.3 * metas[0].nbytes
     assert stats["memory_shared_bytes"] == 3 * (n - 1) * per_pos
     # the debug panel's store box says it
-    from app.core.view_models import format_bytes, stats_rows
+    from app.core.conversation.view_models import format_bytes, stats_rows
 
     row = stats_rows(stats)["memory"][0]
     assert f", {stats['memory_blocks']} blocks, {format_bytes(3 * (n - 1) * per_pos)} shared" in row

@@ -47,7 +47,7 @@ def test_the_mac_keyring_is_the_keychain_and_the_dialog_says_so(monkeypatch: pyt
     import keyring
     from keyring.backends import macOS
 
-    from app.core import api_keys
+    from app.core.engine_link import api_keys
 
     assert macOS.Keyring.viable  # what keyring picks on a Mac (nothing is written to it here)
     monkeypatch.setattr(keyring, "get_keyring", lambda: macOS.Keyring())

@@ -198,7 +198,7 @@ def test_control_without_reply_header_cuts_the_cold_run_differs(models):
 
 
 def test_the_debug_panel_marks_reply_header_cuts():
-    from app.core.view_models import chunks_text
+    from app.core.conversation.view_models import chunks_text
 
     text = chunks_text([[0, 10], [10, 22], [22, 27], [27, 28]], [10, 22], [27])
     assert text == ("4 forwards: [0, 10)✉ [10, 22)✉ [22, 27)↩ [27, 28)\n"

@@ -8,7 +8,7 @@ from typing import Optional
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox, QWidget
 
-from app.core.filenames import safe_filename
+from app.core.conversation.filenames import safe_filename
 from engine.paths import documents_dir
 
 MARKDOWN = "Markdown (*.md)"

@@ -4,15 +4,15 @@
   `await on_engine(executor, fn)` runs `fn(engine)` there (`engine.executor.EngineExecutor`),
   after every job submitted before it.
 - Work without MLX (model discovery, downloads) runs on a thread of its own: `await
-  in_thread(fn)` (app/core/daemon_thread.py, which the core's file reading uses too). Daemon
+  in_thread(fn)` (app/core/jobs.py, which the core's file reading uses too). Daemon
   threads, not the loop's default executor: a download stuck in the network must not hold up
   the process's exit.
 
 Either way the coroutine resumes on the GUI thread, so code after an `await` may touch widgets,
 and there are no job ids to check: each flow awaits its own future. A generation's events come
-through engine/bridge.py (the chat model, app/core/chat.py); an import's or a download's progress
-crosses threads with `app.core.engine_flows.Throttled`, through loop.call_soon_threadsafe. Cancelling is the job's
-`CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
+through engine/bridge.py (app/core/generation/model.py); an import's or a download's progress
+crosses threads with superqt's `ensure_main_thread`, throttled by its `qthrottled`. Cancelling is
+the job's `CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
 
 The loop is the qasync loop that `app.qt.main.ensure_application` installs with the
 QApplication. pytest-qt drives Qt's event loop without asyncio's "running loop" being set, so
@@ -25,8 +25,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
-from app.core.wording import user_message  # noqa: F401 (the one wording, used by the widgets)
-from app.core.daemon_thread import on_daemon_thread
+from app.core.jobs import on_daemon_thread, user_message  # noqa: F401 (user_message: the widgets' one wording)
 from engine.bridge import engine_call
 from engine.engine import Engine
 from engine.errors import Cancelled
@@ -67,7 +66,7 @@ async def on_engine(executor: EngineExecutor, fn: Callable[[Engine], T]) -> T:
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run fn(*args) on a new daemon thread (work that never touches MLX; app/core/daemon_thread.py)."""
+    """Run fn(*args) on a new daemon thread (work that never touches MLX; app/core/jobs.py)."""
     return await on_daemon_thread(gui_loop(), fn, *args)
 
 

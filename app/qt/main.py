@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model = last if isinstance(last, str) and last else "demo"
 
     from app.core.store import StoreError
-    from app.qt.window import MainWindow
+    from app.qt.window.window import MainWindow
 
     loop = jobs.gui_loop()
     try:
@@ -113,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         loop.call_soon(log.info, "ready: the window is shown and the event loop runs")
         loop.run_until_complete(closed.wait())
         window.shutdown()
-        loop.run_until_complete(window.server_toggle.wait_stopped())  # connections closed, port freed
+        loop.run_until_complete(window.models.server_toggle.wait_stopped())  # connections closed, port freed
     tick.stop()
     window.shutdown()
     return 0

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.core.markdown import Palette
+from app.core.conversation.markdown import Palette
 
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 

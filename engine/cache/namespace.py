@@ -24,3 +24,8 @@ def cache_key(model_key: str, namespace: Optional[str]) -> str:
         return model_key
     digest = hashlib.sha256(namespace.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     return f"{model_key}-ns-{digest}"
+
+
+def is_key_of(model_key: str, key: str) -> bool:
+    """Whether `key` is a lookup key of the model `model_key`: its plain key or a namespace's."""
+    return key == model_key or key.startswith(f"{model_key}-ns-")

@@ -178,19 +178,21 @@ class PromptCache:
             return restore_copy(snap.full_cache(), upto)  # over the memory budget: restored, not kept
         raise SnapshotError("evicted")
 
-    def preload(self, model_key: str, wanted: Callable[[SnapshotMeta], bool]) -> list[str]:
-        """Read into memory the disk snapshots of `model_key` that `wanted` picks and that fit in
-        the memory tier's room (each read and checked as a restore would): after a restart, what
-        every conversation about a document restores is then in memory before it is asked for.
-        The one used last is also restored ahead, as the spare (`keep_spare`): the first question
-        about it then starts with no copy at all, in buffers already touched. The ids read; a
-        snapshot that fails its checks is skipped (the disk tier drops it)."""
+    def preload(self, keys: Callable[[str], bool], wanted: Callable[[SnapshotMeta], bool]) -> list[str]:
+        """Read into memory the disk snapshots under the lookup keys `keys` picks (a model's own,
+        or each of its namespaces') that `wanted` picks and that fit in the memory tier's room
+        (each read and checked as a restore would), newest first across all of them: after a
+        restart, what every conversation about a document restores is then in memory before it
+        is asked for. The one used last is also restored ahead, as the spare (`keep_spare`): the
+        first question about it then starts with no copy at all, in buffers already touched. The
+        ids read; a snapshot that fails its checks is skipped (the disk tier drops it)."""
         if self.disk is None:
             return []
         disk = self.disk
-        have = {m.id for m in self.memory.metas(model_key)}
+        picked = [k for k in disk.model_keys() if keys(k)]
+        have = {m.id for k in picked for m in self.memory.metas(k)}
         # Newest first, by when each was last used (a read below counts as a use).
-        metas = sorted((m for m in disk.entries(model_key) if m.id not in have and wanted(m)),
+        metas = sorted((m for k in picked for m in disk.entries(k) if m.id not in have and wanted(m)),
                        key=lambda m: disk.last_used(m.id), reverse=True)
         out = []
         for meta in metas:

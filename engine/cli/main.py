@@ -17,7 +17,8 @@ from engine.cli.models import add_subcommands
 from engine.cli.serve import add_serve_parser
 from engine.cli.verify import add_verify_parser
 from engine.constraint import Constraint
-from engine.documents.extract import Document, DocumentError, read_document
+from engine.documents.bounded import read_file
+from engine.documents.document import Document, DocumentError, shown_name
 from engine.errors import RequestError, VerbatimError
 from engine.generate.loop import drain
 from engine.types import (
@@ -151,7 +152,7 @@ def summary_line(result: GenerationResult) -> str:
     if r.continue_note:
         same += f"  ({r.continue_note})"
     for d in r.documents:
-        same += f"  ({d['name']}: {d['tokens']} tokens, {d['source']})"
+        same += f"  ({shown_name(d['name'])}: {d['tokens']} tokens, {d['source']})"
     if r.context is not None and r.context.dropped_messages:
         same += f"  ({r.context.dropped_messages} oldest messages left out to fit the context of {r.context.limit})"
     return (
@@ -181,7 +182,8 @@ def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
         f"mode {r.mode}, chunk {r.chunk_size}, seed {r.seed}, prefilled {r.prefill_tokens} in chunks {chunks}",
         f"layers after restore: {layers}",
         f"declines: {'; '.join(r.declines) if r.declines else 'none'}",
-        "documents: " + ("; ".join(f"{d['name']} tokens {d['start']}-{d['end']} ({d['source']})" for d in r.documents)
+        "documents: " + ("; ".join(f"{shown_name(d['name'])} tokens {d['start']}-{d['end']} ({d['source']})"
+                                   for d in r.documents)
                          or "none"),
         "stored: " + (", ".join(f"{s['kind']} {s['length']}" for s in r.snapshots_stored) or "nothing"),
         f"ttft {r.ttft_s * 1000:.0f} ms, prefill {r.prefill_tps:.1f} tok/s, decode {r.decode_tps:.1f} tok/s",
@@ -193,9 +195,10 @@ def debug_text(result: GenerationResult, stats: dict[str, Any]) -> str:
 
 
 def read_attachments(paths: Sequence[Path]) -> tuple[Document, ...]:
-    """The --attach files as documents, each read and checked before the model loads."""
+    """The --attach files as documents, each read (within bounded.LOCAL's limits) and checked
+    before the model loads."""
     try:
-        return tuple(read_document(p) for p in paths)
+        return tuple(read_file(p) for p in paths)
     except DocumentError as e:
         raise CLIError(f"--attach {e}") from None
 

@@ -22,9 +22,10 @@ system message on is no longer a prefix, so the next reply prefills the conversa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from engine.documents.extract import Document
+from engine.documents.document import MAX_DOCUMENTS, Document, shown_name
+from engine.errors import RequestError
 
 Message = dict[str, Any]  # an OpenAI-style chat message (engine.types.Message, a layer above)
 
@@ -32,16 +33,20 @@ SEPARATOR = "\n\n"
 
 
 def block(doc: Document) -> str:
-    """A document as the model reads it."""
-    name = doc.name.replace('"', "'").replace("\n", " ")
+    """A document as the model reads it (its name with no control or bidirectional-override
+    character raw: extract.shown_name)."""
+    name = shown_name(doc.name.replace("\n", " ")).replace('"', "'")
     return f'<document name="{name}">\n{doc.text}\n</document>'
 
 
 def place(messages: Sequence[Message], documents: Sequence[Document]) -> list[Message]:
-    """The conversation with the documents at the end of its system message."""
+    """The conversation with the documents at the end of its system message; more than
+    MAX_DOCUMENTS is refused (the disk cache keeps no state naming more)."""
     out = [dict(m) for m in messages]
     if not documents:
         return out
+    if len(documents) > MAX_DOCUMENTS:
+        raise RequestError(f"{len(documents)} documents in one request: at most {MAX_DOCUMENTS}", "documents")
     blocks = SEPARATOR.join(block(d) for d in documents)
     if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str) and out[0]["content"]:
         out[0]["content"] = out[0]["content"] + SEPARATOR + blocks
@@ -52,27 +57,35 @@ def place(messages: Sequence[Message], documents: Sequence[Document]) -> list[Me
     return out
 
 
+Encode = Callable[[str, int], Sequence[int]]  # (a prefix of the rendered prompt, where content starts in it) -> ids
+
+
 @dataclass
 class DocumentSpan:
     """Where a placed document lies in the prompt's tokens: [start, end); `end` is a cut of the
     canonical schedule when `cut` (None: the tokenizer merged across its end, or the template
-    rewrote it, so the prompt has no boundary there)."""
+    rewrote it, so the prompt has no boundary there). `unread`: what the file holds that is not
+    in its text (Document.unread), reported with the span."""
 
     name: str
     digest: str
     start: int
     end: int
     cut: bool
+    unread: tuple[str, ...] = ()
 
     @property
     def tokens(self) -> int:
         return self.end - self.start
 
 
-def document_spans(tokenizer: Any, placed: Sequence[Message], documents: Sequence[Document],
+def document_spans(encode: Encode, placed: Sequence[Message], documents: Sequence[Document],
                    prompt: Sequence[int], text: Optional[str]) -> list[DocumentSpan]:
     """Each document's token span in `prompt` (the placed conversation's tokens; `text` its
-    rendered text). A span end is a cut when the text up to it encodes to a prefix of `prompt`."""
+    rendered text). `encode` gives a prefix of `text` as the prompt encodes it: the template's
+    control tokens before the system message's content, the content as text (a control token's
+    text in a document stays text: templating.encode_prefix). A span end is a cut when the text
+    up to it encodes to a prefix of `prompt`."""
     if not documents or not isinstance(text, str):
         return []
     system = placed[0]["content"]
@@ -85,16 +98,15 @@ def document_spans(tokenizer: Any, placed: Sequence[Message], documents: Sequenc
         start_char, end_char = pos, pos + len(block(doc))
         # The start is where the block's tokens begin (the tokenizer may merge the separator
         # before it into the block's first token: the count is then one off, never a cut).
-        start, _ = _tokens_before(tokenizer, text[:start_char], prompt)
-        end, end_ok = _tokens_before(tokenizer, text[:end_char], prompt)
-        spans.append(DocumentSpan(doc.name, doc.digest, start, end, end_ok and end > start))
+        start, _ = _tokens_before(encode(text[:start_char], at), prompt)
+        end, end_ok = _tokens_before(encode(text[:end_char], at), prompt)
+        spans.append(DocumentSpan(doc.name, doc.digest, start, end, end_ok and end > start, doc.unread))
         pos = end_char + len(SEPARATOR)
     return spans
 
 
-def _tokens_before(tokenizer: Any, prefix: str, prompt: Sequence[int]) -> tuple[int, bool]:
-    """How many of the prompt's tokens `prefix` is, and whether it is exactly a prefix of them
-    (the tokenizer did not merge across its end)."""
-    ids = list(tokenizer.encode(prefix, add_special_tokens=False))
-    ok = 0 < len(ids) < len(prompt) and list(prompt[: len(ids)]) == ids
+def _tokens_before(ids: Sequence[int], prompt: Sequence[int]) -> tuple[int, bool]:
+    """How many of the prompt's tokens a prefix (`ids`) is, and whether it is exactly a prefix of
+    them (the tokenizer did not merge across its end)."""
+    ok = 0 < len(ids) < len(prompt) and list(prompt[: len(ids)]) == list(ids)
     return len(ids), ok

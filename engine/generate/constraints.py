@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -349,6 +349,16 @@ class Guide:
         """Advance past `token` (one the mask allowed)."""
         if not self._m.consume_token(token):
             raise self._failed()
+
+    def check_reply_so_far(self, tokens: Sequence[int]) -> None:
+        """A Continue's reply so far, fed to the grammar before any prefill: a reply that was not
+        made under this grammar (another schema, none) may not fit it, and is refused as that."""
+        for i, token in enumerate(tokens):
+            if not self._m.consume_token(token):
+                raise ConstraintFailed(
+                    f"continue: the reply so far is not valid under this '{self.param}' (its token {i + 1} of "
+                    f"{len(tokens)} does not fit: {_reason(self._m.get_error())}); only a reply made under the same "
+                    f"'{self.param}' can be continued: send the request again without 'continue'", "continue")
 
     def _failed(self) -> "ConstraintFailed":
         return ConstraintFailed(f"'{self.param}': the grammar failed while decoding ({_reason(self._m.get_error())}); "

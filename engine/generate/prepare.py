@@ -31,7 +31,7 @@ from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
 from engine.generate.model import LoadedModel
 from engine.generate.stops import reply_stops
-from engine.generate.templating import MessageStarts, Rendered, Tools, render, render_text
+from engine.generate.templating import MessageStarts, Rendered, Tools, encode_prefix, render, render_text
 from engine.types import (
     MAX_TOP_LOGPROBS,
     CacheReport,
@@ -72,7 +72,8 @@ class Prepared:
         restored, source = report.restored, report.source
         report.documents = [
             {"name": s.name, "digest": s.digest, "start": s.start, "end": s.end, "tokens": s.tokens, "cut": s.cut,
-             "source": source if source and restored >= s.end else "prefilled"} for s in self.documents]
+             "source": source if source and restored >= s.end else "prefilled",
+             **({"unread": list(s.unread)} if s.unread else {})} for s in self.documents]
 
 
 class PromptBuilder:
@@ -100,6 +101,9 @@ class PromptBuilder:
         tok = self.lm.tokenizer
         grammar = self._check(request)
         earlier = self._reply_so_far(request, grammar is not None)
+        if grammar is not None and earlier:
+            assert request.constraint is not None
+            self.grammars.guide(grammar, request.constraint.failure_param).check_reply_so_far(earlier)
         if request.prompt is not None:  # raw text: nothing to place or leave out, no message boundaries
             prompt = render_text(tok, request.prompt)
             request = _fit_max_tokens(request, len(prompt), limit)
@@ -119,7 +123,8 @@ class PromptBuilder:
         headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools, options)
         spans: list[DocumentSpan] = []
         if request.documents:
-            spans = document_spans(tok, fitted.messages, request.documents, prompt, fitted.rendered.text)
+            spans = document_spans(lambda text, at: encode_prefix(tok, text, at), fitted.messages, request.documents,
+                                   prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
         # The system turn: the leading system messages (Codex CLI sends two), the tools with them.
         lead = next((i for i, m in enumerate(fitted.messages) if m.get("role") != "system"), len(fitted.messages))

@@ -241,6 +241,27 @@ def encode_contents_as_text(tokenizer: Any, messages: Sequence[Message], add_gen
     return ids
 
 
+def encode_prefix(tokenizer: Any, text: str, content_at: int) -> list[int]:
+    """Token ids of `text`, a prefix of a rendered prompt whose characters from `content_at` on
+    are a message's content, as the prompt encodes it: the template's control tokens before
+    `content_at`, the content as text (a control token's text in it stays text, as
+    encode_contents_as_text encodes it). Where a document ends in the prompt (placement.py)."""
+    markers = _markers(tokenizer)
+    if markers is None or markers.find(text, content_at) is None:  # the prompt was encoded whole
+        return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+    ids: list[int] = []
+    start = 0
+    template = text[:content_at]
+    while (hit := markers.find(template, start)) is not None:
+        at, marker = hit
+        if at > start:
+            ids.extend(markers.plain.encode(template[start:at], add_special_tokens=False).ids)
+        ids.append(markers.ids[marker])
+        start = at + len(marker)
+    ids.extend(markers.plain.encode(text[start:], add_special_tokens=False).ids)
+    return ids
+
+
 class MessageStarts:
     """Where each rendered message starts in a prompt's tokens, and where each earlier reply's
     generation header ends: the canonical schedule's message cuts (cache/planner.py).

@@ -29,11 +29,12 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from aiohttp import web
 
-from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY
+from engine.errors import RequestError
+from engine.serve import DEFAULT_QUEUE_LIMIT, MAX_BODY, files
 from engine.serve.admission import ServerState
 from engine.serve.connections import ConnectionGuard
 from engine.serve.engine_routes import add_engine_routes
@@ -42,7 +43,7 @@ from engine.serve.generation import Generation, Outcome, StreamWriter, log_once,
 from engine.serve.guard import BrowserGuard
 from engine.serve.keys import Keys
 from engine.serve.quote import quote
-from engine.serve.schema import APIError, Defaults, ServedModel, receipt_wanted
+from engine.serve.schema import APIError, Defaults, ServedModel, bad, receipt_wanted
 from engine.types import GenerationRequest
 
 RETRY_AFTER_S = 2  # seconds, sent with 429 (queue full) and 503 (stopping, no model)
@@ -228,14 +229,22 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, asked: str, gen: GenerationRequest, api: str, body: Any, streamed: bool,
                     writer: Callable[[str], StreamWriter], final: Callable[[str, Outcome], Any], *,
-                    logprobs: bool = False, prompt_param: str = "messages") -> web.StreamResponse:
+                    logprobs: bool = False, prompt_param: str = "messages",
+                    documents: Sequence[files.FileBytes] = ()) -> web.StreamResponse:
     """Run a parsed request of any wire format: admitted now (or refused: 429 when the queue is
     full, 503 while the server stops), in the requester's own cache namespace (keys.py: it
     restores and stores only there), answered by the format's `writer` (a stream) or `final` (the
     body), each given the model's name as the client wrote it. `api` and `body`: the request as
-    sent, for its receipt (`verbatim.receipt`)."""
+    sent, for its receipt (`verbatim.receipt`). `documents`: the files its parts carry, read
+    here off the event loop (files.read_all, within the server's limits) before it is admitted:
+    a file that cannot be a document is a 400 naming its part."""
     model = served(request, asked)
     name = asked or model.id
+    if documents:
+        try:
+            gen = replace(gen, documents=await files.read_all(documents))
+        except RequestError as e:
+            raise bad(str(e), e.param) from None
     async with Generation(request.app[EXECUTOR_KEY], request.app[STATE_KEY], model,
                           replace(gen, cache_namespace=request.get(NAMESPACE_KEY)), logprobs=logprobs,
                           per_token=streamed, prompt_param=prompt_param,
@@ -250,7 +259,7 @@ async def _chat(request: web.Request, parsed: chat.ParsedRequest, body: Any) -> 
                            "chat.completions" if parsed.kind == "chat" else "completions", body, parsed.stream,
                            lambda name: chat.ChatStream(parsed, name),
                            lambda name, outcome: chat.full_response(parsed, name, outcome),
-                           logprobs=parsed.logprobs, prompt_param=parsed.prompt_param)
+                           logprobs=parsed.logprobs, prompt_param=parsed.prompt_param, documents=parsed.files)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -267,7 +276,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return obj
 
     return await _generate(request, parsed.model, parsed.request, "responses", body, parsed.stream,
-                           lambda name: responses.ResponseStream(parsed, name, store, namespace), final)
+                           lambda name: responses.ResponseStream(parsed, name, store, namespace), final,
+                           documents=parsed.files)
 
 
 async def get_response(request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ fsync, so save streamed text now and then (about once a second), not per token. 
 process dies mid-generation the reply row stays "generating" and the next writable open turns it
 into "interrupted" (keeping the partial text last saved): the tree stays consistent.
 
-Only the instance holding the data dir's lock (app.core.instance_lock) may open the store writable;
+Only the instance holding the data dir's lock (app.core.store.instance_lock) may open the store writable;
 others open it with `read_only=True`. Pure Python: no Qt, no MLX.
 """
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from app.core.instance_lock import InstanceLock, acquire_instance_lock
+from app.core.store.instance_lock import InstanceLock, acquire_instance_lock
 from app.core.store.records import (
     DB_NAME,
     STATUSES,
@@ -394,7 +394,7 @@ class ConversationStore(Database, Transfer, DraftRows, DocumentRows):
 def open_app_store(data_dir: Optional[Union[str, Path]] = None) -> tuple[ConversationStore, Optional[InstanceLock]]:
     """How the app opens its data: writable with the instance lock held (keep the lock for the
     app's lifetime), else read-only with None (another instance owns the data; tell the user).
-    An app that prefers to refuse instead uses `app.core.instance_lock.require_instance_lock`."""
+    An app that prefers to refuse instead uses `app.core.store.instance_lock.require_instance_lock`."""
     path = Path(data_dir) / DB_NAME if data_dir is not None else default_path()
     lock = acquire_instance_lock(path.parent)
     if lock is None:

@@ -11,6 +11,7 @@ import sqlite3
 import sys
 from array import array
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Optional, Sequence
 
 from engine.types import CacheReport, Comparison, GenerationResult
@@ -31,6 +32,32 @@ EXPORT_VERSION = 1
 
 class StoreError(Exception):
     """Anything the user should be told about the store (corrupt file, newer schema, read-only...)."""
+
+
+class Action(StrEnum):
+    """Why a reply was made (stored with each run: the report's "action"). A StrEnum: the stored
+    text is the value, and a value compares equal to its text."""
+
+    SEND = "send"  # the answer to a message just sent
+    REGENERATE = "regenerate"  # a reply again, with its own seed and settings: it must come out the same
+    VARIANT = "variant"  # a new variant: a fresh seed and the conversation's current settings
+    EDIT = "edit"  # the answer to an edited message (a branch)
+    RETRY = "retry"  # the answer to a message left without one (its generation failed)
+    CONTINUE = "continue"  # a stopped reply (or one at max tokens), gone on with in place
+    NONE = ""  # rows from before the action was recorded
+
+    @classmethod
+    def of(cls, value: Any) -> "Action":
+        """The action a stored text names (NONE for anything else)."""
+        try:
+            return cls(str(value or ""))
+        except ValueError:
+            return cls.NONE
+
+
+def continuable(status: str, finish_reason: Optional[str], n_tokens: int) -> bool:
+    """Whether Continue applies: a reply with tokens that was stopped, or that ended at max tokens."""
+    return n_tokens > 0 and (status == "interrupted" or (status == "complete" and finish_reason == "length"))
 
 
 # --------------------------------------------------------------------------- rows
@@ -91,7 +118,7 @@ class ReplyOutcome:
     (keys action, previous_id, identical, first_diff, max_logprob_diff, as it always was; upto
     when a stopped reply was compared over its length)."""
 
-    action: str = ""  # "send" | "regenerate" | "variant" | "edit" | "retry" ("" for old rows)
+    action: Action = Action.NONE
     previous_id: Optional[int] = None
     comparison: Optional[Comparison] = None  # None: nothing to compare with
     # A regenerate identical to an existing variant is not added: the variant it equals (never
@@ -104,7 +131,7 @@ class ReplyOutcome:
     def to_dict(self) -> dict[str, Any]:
         c = self.comparison
         d: dict[str, Any] = {
-            "action": self.action,
+            "action": str(self.action),
             "previous_id": self.previous_id,
             "identical": None if c is None else c.identical,
             "first_diff": None if c is None else c.first_diff,
@@ -134,7 +161,7 @@ class ReplyOutcome:
         dup = d.get("duplicate_of")
         ws = d.get("world_sizes")
         sizes = (ws[0], ws[1]) if isinstance(ws, list) and len(ws) == 2 and all(isinstance(n, int) for n in ws) else None
-        return cls(str(d.get("action") or ""), previous if isinstance(previous, int) else None, comparison,
+        return cls(Action.of(d.get("action")), previous if isinstance(previous, int) else None, comparison,
                    dup if isinstance(dup, int) else None, sizes)
 
 
@@ -158,7 +185,7 @@ class Run:
         return self.report.mode
 
     @property
-    def action(self) -> str:
+    def action(self) -> Action:
         return self.outcome.action
 
     @classmethod

@@ -2,22 +2,25 @@
 where a regenerate put the later turns), wrapped over as many lines as it needs and never elided
 as the status bar elides. It stays until the next reply or conversation, or its × is clicked.
 
-The chat model says what to show (app/core/chat.py, NOTICE); the status bar keeps only the
+Bound to the notices (app/core/notices.py: `notice_changed`); the status bar keeps only the
 transient progress ("Generating… 12 tokens").
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QToolButton, QWidget
 
 from app.qt.widgets.wrap_label import WrapLabel
 
+if TYPE_CHECKING:
+    from app.core.notices import Notices
+
 
 class Notice(QFrame):
-    def __init__(self, parent: Optional[QWidget] = None) -> None:
+    def __init__(self, notices: Optional["Notices"] = None, parent: Optional[QWidget] = None) -> None:
         super().__init__(parent)
         self.setObjectName("notice")
         lay = QHBoxLayout(self)
@@ -32,9 +35,13 @@ class Notice(QFrame):
         self.close_button.setText("×")
         self.close_button.setToolTip("Dismiss")
         self.close_button.setAutoRaise(True)
-        self.close_button.clicked.connect(lambda: self.show_text(""))
         lay.addWidget(self.close_button, 0, Qt.AlignmentFlag.AlignTop)
         self.setVisible(False)
+        if notices is not None:
+            notices.notice_changed.connect(self.show_text)
+            self.close_button.clicked.connect(lambda: notices.tell(""))
+        else:
+            self.close_button.clicked.connect(lambda: self.show_text(""))
 
     def text(self) -> str:
         return self.label.text()

@@ -20,6 +20,7 @@ from engine.cache.env import MAX_ENV_LEN
 from engine.cache.families import layer_offset, persisted, rules_named, trimmable
 from engine.cache.kinds import SnapshotKind
 from engine.cache.meta import SnapshotMeta
+from engine.documents.document import MAX_DOCUMENTS  # one limit: what a request may attach is what the disk reads back
 from engine.cache.snapshot import Snapshot
 from engine.errors import SnapshotError
 
@@ -34,7 +35,6 @@ _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_TOKENS = 1 << 22
 MAX_TOKEN_ID = 1 << 31
 MAX_LAYERS = 4096
-MAX_DOCUMENTS = 256  # documents a snapshot may name (a request attaches far fewer)
 MAX_FILE_BYTES = 1 << 40
 MAX_INDEX_BYTES = 512 << 20
 MAX_INDEX_DEPTH = 64  # the index nests 6 deep; a deeper file is damage, not something to parse

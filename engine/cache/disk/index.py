@@ -57,6 +57,10 @@ class IndexTables:
     def get(self, sid: str) -> Optional[Entry]:
         return self._entries.get(sid)
 
+    def model_keys(self) -> list[str]:
+        """Every lookup key with entries (a model's own, each of its namespaces')."""
+        return [k for k, metas in self._by_key.items() if metas]
+
     def metas(self, model_key: str) -> list[SnapshotMeta]:
         """The snapshots of `model_key` computed in this environment."""
         return list(self._by_key.get(model_key, {}).values())

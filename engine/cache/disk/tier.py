@@ -217,6 +217,12 @@ class DiskCache:
         forgotten = self._forgotten
         return [m for m in self._view().metas(model_key) if m.id not in forgotten]
 
+    def model_keys(self) -> list[str]:
+        """Every lookup key (a model's, or one of its namespaces': engine/cache/namespace.py) the
+        disk holds snapshots of."""
+        self.poll()
+        return self._view().model_keys()
+
     def last_used(self, snapshot_id: str) -> float:
         """When the snapshot was last written or read (0.0: not in the index)."""
         entry = self._view().get(snapshot_id)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from engine.bridge import StreamEvent
-from engine.documents.extract import Document
+from engine.serve.files import FileBytes
 from engine.serve import files, tools
 from engine.serve.generation import Generation, Outcome, sse
 from engine.serve.quote import message_fields, quote
@@ -76,6 +76,7 @@ class ParsedRequest:
     seed_given: bool = False
     token_ids: bool = False  # verbatim.token_ids: each streamed chunk names its tokens' ids
     ignored: tuple[str, ...] = ()  # fields accepted that changed nothing (verbatim.ignored)
+    files: tuple[FileBytes, ...] = ()  # file parts not yet read (the shared path reads them as documents)
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
 
@@ -105,8 +106,9 @@ def _unsupported(body: dict[str, Any]) -> None:
     # tools, tool_choice, parallel_tool_calls, response_format, functions: tools.py (constraint_of)
 
 
-def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
-    """A message's text; its `file` parts are read into `documents` (engine/serve/files.py)."""
+def _content(m: dict[str, Any], i: int, documents: list[FileBytes]) -> str:
+    """A message's text; its `file` parts are collected into `documents`, to be read
+    (engine/serve/files.py)."""
     c = m.get("content")
     if c is None and m.get("role") == "assistant" and m.get("tool_calls"):
         return ""  # a reply that is only tool calls
@@ -115,8 +117,12 @@ def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
     if isinstance(c, list):  # content parts: text, and files read as documents
         parts = []
         for j, p in enumerate(c):
-            if isinstance(p, dict) and p.get("type") == "file" and m.get("role") in ("user", "system"):
-                files.collect(documents, checked(files.file_part, p, f"messages[{i}].content[{j}]"))
+            if isinstance(p, dict) and p.get("type") == "file":
+                if m.get("role") not in ("user", "system", "developer"):
+                    raise bad(f"messages[{i}].content[{j}]: file parts go in user and system messages; the "
+                              f"{m.get('role')} role takes text parts only", f"messages[{i}].content[{j}]")
+                checked(files.collect, documents, checked(files.file_part, p, f"messages[{i}].content[{j}]"),
+                        f"messages[{i}].content")
                 continue
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
                 raise bad(f"messages[{i}].content[{j}]: only text and file parts are supported",
@@ -126,13 +132,13 @@ def _content(m: dict[str, Any], i: int, documents: list[Document]) -> str:
     raise bad(f"messages[{i}].content must be a string or a list of text and file parts", f"messages[{i}].content")
 
 
-def _messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], tuple[Document, ...]]:
-    """The messages, and the documents their file parts carry (in the order first sent)."""
+def _messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], tuple[FileBytes, ...]]:
+    """The messages, and the files their file parts carry (in the order first sent)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
     out = []
-    documents: list[Document] = []
+    documents: list[FileBytes] = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
@@ -196,10 +202,10 @@ def parse_chat(body: Any, defaults: Defaults = Defaults()) -> ParsedRequest:
     options, more = defaults.template_option("reasoning_effort", body.get("reasoning_effort"), "reasoning_effort")
     req = GenerationRequest(messages, settings, stop=stop_strings(body), top_logprobs=top,
                             max_tokens_fit=not max_given, constraint=checked(tools.constraint_of, body),
-                            continuation=going_on, documents=documents, template_options=options,
+                            continuation=going_on, template_options=options,
                             **{"mode": defaults.mode, **verbatim_options(body)})
     return ParsedRequest("chat", model_name(body), req, stream, include_usage, logprobs, top, seed_given,
-                         token_ids_wanted(body), tuple(skipped + more))
+                         token_ids_wanted(body), tuple(skipped + more), files=documents)
 
 
 def parse_completion(body: Any, defaults: Defaults = Defaults()) -> ParsedRequest:
@@ -234,7 +240,10 @@ def parse_completion(body: Any, defaults: Defaults = Defaults()) -> ParsedReques
 
 
 def usage(result: GenerationResult) -> dict[str, Any]:
-    n_prompt, n_out = result.report.prompt_tokens, len(result.tokens)
+    """OpenAI's usage. A Continue's reply so far (`continued_from` tokens the client sent back)
+    is input the model read, restored or forwarded like the prompt: it counts in prompt_tokens,
+    so cached_tokens (what the cache restored of that input) never exceeds it."""
+    n_prompt, n_out = result.report.prompt_tokens + (result.report.continued_from or 0), len(result.tokens)
     return {
         "prompt_tokens": n_prompt,
         "completion_tokens": n_out,

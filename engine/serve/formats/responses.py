@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from engine.bridge import StreamEvent
-from engine.documents.extract import Document
+from engine.serve.files import FileBytes
 from engine.serve import files, tools
 from engine.serve.generation import Generation, Outcome, sse
 from engine.serve.quote import bare, quote
@@ -81,6 +81,7 @@ class ParsedResponse:
     store: bool = True
     previous: Optional[str] = None
     ignored: tuple[str, ...] = ()
+    files: tuple[FileBytes, ...] = ()  # input_file parts not yet read (the shared path reads them as documents)
     created: float = field(default_factory=lambda: float(int(time.time())))
     id: str = ""
 
@@ -88,7 +89,7 @@ class ParsedResponse:
 # -- in --------------------------------------------------------------------------------------------
 
 
-def _parts(content: Any, where: str, documents: list[Document]) -> str:
+def _parts(content: Any, where: str, documents: list[FileBytes]) -> str:
     """A message's content: a string, or text parts (input_text / output_text / refusal) joined,
     `input_file` parts read as documents."""
     if isinstance(content, str):
@@ -104,7 +105,7 @@ def _parts(content: Any, where: str, documents: list[Document]) -> str:
             out.append(part["refusal"])
         elif kind == "input_file":
             f = {k: part[k] for k in ("filename", "file_data", "file_id") if part.get(k) is not None}
-            files.collect(documents, checked(files.file_part, {"file": f}, f"{where}[{j}]"))
+            checked(files.collect, documents, checked(files.file_part, {"file": f}, f"{where}[{j}]"), where)
         else:
             raise bad(f"{where}[{j}]: {quote(kind)} parts are not supported (text and input_file are)", f"{where}[{j}]")
     return text("".join(out), where)
@@ -116,7 +117,7 @@ def _arguments(v: Any, where: str) -> str:
     return v
 
 
-def input_messages(items: Any, documents: list[Document]) -> tuple[list[dict[str, Any]], list[str]]:
+def input_messages(items: Any, documents: list[FileBytes]) -> tuple[list[dict[str, Any]], list[str]]:
     """The conversation `input` holds, as the engine's messages, and the items left out (reasoning)."""
     if isinstance(items, str):
         return [{"role": "user", "content": text(items, "input")}], []
@@ -264,7 +265,7 @@ def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedResponse:
         skipped.append("max_tool_calls")  # a limit on hosted tools' calls: there are none here
     if boolean(body, "background"):
         raise bad("'background' responses are not supported by this server", "background")
-    documents: list[Document] = []
+    documents: list[FileBytes] = []
     if body.get("input") is None:
         raise bad("'input' is required", "input")
     messages, left_out = input_messages(body["input"], documents)
@@ -292,11 +293,11 @@ def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedResponse:
     options = _reasoning(body, defaults, skipped)
     system = [{"role": "system", "content": text(instructions, "instructions")}] if instructions else []
     req = GenerationRequest(system + messages, settings, constraint=constraint, max_tokens_fit=not max_given,
-                            documents=tuple(documents), template_options=options,
+                            template_options=options,
                             context_policy="truncate" if truncation == "auto" else "refuse",
                             **{"mode": defaults.mode, **verbatim_options(body)})
     return ParsedResponse(model_name(body), req, messages, body, boolean(body, "stream"),
-                          boolean(body, "store", True), prev, tuple(skipped))
+                          boolean(body, "store", True), prev, tuple(skipped), tuple(documents))
 
 
 def resolve(p: ParsedResponse, previous: Optional[list[dict[str, Any]]]) -> ParsedResponse:

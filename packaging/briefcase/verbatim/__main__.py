@@ -7,6 +7,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--read-document"]:  # a document reader process (engine/documents/bounded.py)
+        from engine.documents.child import main as read_document
+
+        return read_document()
     if "--self-check" in argv:
         from verbatim.selfcheck import run
 

@@ -1,0 +1,179 @@
+"""The chat without Qt (app/core/chat.py and its sub-models): a plain asyncio loop, a real Engine
+on a tiny model on its executor thread. What a window sees, a test sees the same way: by
+connecting to the sub-models' signals."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+
+from app.core import ops
+from app.core.chat import Chat
+from app.core.store import ChatSettings
+from app.core.store.session import ChatSession
+from app.core.store import ConversationStore
+from engine.engine import Engine
+from engine.executor import EngineExecutor
+from engine.types import SamplerSettings
+
+TIMEOUT = 60.0  # seconds: a safety net; every wait returns on the event it waits for
+
+
+def settings(max_tokens: int = 24) -> ChatSettings:
+    return ChatSettings(sampler=SamplerSettings(temperature=0.9, top_p=0.95, max_tokens=max_tokens, seed=5),
+                        random_seed=False)
+
+
+class Log:
+    """Every signal of the chat's sub-models that a view binds to, in order, as (name, args)."""
+
+    def __init__(self, chat: Chat) -> None:
+        self.events: list[tuple[str, tuple[Any, ...]]] = []
+        signals = {"path": chat.conversation.path_changed, "selected": chat.conversation.selected_changed,
+                   "started": chat.generation.started, "ended": chat.generation.ended,
+                   "streamed": chat.generation.streamed, "prefilled": chat.generation.prefilled,
+                   "finished": chat.generation.finished, "error": chat.notices.error_raised,
+                   "budget": chat.composer.budget_changed, "stats": chat.link.stats_changed}
+        for name, signal in signals.items():
+            signal.connect(lambda *args, name=name: self.events.append((name, args)))
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.events]
+
+    def of(self, name: str) -> list[tuple[Any, ...]]:
+        return [a for n, a in self.events if n == name]
+
+
+def wait_for(chat: Chat, signal: Any, when: Callable[..., bool] = lambda *a: True) -> tuple[Any, ...]:
+    """Run the loop until `signal` (one of `chat`'s sub-models') is emitted with args `when`
+    accepts; its args."""
+    fut: asyncio.Future[tuple[Any, ...]] = chat.jobs.loop.create_future()
+
+    def seen(*args: Any) -> None:
+        if not fut.done() and when(*args):
+            fut.set_result(args)
+
+    signal.connect(seen)
+    try:
+        return chat.jobs.loop.run_until_complete(asyncio.wait_for(fut, TIMEOUT))
+    finally:
+        signal.disconnect(seen)
+
+
+def make_chat(tmp_path: Path, defaults: Optional[ChatSettings] = None) -> Chat:
+    loop = asyncio.new_event_loop()
+    session = ChatSession(ConversationStore(tmp_path / "db.sqlite3"))
+    executor = EngineExecutor(lambda: Engine(use_disk=False, chunk=16))
+    return Chat(session, executor, loop, loop.create_task, lambda: defaults or settings(), chunk=16,
+                batch_interval=0.02)
+
+
+def load(c: Chat, model: Path) -> None:
+    c.link.load(str(model))
+    wait_for(c, c.link.loaded)
+    assert c.link.ready
+
+
+@pytest.fixture
+def chat(tiny_model: Path, tmp_path: Path) -> Iterator[Chat]:
+    c = make_chat(tmp_path)
+    load(c, tiny_model)
+    yield c
+    close(c)
+
+
+def close(c: Chat) -> None:
+    assert c.shutdown(TIMEOUT)
+    c.jobs.loop.run_until_complete(asyncio.sleep(0))  # let the cancelled coroutines go
+    c.session.close()
+    c.jobs.loop.close()
+
+
+def test_a_send_streams_in_batches_saves_and_selects_the_new_reply(chat: Chat) -> None:
+    log = Log(chat)
+    assert ops.send(chat, "Why is the sky blue?") and chat.generation.busy
+    pending = chat.generation.pending
+    assert [vm.role for vm in chat.conversation.vms] == ["user", "assistant"] and chat.conversation.selected.id == pending.reply_id
+    (done,) = wait_for(chat, chat.generation.finished)
+    result = done.result
+    assert not chat.generation.busy and log.of("ended")[-1] == (pending,)
+    texts = [text for rid, text, n in log.of("streamed")]
+    assert texts and all(a == b[: len(a)] for a, b in zip(texts, texts[1:])) and texts[-1] == result.text
+    assert len(texts) < len(result.tokens)  # batches, not one update per token
+    names = log.names()
+    assert names.index("started") < names.index("streamed") < names.index("finished")
+    reply = chat.conversation.vms[-1]
+    stored = chat.session.message(reply.id)
+    assert reply.id == pending.reply_id and stored.status == "complete" and stored.tokens == result.tokens
+    assert stored.logprobs == result.logprobs and chat.conversation.selected.id == reply.id and len(reply.runs) == 1
+    assert log.of("selected")[-1][0].id == reply.id
+
+
+def test_regenerate_acts_on_the_selected_reply(chat: Chat) -> None:
+    ops.send(chat, "The capital of France is")
+    wait_for(chat, chat.generation.finished)
+    first = chat.conversation.vms[-1].id
+    ops.send(chat, "And of Italy?")
+    wait_for(chat, chat.generation.finished)
+    second = chat.conversation.vms[-1].id
+    ops.open_conversation(chat, chat.conversation.conv_id)  # reopened: nothing picked, the last reply is the selected one
+    assert chat.conversation.selected_id is None and chat.conversation.selected.id == second
+    chat.conversation.select(chat.conversation.vms[0].id)  # a user message: not a reply, ignored
+    assert chat.conversation.selected.id == second
+    chat.conversation.select(first)
+    assert chat.conversation.selected.id == first
+    assert ops.regenerate(chat)
+    (done,) = wait_for(chat, chat.generation.finished)
+    result = done.result
+    assert done.pending.previous_id == first and done.saved.duplicate_of == first  # identical: a run of it
+    assert [vm.id for vm in chat.conversation.vms if vm.role == "assistant"] == [first, second]
+    runs = next(vm for vm in chat.conversation.vms if vm.id == first).runs
+    assert len(runs) == 2 and runs[-1].report.restored == result.report.prompt_tokens - 1
+    assert chat.conversation.selected.id == first
+
+
+def test_stop_mid_stream_ends_with_the_result_and_keeps_the_tokens(tmp_path: Path, tiny_model: Path) -> None:
+    c = make_chat(tmp_path, ChatSettings(sampler=SamplerSettings(temperature=0.0, max_tokens=3000)))
+    load(c, tiny_model)
+    ops.send(c, "Tell me a long story.")
+    wait_for(c, c.generation.streamed)
+    assert ops.stop(c)
+    (done,) = wait_for(c, c.generation.finished)
+    result = done.result
+    stored = c.session.message(done.pending.reply_id)
+    assert result.finish_reason == "cancelled" and 0 < len(result.tokens) < 3000
+    assert stored.status == "interrupted" and stored.tokens == result.tokens and stored.content == result.text
+    assert "stopped" in c.conversation.vms[-1].footer
+    close(c)
+
+
+def test_an_engine_error_is_told_and_the_message_kept(tmp_path: Path) -> None:
+    c = make_chat(tmp_path)  # no model loaded
+    log = Log(c)
+    assert ops.send(c, "hello?")
+    title, text = wait_for(c, c.notices.error_raised)
+    assert title == "The reply could not be generated" and "no model loaded" in text
+    assert not c.generation.busy and [vm.role for vm in c.conversation.vms] == ["user"]  # the empty placeholder went
+    assert "finished" not in log.names()
+    close(c)
+
+
+def test_the_draft_is_counted_off_the_loop_with_the_limit_in_force(chat: Chat) -> None:
+    ops.send(chat, "hi")
+    wait_for(chat, chat.generation.finished)
+    chat.session.set_settings(chat.conversation.conv_id, ChatSettings(context_length=1000))
+    text = "a longer draft, typed on"
+    chat.composer.type("a first")
+    chat.composer.recount()
+    chat.composer.type(text)
+    chat.composer.recount()  # the latest count wins: only this text is told
+    (budget,) = wait_for(chat, chat.composer.budget_changed, lambda b: b is not None and b.draft > 0)
+    messages = chat.session.draft_messages(chat.conversation.conv_id, text, chat.conversation.settings())
+    expected = chat.jobs.executor.submit(lambda e: len(e.prompt_ids(messages))).result(TIMEOUT)
+    alone = chat.jobs.executor.submit(lambda e: len(e.prompt_ids(messages[-1:]))).result(TIMEOUT)
+    assert budget.used == expected and budget.limit == 1000 and budget.draft == alone
+    assert chat.composer.budget is budget and budget.fits and budget.warning == ""
+    assert messages[-1] == {"role": "user", "content": text} and messages[-2]["role"] == "assistant"
