@@ -25,7 +25,7 @@ MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "
 # Modules that may hand jobs to the executor directly: the executor itself, the bridge, the
 # server's admitted jobs (the bridge's docstring says why) and `serve`'s start-up (it waits for
 # the model to load before any asyncio loop exists: nothing to bridge).
-EXECUTOR_USERS = {"engine/executor.py", "engine/bridge.py", "engine/serve/engine_routes.py", "engine/cli/serve.py"}
+EXECUTOR_USERS = {"engine/executor.py", "engine/bridge.py", "engine/serve/generation.py", "engine/cli/serve.py"}
 
 
 def app_sources() -> dict[str, str]:

@@ -27,7 +27,7 @@ def replayed(tokens: list[int], logprobs: list[float], pieces: list[str], stoppe
     assert r is not None
     for i, (t, lp, text) in enumerate(zip(tokens, logprobs, pieces)):
         r.feed(i, t, lp, text)
-    r.end(len(tokens), stopped)
+    r.end(tokens, logprobs, stopped)
     return r
 
 
@@ -54,8 +54,27 @@ def test_a_repeat_is_verified_token_by_token_and_confirmed_only_at_its_end() -> 
         counts.append(r.verified)
         assert not r.confirmed and r.badge == f"re-checking… verified {i + 1} / 5"
     assert counts == [1, 2, 3, 4, 5]
-    r.end(5, stopped=False)
+    r.end(TOKENS, LOGPROBS, stopped=False)
     assert r.confirmed and r.state == "same" and r.badge == "✓ verified 5 / 5" and r.departure is None
+
+
+def test_the_token_a_reply_ends_at_is_verified_at_the_end_though_it_streamed_no_event() -> None:
+    """A reply that ends at an end or turn token streams no event for that token (it is no
+    text): the recomputation's whole tokens, handed over at its end, verify it, so a repeat of
+    such a reply is confirmed, and one whose end token differs parts there."""
+    r = expect(Action.REGENERATE, "exact", "m1", reply())
+    assert r is not None
+    for i in range(4):
+        r.feed(i, TOKENS[i], LOGPROBS[i], PIECES[i])
+    assert r.verified == 4 and not r.confirmed
+    r.end(TOKENS, LOGPROBS, stopped=False)
+    assert r.confirmed and r.badge == "✓ verified 5 / 5" and r.shown_text == "Hello, sea and sky"
+    other = expect(Action.REGENERATE, "exact", "m1", reply())
+    assert other is not None
+    for i in range(4):
+        other.feed(i, TOKENS[i], LOGPROBS[i], PIECES[i])
+    other.end(TOKENS[:4] + [99], LOGPROBS, stopped=False)
+    assert other.departure is not None and (other.departure.index, other.departure.kind) == (4, "token")
 
 
 @pytest.mark.parametrize("at", [0, 2, 4])

@@ -149,7 +149,7 @@ class Generation:
         result = whole_result(pending, result)
         replay = self.replay
         if replay is not None:  # confirmed (or not) only now that the engine's last token is in
-            replay.end(len(result.tokens), result.finish_reason == "cancelled")
+            replay.end(result.tokens, result.logprobs, result.finish_reason == "cancelled")
             self.replayed.emit(pending.reply_id, replay)
         self._end()
         saved = recorder.saved  # written on the engine thread before the Done was posted

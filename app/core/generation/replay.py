@@ -10,7 +10,7 @@ new text is shown from there on.
 
     expect(action, mode, model_key, previous) -> Replay | None   (when a repeat is expected)
     Replay.feed(index, token, logprob, text)                      (each streamed token, in order)
-    Replay.end(tokens, stopped)                                   (the recomputation ended)
+    Replay.end(tokens, logprobs, stopped)                         (the recomputation ended)
 
 What is instant is the text (it is the stored reply) and the first token (the prompt cache
 restores all but the prompt's last token: no prompt processing); the verification itself runs at
@@ -21,7 +21,7 @@ edited since the reply) makes a regenerate part from the reply: the recomputatio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from app.core.store import Action, Message
 from engine.types import first_divergence
@@ -97,11 +97,16 @@ class Replay:
         else:
             self.verified = index + 1
 
-    def end(self, tokens: int, stopped: bool) -> None:
-        """The recomputation ended after `tokens` tokens (`stopped`: by the user, not at its end)."""
+    def end(self, tokens: Sequence[int], logprobs: Sequence[float], stopped: bool) -> None:
+        """The recomputation ended with these tokens and logprobs, the whole run (`stopped`: by the
+        user, not at its end). The token a reply ends at (an end or turn token) is no text and
+        streams no event, so the tokens past those streamed are verified here, as `feed` would."""
+        for i in range(self.seen, len(tokens)):
+            self.feed(i, tokens[i], logprobs[i], "")
+        n = len(tokens)
         self.ended, self.stopped = True, stopped
-        if self.departure is None and not stopped and tokens < self.total:  # ended before the reply's end
-            parted = first_divergence(self.expected.tokens, self.tokens[:tokens], start=tokens)
+        if self.departure is None and not stopped and n < self.total:  # ended before the reply's end
+            parted = first_divergence(self.expected.tokens, self.tokens[:n], start=n)
             if parted is not None:
                 self.departure = Departure(parted[0], len(self.text), parted[1])
 
