@@ -602,7 +602,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "no document snapshot where the system message ends (a new conversation forwards its closing first)",
-        (("engine/generate/prepare.py", "        points[system_end[0]] = tuple(d.digest for d in spans)\n", "        pass\n"),),
+        (("engine/generate/prepare.py", "        points[system_end] = tuple(d.digest for d in spans)\n", "        pass\n"),),
         (DO + "test_a_document_snapshot_is_kept_where_the_next_message_starts_too",
          DO + "test_after_a_restart_the_documents_states_are_preloaded_and_the_first_question_reads_no_disk"),
     ),
@@ -687,8 +687,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "a long system turn without documents is not kept (a harness's next session prefills it again)",
         (("engine/generate/prepare.py",
-          "(system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN)",
-          "(system_end[0] > spans[-1].end if spans else False)"),),
+          "(system_end > spans[-1].end if spans else system_end >= KEPT_SYSTEM_MIN)",
+          "(system_end > spans[-1].end if spans else False)"),),
         (KP + "test_a_second_session_restores_the_system_turn",
          KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),

@@ -126,9 +126,9 @@ class PromptBuilder:
         if request.documents:
             spans = document_spans(self._encode, fitted.messages, request.documents, prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
-        system_end = self.starts(fitted.messages[:1], prompt, tools, options) if (
-            fitted.messages[0].get("role") == "system") else []
-        points = kept_points(spans, system_end)
+        # The system turn: the leading system messages (Codex CLI sends two), the tools with them.
+        lead = next((i for i, m in enumerate(fitted.messages) if m.get("role") != "system"), len(fitted.messages))
+        points = kept_points(spans, self.starts.end_of(fitted.messages[:lead], prompt, tools, options))
         # The request as it runs: its documents are now in its messages (placed once, never twice).
         return Prepared(replace(request, messages=fitted.messages, documents=()), prompt,
                         ContextInfo(limit, len(prompt), fitted.dropped), starts, headers, spans, points, earlier,
@@ -261,19 +261,20 @@ def _fit_max_tokens(request: GenerationRequest, n_prompt: int, limit: Optional[i
 KEPT_SYSTEM_MIN = 512
 
 
-def kept_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
+def kept_points(spans: list[DocumentSpan], system_end: Optional[int]) -> dict[int, tuple[str, ...]]:
     """Where a kept snapshot is taken (kind "document": what eviction keeps ahead of turns and a
     restart reads ahead, engine/cache/eviction.py) -> the digests of the documents the state there
-    holds. Each document end (a cut) -> the documents up to it; and the system message's end
-    (`system_end`: the start of the next message, when the system message rendered alone is a
-    prefix of the prompt) -> all of them, after the last document, or none when the system turn is
-    KEPT_SYSTEM_MIN tokens or more. The cuts before the system message's end are the chunk
-    multiples alone, so its state is bit-identical in every conversation with the same system turn
-    (and tools, and template options): a new one restores up to where its own first message
-    starts. The documents end the system message (placement.place), so what lies between the last
-    one's end and there is the template's own closing of the message (no forward of those few
-    tokens first, which at a long context costs about what the question's own forward does)."""
+    holds. Each document end (a cut) -> the documents up to it; and the system turn's end
+    (`system_end`: where the first message after the leading system messages starts, when those
+    rendered alone are a prefix of the prompt) -> all of them, after the last document, or none when
+    the system turn is KEPT_SYSTEM_MIN tokens or more. The cuts before it are the chunk multiples
+    and the system messages' own ends, so its state is bit-identical in every conversation with the
+    same system turn (and tools, and template options): a new one restores up to where its own
+    first message starts. The documents end the first system message (placement.place), so what
+    lies between the last one's end and there is the template's own closing of the message (no
+    forward of those few tokens first, which at a long context costs about what the question's
+    own forward does)."""
     points = {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
-    if system_end and (system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN):
-        points[system_end[0]] = tuple(d.digest for d in spans)
+    if system_end is not None and (system_end > spans[-1].end if spans else system_end >= KEPT_SYSTEM_MIN):
+        points[system_end] = tuple(d.digest for d in spans)
     return points

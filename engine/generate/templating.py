@@ -311,6 +311,15 @@ class MessageStarts:
                 out.append(len(ids))
         return out
 
+    def end_of(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None,
+               options: TemplateOptions = ()) -> Optional[int]:
+        """Where `messages` (a prefix of the conversation) end in `prompt`, when they rendered
+        alone are a proper prefix of it (None otherwise, or for no messages)."""
+        if not messages:
+            return None
+        ids = self.rendered(messages, tools, generation=False, options=options)
+        return len(ids) if ids is not None and _is_prefix(ids, prompt) else None
+
     def reply_header_cuts(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None,
                           options: TemplateOptions = ()) -> list[int]:
         """G_i - 1 for each assistant message i of `messages` whose turn's prompt (G_i tokens:
