@@ -269,12 +269,12 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the grammar's mask applied after sampling (to the reported logprobs) instead of before",
-        (("engine/generate/sampling.py", "        logits = masked(logits.astype(mx.float32), mask)\n",
-          "        logits = logits.astype(mx.float32)\n"),
-         ("engine/generate/sampling.py",
-          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n",
-          "        logprobs = masked(logprobs, mask)\n"
-          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n")),
+        (("engine/generate/sampling.py", "        out.append(lambda tokens, logits: masked(logits, mask()))\n", "        pass\n"),
+         ("engine/generate/loop.py", "        token, logprob, dist = sampler.sample(logits, history)\n",
+          "        token, logprob, dist = sampler.sample(logits, history)\n"
+          "        if guide is not None:\n"
+          "            dist = mx.where(guide.mask(), dist, -float('inf'))\n"
+          "            logprob = mx.take_along_axis(dist, token[:, None], axis=-1)[0, 0]\n")),
         ("tests/test_constraints.py::test_the_mask_holds_under_every_sampler_setting",),
     ),
     # issue 29: the server and the cluster under an attacker (guard, keys, connections, admission, ranks)
@@ -532,7 +532,7 @@ MUTATIONS: list[Mutation] = [
     # issue 39: Continue goes on with the unstopped run's key schedule
     Mutation(
         "Continue restarts the sampler's key schedule",
-        (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier)\n", "    sampler = Sampler(settings)\n"),),
+        (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier,\n", "    sampler = Sampler(settings,\n"),),
         (CO + "test_continue_equals_the_unstopped_reply[sampled-stopped]",
          CO + "test_continue_without_a_snapshot_recomputes_with_the_same_forwards[sampled]"),
     ),
@@ -639,8 +639,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a document's span counted with the markers typed in it as control tokens",
-        (("engine/generate/prepare.py", "lambda text, at: encode_prefix(tok, text, at)",
-          "lambda text, at: tok.encode(text, add_special_tokens=False)"),),
+        (("engine/generate/prepare.py", "        return encode_prefix(self.lm.tokenizer, text, content_at)\n",
+          "        return self.lm.tokenizer.encode(text, add_special_tokens=False)\n"),),
         (DH + "test_a_document_holding_control_token_text_is_reported_with_its_true_span",),
     ),
     Mutation(
