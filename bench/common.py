@@ -391,3 +391,37 @@ def text_of_tokens(engine: Any, n_tokens: int, salt: int) -> str:
         else:
             hi = mid - 1
     return filler(lo, salt)
+
+
+def in_place(engine: Any, request: Any, restored: int, trials: int = 3) -> dict:
+    """What a request's own tokens cost where they are, with the state before them already live and
+    nothing restored: a live cache of prompt[:restored] (prefilled untimed), then, timed, its own
+    forwards as the exact schedule makes them (the same forwards the warm run makes, the last
+    prompt token alone) plus one decode step; and its tokens in one forward plus one step (what no
+    schedule could beat). The best of `trials`. The baseline of a restore's cost (bench/documents.py,
+    bench/harness_prefix.py)."""
+    import mlx.core as mx
+
+    from engine.cache.planner import chunks, schedule_cuts
+    from engine.cache.snapshot import cache_arrays, restore_copy
+
+    lm, p = engine.lm, engine.prepare(request)
+    prompt = p.prompt
+    cuts = schedule_cuts(len(prompt), engine.chunk, p.message_starts, p.reply_header_cuts)
+    forwards = chunks(restored, cuts) + [(len(prompt) - 1, len(prompt))]
+    best = {"scheduled": float("inf"), "one_forward": float("inf")}
+    live = lm.new_cache()
+    for a in range(0, restored, engine.chunk):
+        lm.model(mx.array([prompt[a:min(restored, a + engine.chunk)]]), cache=live)
+        mx.eval(cache_arrays(live))
+    for _ in range(trials):
+        for label, plan in (("scheduled", forwards), ("one_forward", [(restored, len(prompt))])):
+            cache = restore_copy(live, restored)  # a private copy, untimed
+            t = time.perf_counter()
+            for a, b in plan:
+                logits = lm.model(mx.array([prompt[a:b]]), cache=cache)
+                mx.eval(logits)
+            step = lm.model(mx.array([[int(mx.argmax(logits[0, -1]))]]), cache=cache)
+            mx.eval(step)
+            best[label] = min(best[label], time.perf_counter() - t)
+    return {**best, "forwards": len(forwards)}

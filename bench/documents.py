@@ -46,39 +46,6 @@ def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def in_place(engine, request, restored: int, trials: int = 3) -> dict:
-    """What the question costs where it is, with the document's state already live and nothing
-    restored: a live cache of prompt[:restored] (prefilled untimed), then, timed, the question's
-    own forwards as the exact schedule makes them (the same forwards the warm run makes, the last
-    prompt token alone) plus one decode step; and the question's tokens in one forward plus one
-    step (what no schedule could beat). The best of `trials`."""
-    import mlx.core as mx
-
-    from engine.cache.planner import chunks, schedule_cuts
-    from engine.cache.snapshot import cache_arrays, restore_copy
-
-    lm, p = engine.lm, engine.prepare(request)
-    prompt = p.prompt
-    cuts = schedule_cuts(len(prompt), engine.chunk, p.message_starts, p.reply_header_cuts)
-    forwards = chunks(restored, cuts) + [(len(prompt) - 1, len(prompt))]
-    best = {"scheduled": float("inf"), "one_forward": float("inf")}
-    live = lm.new_cache()
-    for a in range(0, restored, engine.chunk):
-        lm.model(mx.array([prompt[a:min(restored, a + engine.chunk)]]), cache=live)
-        mx.eval(cache_arrays(live))
-    for _ in range(trials):
-        for label, plan in (("scheduled", forwards), ("one_forward", [(restored, len(prompt))])):
-            cache = restore_copy(live, restored)  # a private copy, untimed
-            t = time.perf_counter()
-            for a, b in plan:
-                logits = lm.model(mx.array([prompt[a:b]]), cache=cache)
-                mx.eval(logits)
-            step = lm.model(mx.array([[int(mx.argmax(logits[0, -1]))]]), cache=cache)
-            mx.eval(step)
-            best[label] = min(best[label], time.perf_counter() - t)
-    return {**best, "forwards": len(forwards)}
-
-
 def child(args) -> dict:
     from engine.documents.extract import document_from_bytes
     from engine.types import GenerationRequest, SamplerSettings
@@ -112,7 +79,7 @@ def child(args) -> dict:
         out["second"] = ask(QUESTIONS[1])
         out["second_cold"] = ask(QUESTIONS[1], use_cache=False)
         out["question_alone"] = ask(QUESTIONS[1], docs=(), use_cache=False)
-        out["in_place"] = in_place(engine, request_for(QUESTIONS[1]), out["second"]["restored"])
+        out["in_place"] = C.in_place(engine, request_for(QUESTIONS[1]), out["second"]["restored"])
         engine.close()
         out["bytes_two"] = _folder_bytes(cache_dir)
     elif args.phase == "restart":  # as the window does: the documents' states read ahead, then asked

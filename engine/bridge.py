@@ -5,7 +5,7 @@ ask of an engine: `engine.engine.Engine` implements it in process, and a remote 
 implement it over a connection, on the same `EngineExecutor` (one thread, jobs in order).
 
 `engine_events(executor, request, cancel=...)` runs one generation on the engine thread and
-yields its events on the loop, in order: `PrefillProgress`, `TokenEvent`, then always one final
+yields its events on the loop, in order: `RestoreEvent`, `PrefillProgress`, `TokenEvent`, then always one final
 `Done` carrying the `GenerationResult` (a cancelled generation ends with its partial result,
 finish reason "cancelled"); an error the engine raises is raised at the consumer instead.
 Events cross threads with `loop.call_soon_threadsafe`, batched: the loop wakes at most once per
@@ -40,8 +40,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Protocol, TypeVar, Union, runtime_checkable
 
+from engine.documents.extract import Document
 from engine.engine import ModelInfo
 from engine.executor import EngineExecutor
+from engine.memory import MemoryReport
 from engine.types import (
     CancelToken,
     Comparison,
@@ -51,6 +53,7 @@ from engine.types import (
     GenerationResult,
     PrefillProgress,
     Progress,
+    RestoreEvent,
     TokenEvent,
 )
 
@@ -77,7 +80,8 @@ class EngineAPI(Protocol):
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
-        """Generate: yield PrefillProgress and TokenEvents, return the GenerationResult."""
+        """Generate: yield a RestoreEvent (a remote engine: when the server sends one),
+        PrefillProgress and TokenEvents; return the GenerationResult."""
         ...
 
     def verify(self, request: GenerationRequest, result: GenerationResult,
@@ -98,6 +102,11 @@ class EngineAPI(Protocol):
         run: what the context meter counts before Send."""
         ...
 
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """What each document costs in a conversation with `system_prompt` about them: the count
+        a refusal and the report's span give for it (what a document's chip shows)."""
+        ...
+
     def keep_documents(self, digests: Optional[Iterable[str]]) -> None:
         """The documents (files' digests) some conversation still has: their states stay ahead
         of ordinary turns under eviction (None: every document's)."""
@@ -116,6 +125,15 @@ class EngineAPI(Protocol):
 
     def clear_cache(self) -> None: ...
 
+    def memory_report(self) -> Optional[MemoryReport]:
+        """Where the engine process's memory is (engine/memory.py); None: not this process's
+        (a server's)."""
+        ...
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        """The prompt cache's memory budget from now on: a smaller one evicts at once."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -133,7 +151,7 @@ class Failed:
     error: BaseException
 
 
-StreamEvent = Union[PrefillProgress, TokenEvent, Done]
+StreamEvent = Union[RestoreEvent, PrefillProgress, TokenEvent, Done]
 Observer = Callable[[Union[StreamEvent, Failed]], None]
 
 

@@ -8,7 +8,6 @@ on its worker thread; the CLI and tests use it directly.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -21,12 +20,22 @@ from engine.cache.families import class_names
 from engine.cache.kinds import SnapshotKind
 from engine.cache.namespace import cache_key, is_key_of
 from engine.cache.prompt_cache import PromptCache
+from engine.documents.extract import Document
 from engine.errors import EngineError, GGUFError, ModelError
 from engine.generate.constraints import tool_format
 from engine.generate.loop import drain, stream
 from engine.generate.model import LoadedModel
 from engine.generate.prepare import Prepared, PromptBuilder
 from engine.generate.templating import control_tokens, render_prompt, token_pieces
+from engine.memory import (
+    MLX_CACHE_LIMIT,
+    MemoryReport,
+    current_mlx_cache_limit,
+    default_memory_budget,
+    limit_mlx_cache,
+    physical_memory,
+    process_rss,
+)
 from engine.models.key import engine_options, model_key
 from engine.models.resolve import (
     DEMO_NAME,
@@ -46,7 +55,6 @@ from engine.types import (
     validate_messages,
 )
 
-DEFAULT_MEMORY_BUDGET = 2 << 30  # bytes of snapshots kept in memory
 _PREVIOUS_KEPT = 256  # replies remembered for "identical to previous"
 
 
@@ -70,15 +78,23 @@ class Engine:
         self,
         cache_dir: Optional[Path] = None,
         use_disk: bool = True,
-        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        memory_budget: Optional[int] = None,
         chunk: int = DEFAULT_CHUNK,
         disk_budget: Optional[int] = None,
         dequantize: Optional[bool] = None,
         context_length: Optional[int] = None,
         shard: Optional[Callable[[Any], dict[str, Any]]] = None,
+        mlx_cache_limit: Optional[int] = MLX_CACHE_LIMIT,
     ) -> None:
+        """`memory_budget`: bytes of snapshots the prompt cache keeps in memory (None: sized to the
+        machine, engine/memory.py; set_memory_budget changes it later). `mlx_cache_limit`: MLX's
+        buffer cache bound, process-wide (None: leave MLX's own)."""
         if chunk < 1:
             raise EngineError("chunk size must be at least 1")
+        if mlx_cache_limit is not None:
+            limit_mlx_cache(mlx_cache_limit)
+        if memory_budget is None:
+            memory_budget = default_memory_budget()
         self.chunk = chunk
         self.dequantize = dequantize  # None: decide per backend (see _should_dequantize)
         self.context_length = context_length  # overrides the model's own context length
@@ -94,6 +110,7 @@ class Engine:
         self.cache = PromptCache(memory_budget, disk, self.eviction)
         self.lm: Optional[LoadedModel] = None
         self.info: Optional[ModelInfo] = None
+        self._weights_bytes = 0  # the loaded model's parameters (memory_report)
         # Last reply per (prompt, settings): lets a report say whether a regenerate was identical.
         self._previous: "OrderedDict[tuple, tuple[list[int], list[float]]]" = OrderedDict()
 
@@ -144,6 +161,12 @@ class Engine:
             controls=control_tokens(tokenizer, eos),
         )
         self._builder = PromptBuilder(self.lm)
+        self._weights_bytes = _parameter_bytes(model)
+        import mlx.core as mx
+
+        # The load's temporaries (a dequantized model's packed weights, a shard's other parts) are
+        # buffers of sizes nothing asks for again: out of MLX's buffer cache, back to the system.
+        mx.clear_cache()
         cache = self.lm.new_cache()
         self.info = ModelInfo(
             name=self.lm.name,
@@ -203,6 +226,13 @@ class Engine:
         limit in force for it: what a context meter counts before Send; prepare() then fits it."""
         return self.builder.measure(request, self.limit_for(request))
 
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """What each document costs in a conversation with `system_prompt` about them: the tokens
+        its block adds to the prompt, its name and the separator before it included. The same
+        number a refusal gives for it and the report's span (engine/documents/placement.py,
+        `document_costs`): what a document's chip shows."""
+        return self.builder.document_tokens(tuple(documents), system_prompt)
+
     def prepare(self, request: GenerationRequest) -> Prepared:
         """The request as it will run (engine/generate/prepare.py): validated, its prompt rendered
         (the chat through the template, or raw text as is), fitted into the context (or refused
@@ -211,7 +241,8 @@ class Engine:
 
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
-        """Generate a reply: yields PrefillProgress and TokenEvents, returns the GenerationResult."""
+        """Generate a reply: yields a RestoreEvent, PrefillProgress and TokenEvents, returns the
+        GenerationResult."""
         lm, path = self._lm(), self.builder
         p = path.prepare(request, self.limit_for(request))
         with self.cache.generation():  # the prompt cache decides when its disk tier writes
@@ -285,6 +316,27 @@ class Engine:
         self.cache.clear()
         self._previous.clear()
 
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        """The prompt cache's memory budget from now on (bytes): a smaller one evicts at once."""
+        try:
+            self.cache.set_memory_budget(int(budget_bytes))
+        except ValueError as e:
+            raise EngineError(str(e)) from e
+
+    def memory_report(self) -> MemoryReport:
+        """Where this process's memory is: the model's weights, the live KV cache kept for a
+        regenerate, the prompt cache's memory tier and its budget, MLX's active memory and buffer
+        cache, and the process's RSS (engine/memory.py). Only counters are read: callable from
+        any thread, as cache_stats is."""
+        import mlx.core as mx
+
+        mem = self.cache.memory.stats()
+        return MemoryReport(
+            weights=self._weights_bytes, live_kv=self.cache.spare_bytes(), tier=mem["bytes"],
+            tier_budget=self.cache.budget_bytes, tier_entries=mem["entries"],
+            mlx_active=int(mx.get_active_memory()), mlx_cache=int(mx.get_cache_memory()),
+            mlx_cache_limit=current_mlx_cache_limit(), mlx_peak=int(mx.get_peak_memory()), rss=process_rss())
+
     def close(self) -> None:
         self.cache.close()
 
@@ -325,14 +377,14 @@ def _should_dequantize(choice: Optional[bool], f32_bytes: int) -> bool:
         return choice
     import mlx.core as mx
 
-    return mx.default_device() == mx.cpu and f32_bytes <= DEQUANTIZE_MAX_RAM_FRACTION * _physical_memory()
+    return mx.default_device() == mx.cpu and f32_bytes <= DEQUANTIZE_MAX_RAM_FRACTION * physical_memory()
 
 
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0  # unknown: keep the quantized weights
+def _parameter_bytes(model: Any) -> int:
+    """Bytes of the model's parameters as loaded (expanded, when they were dequantized)."""
+    from mlx.utils import tree_flatten
+
+    return sum(p.nbytes for _, p in tree_flatten(model.parameters()))
 
 
 def _expanded_f32_bytes(model: Any) -> int:

@@ -8,6 +8,9 @@ run). It runs on the engine thread like the in-process Engine (its calls block).
 What differs from the in-process engine, by necessity:
 - Token ids come with the stream (`"verbatim": {"token_ids": true}`: each chunk names its
   tokens' ids), so a reply stopped part way keeps its ids like an in-process one.
+- So do the restore and the prefill's progress (`"verbatim": {"progress": true}`): the stream
+  yields the server's `RestoreEvent` and `PrefillProgress`, and a reply stopped part way
+  reports what the server did as far as the stream told it (restore, forwards, seed).
 - `top_logprobs` alternatives come by text only, so they are not reported as ids.
 - `load(spec)` does not load anything: it connects and checks the server serves `spec`.
 - `clear_cache` is refused: the server's cache belongs to the server.
@@ -25,6 +28,7 @@ import json
 import urllib.parse
 from typing import Any, Generator, Optional
 
+from engine.documents.extract import Document
 from engine.documents.placement import place
 from engine.engine import ModelInfo
 from engine.errors import EngineError, RequestError, ServerUnreachable
@@ -37,6 +41,8 @@ from engine.types import (
     Event,
     GenerationRequest,
     GenerationResult,
+    PrefillProgress,
+    RestoreEvent,
     TokenEvent,
 )
 
@@ -93,7 +99,8 @@ class RemoteEngine:
     # -- generation ------------------------------------------------------------------------
     def stream(self, request: GenerationRequest, cancel: Optional[CancelToken] = None
                ) -> Generator[Event, None, GenerationResult]:
-        """Generate on the server: yields TokenEvents as they arrive, returns the result."""
+        """Generate on the server: yields its RestoreEvent, PrefillProgress and TokenEvents as
+        they arrive, returns the result."""
         chat = request.prompt is None
         conn = self._connect()
         try:
@@ -107,17 +114,26 @@ class RemoteEngine:
                 raise _error(resp.status, resp.read())
             text, logprobs, ids = "", [], []
             final: Optional[dict[str, Any]] = None
+            restore: Optional[RestoreEvent] = None
+            prefilled = 0  # prompt tokens the server's cache holds so far
             for data in _events(resp, self.address):
                 if "error" in data:
                     raise EngineError(f"the server failed: {data['error'].get('message', data['error'])}")
                 if cancel is not None and cancel.cancelled:
                     break
+                v = data.get("verbatim") or {}
+                if "restore" in v:
+                    restore = restore_from_verbatim(v["restore"])
+                    prefilled = restore.report.restored
+                    yield restore
+                elif "prefill" in v:
+                    prefilled = int(v["prefill"]["done"])
+                    yield PrefillProgress(prefilled, int(v["prefill"]["total"]))
                 if not data.get("choices"):
                     continue
                 choice = data["choices"][0]
                 delta = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                 lps = _entry_logprobs(choice.get("logprobs"), chat)
-                v = data.get("verbatim") or {}
                 if "finish_reason" in v:  # the last chunk: the report, with every id
                     final = v
                     named = [int(t) for t in v["token_ids"][len(ids):len(ids) + len(lps)]]
@@ -134,7 +150,8 @@ class RemoteEngine:
             if final is None:  # stopped, or the stream ended early: what arrived, with its ids
                 known = all(t >= 0 for t in ids)
                 return GenerationResult(text, ids if known else [], logprobs if known else [], "cancelled",
-                                        request.sampler.seed, [], CacheReport())
+                                        request.sampler.seed, [], stopped_report(request, restore, prefilled,
+                                                                                 bool(logprobs)))
             return GenerationResult(text, list(final["token_ids"]), logprobs, final["finish_reason"],
                                     int(final["seed"]), [], report_from_verbatim(final))
         finally:
@@ -162,6 +179,11 @@ class RemoteEngine:
     def token_texts(self, tokens: list[int]) -> list[str]:
         return list(self._json("POST", "/verbatim/tokenize", {"tokens": tokens})["texts"])
 
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """Each document's cost, counted on the server (its tokenizer and template)."""
+        body = {"documents": _file_parts(documents), "system": system_prompt}
+        return [int(n) for n in self._json("POST", "/verbatim/tokenize", body)["document_tokens"]]
+
     def keep_documents(self, digests: Any) -> None:
         """Nothing to do: the server's cache is its own, and it keeps every document's state ahead
         (its clients' conversations are not known to it)."""
@@ -187,6 +209,13 @@ class RemoteEngine:
         return {"remote": f"{self.scheme}://{self.address}", "world_size": self.world_size, **status}
 
     def clear_cache(self) -> None:
+        raise EngineError(f"the prompt cache of the server at {self.address} is managed on that server")
+
+    def memory_report(self) -> None:
+        """None: the memory that matters is the server's, in its own process."""
+        return None
+
+    def set_memory_budget(self, budget_bytes: int) -> None:
         raise EngineError(f"the prompt cache of the server at {self.address} is managed on that server")
 
     def close(self) -> None:
@@ -245,7 +274,7 @@ def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": "", "stream": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
         "min_p": s.min_p, "repetition_penalty": s.repetition_penalty, "seed": s.seed, "max_tokens": s.max_tokens,
-        "verbatim": {"mode": request.mode, "cache": request.use_cache, "token_ids": True},
+        "verbatim": {"mode": request.mode, "cache": request.use_cache, "token_ids": True, "progress": True},
     }
     if request.stop:
         body["stop"] = list(request.stop)
@@ -272,11 +301,16 @@ def _with_files(messages: list[dict[str, Any]], documents: Any) -> list[dict[str
     reads on the server exactly the text it would read here."""
     if not documents:
         return messages
-    parts = [{"type": "file", "file": {"filename": d.name, "file_data": "data:text/plain;base64,"
-                                       + base64.b64encode(d.text.encode()).decode("ascii")}} for d in documents]
+    parts = _file_parts(documents)
     first, *rest = messages
     text = first.get("content") or ""
     return [{**first, "content": ([{"type": "text", "text": text}] if text else []) + parts}, *rest]
+
+
+def _file_parts(documents: Any) -> list[dict[str, Any]]:
+    """The documents as `file` parts, their extracted text sent as text/plain."""
+    return [{"type": "file", "file": {"filename": d.name, "file_data": "data:text/plain;base64,"
+                                      + base64.b64encode(d.text.encode()).decode("ascii")}} for d in documents]
 
 
 def _events(resp: http.client.HTTPResponse, address: str) -> Generator[dict[str, Any], None, None]:
@@ -314,3 +348,20 @@ def _error(status: int, raw: bytes) -> EngineError:
 def report_from_verbatim(v: dict[str, Any]) -> CacheReport:
     """A CacheReport from a response's `verbatim` object (rank 0's figures, and `ranks`)."""
     return CacheReport.from_dict({**v, "identical": v.get("identical_to_previous")})
+
+
+def restore_from_verbatim(v: dict[str, Any]) -> RestoreEvent:
+    """The server's RestoreEvent from a `verbatim.progress` stream's `restore` object."""
+    return RestoreEvent(report_from_verbatim(v), [[int(a), int(b)] for a, b in v.get("planned") or []])
+
+
+def stopped_report(request: GenerationRequest, restore: Optional[RestoreEvent], prefilled: int,
+                   decoded: bool) -> CacheReport:
+    """What a run stopped on the client's side did, as far as the stream told it: the server's
+    report at the restore, the forwards up to `prefilled` prompt tokens (all of them, the last
+    prompt token's included, once a token was `decoded`), and the seed the request used."""
+    if restore is None:
+        return CacheReport(seed=request.sampler.seed, sampler=request.sampler.to_dict(), mode=request.mode)
+    r = restore.report_at(prefilled, decoded)
+    r.seed = request.sampler.seed
+    return r

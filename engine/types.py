@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 from engine.constraint import Constraint, tool_message_keys
@@ -242,7 +242,38 @@ class TokenEvent:
     top_logprobs: Optional[list[tuple[int, float]]] = None  # (id, logprob) best first, when asked
 
 
-Event = Union[PrefillProgress, TokenEvent]
+@dataclass
+class RestoreEvent:
+    """Emitted once per generation, right after the prompt cache's restore and before the first
+    prefill chunk: what was restored and from where (the snapshot used, every layer's offset, the
+    plan's declines) and the prefill that follows. `report` is the generation's CacheReport as
+    far as it is known then (nothing forwarded, stored or timed yet): what a debug view shows
+    while the run goes on, until the final report replaces it."""
+
+    report: "CacheReport"
+    planned: list[list[int]]  # [start, end) of each forward before decode, the last prompt token's included
+
+    @property
+    def planned_tokens(self) -> int:
+        """Tokens the prefill will forward (the last prompt token included)."""
+        return sum(end - start for start, end in self.planned)
+
+    def report_at(self, done: int, decoding: bool = False) -> "CacheReport":
+        """The report as far as the run got: the cache holds `done` prompt tokens (the last
+        PrefillProgress), or the prefill is over and decode began (`decoding`: every planned
+        forward made, the last prompt token's included). A copy; this event is left as it is."""
+        made = self.planned if decoding else [c for c in self.planned if c[1] <= done]
+        return replace(self.report, chunks=[list(c) for c in made], prefill_tokens=sum(b - a for a, b in made))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"report": self.report.to_dict(), "planned": [list(c) for c in self.planned]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RestoreEvent":
+        return cls(CacheReport.from_dict(d.get("report")), [[int(a), int(b)] for a, b in d.get("planned") or []])
+
+
+Event = Union[RestoreEvent, PrefillProgress, TokenEvent]
 EventCallback = Callable[[Event], None]
 
 
@@ -305,12 +336,15 @@ class CacheReport:
     matched: int = 0  # longest common token prefix with any stored snapshot
     restored: int = 0  # tokens restored into the live cache (never the whole prompt)
     stored: Optional[int] = None  # length of the snapshot used, None if none
+    snapshot_id: Optional[str] = None  # the snapshot used (None if none)
     partial: bool = False  # restored < stored (a trimmable cache was cut back)
     source: Optional[str] = None  # engine.cache.kinds.RestoreSource ("memory" | "disk"); None: cold
     layer_offsets: list[Optional[int]] = field(default_factory=list)
     layers: list[LayerInfo] = field(default_factory=list)
     declines: list[str] = field(default_factory=list)
-    prefill_tokens: int = 0  # tokens forwarded before decode, the last prompt token included
+    # tokens forwarded before decode, the last prompt token included; a run stopped before decode: those
+    # it did forward (`chunks` lists them)
+    prefill_tokens: int = 0
     chunks: list[list[int]] = field(default_factory=list)  # [start, end) of each prefill forward
     message_starts: list[int] = field(default_factory=list)  # message boundaries among the chunk cuts
     # cuts at the end of each earlier reply's generation header but its last token (G_i - 1:

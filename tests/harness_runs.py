@@ -48,6 +48,7 @@ class Served:
 
     process: subprocess.Popen
     url: str  # http://127.0.0.1:PORT/v1
+    startup: list[str]  # what it wrote to stderr before listening (the model load, the read-ahead)
 
     @property
     def base(self) -> str:
@@ -70,9 +71,11 @@ def serve(model: Path, cache_dir: Path, seed: int, context: int, chunk: int = 51
                           "--context-length", str(context), *extra],
                          stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ})
     assert p.stderr is not None
+    lines = []
     for line in p.stderr:  # ends at EOF if the server dies
         if line.startswith("Verbatim server:") and " at http" in line:
-            return Served(p, line.split(" at ", 1)[1].split()[0])
+            return Served(p, line.split(" at ", 1)[1].split()[0], lines)
+        lines.append(line)
     p.wait(TIMEOUT)
     raise AssertionError(f"engine serve did not start (rc {p.returncode})")
 

@@ -59,7 +59,10 @@ FT = "tests/test_free_text.py::"
 KP = "tests/test_kept_prefix.py::"
 DO = "tests/test_documents.py::"
 DH = "tests/test_documents_hostile.py::"
-KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in meta.documents) else 0\n"
+PP = "tests/test_planted_promises.py::"
+RP = "tests/test_run_progress.py::"
+MM = "tests/test_memory.py::"
+KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in needed) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
 
@@ -266,12 +269,12 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "the grammar's mask applied after sampling (to the reported logprobs) instead of before",
-        (("engine/generate/sampling.py", "        logits = masked(logits.astype(mx.float32), mask)\n",
-          "        logits = logits.astype(mx.float32)\n"),
-         ("engine/generate/sampling.py",
-          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n",
-          "        logprobs = masked(logprobs, mask)\n"
-          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n")),
+        (("engine/generate/sampling.py", "        out.append(lambda tokens, logits: masked(logits, mask()))\n", "        pass\n"),
+         ("engine/generate/loop.py", "        token, logprob, dist = sampler.sample(logits, history)\n",
+          "        token, logprob, dist = sampler.sample(logits, history)\n"
+          "        if guide is not None:\n"
+          "            dist = mx.where(guide.mask(), dist, -float('inf'))\n"
+          "            logprob = mx.take_along_axis(dist, token[:, None], axis=-1)[0, 0]\n")),
         ("tests/test_constraints.py::test_the_mask_holds_under_every_sampler_setting",),
     ),
     # issue 29: the server and the cluster under an attacker (guard, keys, connections, admission, ranks)
@@ -484,6 +487,12 @@ MUTATIONS: list[Mutation] = [
           "    created = 0\n"),),
         ("tests/test_server_formats.py::test_anthropic_usage_split_stop_reasons_and_the_seed_of_the_server",),
     ),
+    Mutation(
+        "a Responses chain forgets the files its earlier inputs attached",
+        (("engine/serve/formats/responses.py", "    for f in [*(previous.files if previous is not None else ()), *p.files]:\n",
+          "    for f in p.files:\n"),),
+        ("tests/test_server_formats.py::test_a_responses_chain_keeps_the_files_its_first_input_attached",),
+    ),
     # issue 37: cache files that cannot hurt
     Mutation(
         "the index read through a symlink",
@@ -529,7 +538,7 @@ MUTATIONS: list[Mutation] = [
     # issue 39: Continue goes on with the unstopped run's key schedule
     Mutation(
         "Continue restarts the sampler's key schedule",
-        (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier)\n", "    sampler = Sampler(settings)\n"),),
+        (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier,\n", "    sampler = Sampler(settings,\n"),),
         (CO + "test_continue_equals_the_unstopped_reply[sampled-stopped]",
          CO + "test_continue_without_a_snapshot_recomputes_with_the_same_forwards[sampled]"),
     ),
@@ -599,7 +608,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "no document snapshot where the system message ends (a new conversation forwards its closing first)",
-        (("engine/generate/prepare.py", "        points[system_end[0]] = tuple(d.digest for d in spans)\n", "        pass\n"),),
+        (("engine/generate/prepare.py", "        points[system_end] = tuple(d.digest for d in spans)\n", "        pass\n"),),
         (DO + "test_a_document_snapshot_is_kept_where_the_next_message_starts_too",
          DO + "test_after_a_restart_the_documents_states_are_preloaded_and_the_first_question_reads_no_disk"),
     ),
@@ -636,8 +645,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a document's span counted with the markers typed in it as control tokens",
-        (("engine/generate/prepare.py", "lambda text, at: encode_prefix(tok, text, at)",
-          "lambda text, at: tok.encode(text, add_special_tokens=False)"),),
+        (("engine/generate/prepare.py", "        return encode_prefix(self.lm.tokenizer, text, content_at)\n",
+          "        return self.lm.tokenizer.encode(text, add_special_tokens=False)\n"),),
         (DH + "test_a_document_holding_control_token_text_is_reported_with_its_true_span",),
     ),
     Mutation(
@@ -684,8 +693,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "a long system turn without documents is not kept (a harness's next session prefills it again)",
         (("engine/generate/prepare.py",
-          "(system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN)",
-          "(system_end[0] > spans[-1].end if spans else False)"),),
+          "(system_end > spans[-1].end if spans else system_end >= KEPT_SYSTEM_MIN)",
+          "(system_end > spans[-1].end if spans else False)"),),
         (KP + "test_a_second_session_restores_the_system_turn",
          KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),
@@ -733,6 +742,86 @@ MUTATIONS: list[Mutation] = [
           "        if True:\n"),),
         ("tests/gui/test_long_conversation.py::"
          "test_variants_regenerate_continue_and_edit_keep_a_far_reply_where_it_is_on_screen",),
+    ),
+    # issue 50, item 5: a stopped run's report states what it did (tests/test_run_progress.py)
+    Mutation(
+        "a run stopped mid-prefill reports no tokens forwarded",
+        (("engine/generate/loop.py", "        return Prefilled(forwarded, True, done - restored, time.perf_counter())\n",
+          "        return Prefilled(forwarded, True, 0, time.perf_counter())\n"),),
+        (RP + "test_a_run_stopped_mid_prefill_reports_the_tokens_it_forwarded_and_its_seed",),
+    ),
+    Mutation(
+        "a run stopped after its prefill lists the last prompt token's forward",
+        (("engine/generate/loop.py", "    if is_cancelled():  # the last prompt token is never forwarded: nothing will be decoded\n",
+          "    forwarded.append([n_prompt - 1, n_prompt])\n"
+          "    if is_cancelled():  # the last prompt token is never forwarded: nothing will be decoded\n"),),
+        (RP + "test_a_run_stopped_after_its_prefill_never_forwarded_the_last_prompt_token",),
+    ),
+    Mutation(
+        "the tokenizer's length warning logged where the engine only counts",
+        (("engine/generate/templating.py",
+          'logging.getLogger("transformers.tokenization_utils_base").addFilter(_OnlyCounting())\n', ""),),
+        ("tests/test_counting.py::test_counting_a_conversation_longer_than_the_tokenizers_maximum_logs_no_warning",),
+    ),
+    # issue 50, item 7: memory visible and bounded (tests/test_memory.py)
+    Mutation(
+        "a smaller memory budget evicts nothing until the next store",
+        (("engine/cache/memory_tier.py", "            self.budget_bytes = budget_bytes\n            self._evict()\n",
+          "            self.budget_bytes = budget_bytes\n"),),
+        (MM + "test_a_smaller_budget_evicts_at_once_and_a_larger_one_keeps_more",),
+    ),
+    Mutation(
+        "the memory tier keeps what its budget has no room for",
+        (("engine/cache/memory_tier.py", "            self._insert(entry, blocks)\n            self._evict()\n",
+          "            self._insert(entry, blocks)\n"),),
+        (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
+    ),
+    Mutation(
+        "MLX's buffer cache left unbounded",
+        (("engine/memory.py", "    return int(mx.set_cache_limit(limit))\n", "    return int(mx.set_cache_limit(1 << 40))\n"),),
+        (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
+    ),
+    # issue 50, item 9: promises no test checked (tests/test_planted_promises.py)
+    Mutation(
+        "a logprob rounded as it is reported",
+        (("engine/generate/sampling.py",
+          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n",
+          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0].astype(mx.float16)"
+          ".astype(mx.float32), logprobs\n"),),
+        (PP + "test_a_reported_logprob_is_the_log_softmax_of_its_steps_logits",),
+    ),
+    Mutation(
+        "logprobs of the tempered distribution",
+        (("engine/generate/sampling.py",
+          "        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)\n",
+          "        logits = logits / (self.s.temperature or 1.0)\n"
+          "        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)\n"),),
+        (PP + "test_a_reported_logprob_is_the_log_softmax_of_its_steps_logits",),
+    ),
+    Mutation(
+        "only the first document's end is a cut",
+        (("engine/generate/prepare.py", "{s.end for s in spans if s.cut}", "{s.end for s in spans[:1] if s.cut}"),),
+        (PP + "test_the_second_of_two_documents_gets_its_own_cut_and_snapshot",),
+    ),
+    Mutation(
+        "a document snapshot only at the first document's end",
+        (("engine/generate/prepare.py", "for i, s in enumerate(spans) if s.cut}",
+          "for i, s in enumerate(spans[:1]) if s.cut}"),),
+        (PP + "test_the_second_of_two_documents_gets_its_own_cut_and_snapshot",),
+    ),
+    Mutation(
+        "a snapshot of two documents kept only while both are in use",
+        (("engine/cache/eviction.py", "        needed = meta.documents[:1] if meta.trimmable else meta.documents\n",
+          "        needed = meta.documents\n"),),
+        (PP + "test_which_documents_keep_a_document_snapshot_ahead",
+         PP + "test_a_snapshot_of_two_documents_with_one_still_in_use"),
+    ),
+    Mutation(
+        "a snapshot of two documents kept while any of them is in use",
+        (("engine/cache/eviction.py", KEPT_WHILE_USED,
+          "        return 1 if used is None or any(d in used for d in meta.documents) else 0\n"),),
+        (PP + "test_which_documents_keep_a_document_snapshot_ahead",
+         PP + "test_a_snapshot_of_two_documents_with_one_still_in_use"),
     ),
 ]
 

@@ -366,7 +366,7 @@ def _serve(model: Path, cache: Path, *keys: str) -> tuple[subprocess.Popen, int]
     assert p.stderr is not None
     p.preloaded = 0  # type: ignore[attr-defined]
     for line in p.stderr:
-        if line.startswith("read ") and "documents' states" in line:
+        if line.startswith("read ") and "kept states" in line:
             p.preloaded = int(line.split()[1])  # type: ignore[attr-defined]
         if line.startswith("Verbatim server:") and " at http" in line:
             return p, int(line.split(" at ", 1)[1].split()[0].split(":")[2].split("/")[0])

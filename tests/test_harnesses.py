@@ -9,7 +9,8 @@ Each harness completes a headless turn twice in the same folder: the two runs se
 requests (but for the ids that name a session) and get byte-identical replies (but for the clock
 and the cache's report), every request of the second run restored from the cache but its last
 token. Then a new session asks something else: it restores at least the harness's system turn
-(its system prompt and tools, thousands of tokens) and prefills only what follows.
+(its system prompt and tools, thousands of tokens) and prefills only what follows; so does one
+after the server restarts (it reads every client's kept states at start).
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ def _need(kind: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[H.Served]:
-    model = build_harness_model(tmp_path_factory.mktemp("models") / "harness")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_harness_model(tmp_path_factory.mktemp("models") / "harness")
+
+
+@pytest.fixture(scope="module")
+def served(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H.Served]:
     srv = H.serve(model, tmp_path_factory.mktemp("harness-cache"), seed=SEED, context=HARNESS_CONTEXT)
     yield srv
     srv.stop()
@@ -100,4 +105,36 @@ def test_a_harness_runs_a_turn_twice_identically_and_a_new_session_restores_its_
     v = verbatim(other[0])
     system_end = v["message_starts"][0]
     assert system_end > 10_000 and v["restored"] >= system_end and v["source"] == "memory"
+    assert v["prefill_tokens"] == v["prompt_tokens"] - v["restored"]
+
+
+def test_after_a_restart_a_new_session_restores_the_system_turn_read_ahead(model: Path, tmp_path: Path) -> None:
+    """`engine serve` reads every client's kept states at start (the keyless clients' namespace
+    too): after a restart, a new Claude Code session restores at least its system turn (system
+    prompt and tools) and prefills only what follows."""
+    _need("claude")
+    cache = tmp_path / "cache"
+    srv = H.serve(model, cache, seed=SEED, context=HARNESS_CONTEXT)
+    try:
+        proxy = RecordingProxy(srv.base)
+        try:
+            turn("claude", proxy, tmp_path, PROMPT)
+        finally:
+            proxy.close()
+    finally:
+        srv.stop()
+    srv = H.serve(model, cache, seed=SEED, context=HARNESS_CONTEXT)
+    try:
+        assert any(line.startswith("read 1 kept states") for line in srv.startup), srv.startup
+        proxy = RecordingProxy(srv.base)
+        try:
+            _, exchanges = turn("claude", proxy, tmp_path, OTHER)
+        finally:
+            proxy.close()
+    finally:
+        srv.stop()
+    v = verbatim(exchanges[0])
+    # From the disk's states (read ahead, or the last session's end where it matches further: its
+    # system-reminder before the question is the same), at least the system turn.
+    assert v["restored"] >= v["message_starts"][0] > 10_000 and v["source"] == "disk"
     assert v["prefill_tokens"] == v["prompt_tokens"] - v["restored"]

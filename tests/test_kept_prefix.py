@@ -123,3 +123,20 @@ def test_a_short_system_turn_keeps_nothing_of_its_own(models: dict[str, Path]) -
         assert not [s for s in r.report.snapshots_stored if s["kind"] == "document"] and not kept(eng)
     finally:
         eng.close()
+
+
+def test_the_system_turn_is_every_leading_system_message(models: dict[str, Path]) -> None:
+    """Codex CLI sends two developer (system) messages before the user's: both are its system turn."""
+    eng = Engine(use_disk=False, chunk=16)
+    eng.load(str(models["llama"]))
+    try:
+        two = [{"role": "system", "content": SYSTEM}, {"role": "system", "content": "Sandbox: read-only."}]
+
+        def req(q: str) -> GenerationRequest:
+            return GenerationRequest([*two, {"role": "user", "content": q}], SamplerSettings(max_tokens=4))
+
+        end = eng.prepare(req("?")).message_starts[1]  # where the user's message starts
+        eng.generate(req("Why is the sky blue?"))
+        assert [(m.length, m.documents) for m in kept(eng)] == [(end, ())]
+    finally:
+        eng.close()

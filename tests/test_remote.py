@@ -11,7 +11,7 @@ from engine.bridge import EngineAPI
 from engine.errors import EngineError
 from engine.generate.loop import drain
 from engine.remote import RemoteEngine
-from engine.types import CancelToken, ContextInfo, GenerationRequest, SamplerSettings, TokenEvent
+from engine.types import CancelToken, ContextInfo, Event, GenerationRequest, RestoreEvent, SamplerSettings, TokenEvent
 from tests.cluster import Cluster, running
 
 SKY = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -32,10 +32,13 @@ def test_remote_engine_streams_reports_per_rank_verifies_and_sees_the_server_go(
         eng.load("some-other-model")
 
     req = GenerationRequest(SKY, SamplerSettings(seed=0, max_tokens=8))
-    events: list[TokenEvent] = []
-    first = drain(eng.stream(req), events.append)
+    streamed: list[Event] = []
+    first = drain(eng.stream(req), streamed.append)
     again = eng.generate(req)
     n = first.report.prompt_tokens
+    # The server's restore first (verbatim.progress), then its tokens.
+    assert isinstance(streamed[0], RestoreEvent) and streamed[0].report.prompt_tokens == n
+    events = [e for e in streamed if isinstance(e, TokenEvent)]
     assert len(first.tokens) == 8 and all(t >= 0 for t in first.tokens)
     assert [e.logprob for e in events] == first.logprobs and "".join(e.text for e in events) == first.text
     assert again.tokens == first.tokens and again.logprobs == first.logprobs and again.text == first.text

@@ -270,3 +270,27 @@ def test_a_reply_sent_back_as_model_dump_and_a_named_message_are_accepted(server
                                                      {**ask[0], "name": "alice"}])
     assert named.choices[0].finish_reason in ("stop", "length")
     assert server.recording.results[-1].prompt_ids == plain  # a template without names renders none
+
+
+def test_a_responses_chain_keeps_the_files_its_first_input_attached(server: Server) -> None:
+    """An input_file is a document of the whole chain: a response that continues one through
+    previous_response_id is answered with the file still in its prompt (restored with it from
+    the cache), as the conversation is."""
+    import base64
+
+    text = "The lighthouse keeper's log. Day 1: fog. Day 2: the lamp was cleaned. Day 3: a ship passed. " * 8
+    data = "data:text/plain;base64," + base64.b64encode(text.encode()).decode()
+    first = {"input": [{"role": "user", "content": [
+        {"type": "input_file", "filename": "log.txt", "file_data": data},
+        {"type": "input_text", "text": "What happened on day 2?"}]}], "max_output_tokens": 4}
+    code, r1 = post(server, "/v1/responses", first)
+    assert code == 200, r1
+    named = [d["name"] for d in r1["verbatim"]["documents"]]
+    assert named == ["log.txt"]
+    code, r2 = post(server, "/v1/responses", {"input": "And on day 3?", "previous_response_id": r1["id"],
+                                              "max_output_tokens": 4})
+    assert code == 200, r2
+    assert [d["name"] for d in r2["verbatim"].get("documents", [])] == ["log.txt"]
+    # The follow-up's prompt holds the first's whole prompt: restored, the document with it.
+    assert r2["verbatim"]["restored"] >= r1["verbatim"]["prompt_tokens"] - 1
+    assert r2["id"] != r1["id"]

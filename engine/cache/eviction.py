@@ -41,9 +41,13 @@ class DocumentsKept(EvictionPolicy):
     snapshot goes first, then the least recently used document.
 
     `in_use`: the digests of the documents some conversation still has (the app's store tells
-    them: `Engine.keep_documents`). A document snapshot holding one that no conversation has any
-    more is an ordinary snapshot again. None (the default, and a server's: its clients' conversations
-    are not known) keeps every document's state ahead; so does a snapshot that names no documents
+    them: `Engine.keep_documents`). A document snapshot is kept ahead while the documents a
+    conversation needs to restore it are in use: its first one when it can be cut back (its
+    state up to that document's end serves every conversation that starts with it; a smaller
+    document snapshot it extends was dropped as redundant, planner.dominates), else all of them
+    (only a conversation about all of them, in that order, restores it). Otherwise it is an
+    ordinary snapshot again. None (the default, and a server's: its clients' conversations are
+    not known) keeps every document's state ahead; so does a snapshot that names no documents
     (written before they were recorded)."""
 
     def __init__(self, in_use: Optional[Iterable[str]] = None) -> None:
@@ -53,7 +57,8 @@ class DocumentsKept(EvictionPolicy):
         if meta.kind != SnapshotKind.DOCUMENT:
             return 0
         used = self.in_use  # one read: another thread may set it meanwhile
-        return 1 if used is None or all(d in used for d in meta.documents) else 0
+        needed = meta.documents[:1] if meta.trimmable else meta.documents
+        return 1 if used is None or all(d in used for d in needed) else 0
 
 
 LRU = EvictionPolicy()

@@ -18,7 +18,8 @@ class SnapshotKind(StrEnum):
     END = "end"  # the prompt and the reply (what the next turn restores)
     BOUNDARY = "boundary"  # during prefill, at the last cut before the end (caches that cannot be cut back)
     PARTIAL = "partial"  # a prefill stopped at an exact cut; or a prefix of one read back from disk
-    DOCUMENT = "document"  # where an attached document ends (kept while a conversation uses it)
+    DOCUMENT = "document"  # a kept state: where an attached document ends (kept while a conversation uses
+    # it), or where a long system turn ends (a harness's system prompt and tools: generate/prepare.py)
 
 
 class RestoreSource(StrEnum):

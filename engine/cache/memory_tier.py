@@ -138,9 +138,7 @@ class MemoryTier:
                 if other.meta.model_key == meta.model_key and dominates(meta, other.meta):
                     self._drop(sid)
             self._insert(entry, blocks)
-            while self._bytes > self.budget_bytes and self._items:
-                # `_items` is in use order (touch moves to the end): its position is the clock
-                self._drop(self.policy.first((sid, e.meta, i) for i, (sid, e) in enumerate(self._items.items())))
+            self._evict()
 
     def _insert(self, entry: MemEntry, blocks: list[MemBlock]) -> None:
         old = self._items.pop(entry.meta.id, None)
@@ -173,6 +171,18 @@ class MemoryTier:
 
     def _drop(self, sid: str) -> None:
         self._release(self._items.pop(sid))
+
+    def set_budget(self, budget_bytes: int) -> None:
+        """Hold at most `budget_bytes` from now on: a smaller budget evicts at once (in the policy's
+        order, as a put over the budget does)."""
+        with self._lock:
+            self.budget_bytes = budget_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._bytes > self.budget_bytes and self._items:
+            # `_items` is in use order (touch moves to the end): its position is the clock
+            self._drop(self.policy.first((sid, e.meta, i) for i, (sid, e) in enumerate(self._items.items())))
 
     def drop(self, sid: str) -> None:
         with self._lock:

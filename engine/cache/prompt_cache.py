@@ -64,6 +64,20 @@ class PromptCache:
     def budget_bytes(self) -> int:
         return self.memory.budget_bytes
 
+    def set_memory_budget(self, budget_bytes: int) -> None:
+        """The memory tier's budget from now on: a smaller one evicts at once, and drops the spare
+        live cache when it no longer fits what the budget leaves (the disk tier keeps its own)."""
+        if budget_bytes < 0:
+            raise ValueError("a memory budget is a number of bytes, 0 or more")
+        self.memory.set_budget(budget_bytes)
+        if self.spare_bytes() > self.memory.room():
+            self._spare = None
+
+    def spare_bytes(self) -> int:
+        """Bytes of the live cache kept for a regenerate (keep_spare; 0: none)."""
+        spare = self._spare
+        return sum(a.nbytes for a in cache_arrays([c for c in spare[1] if c is not None])) if spare else 0
+
     # -- store ----------------------------------------------------------------------------------
     def store(self, meta: SnapshotMeta, cache: Sequence[Any], persist: bool = True) -> None:
         """Keep the snapshot `meta` of the live cache `cache` in memory (if it fits the budget;

@@ -122,10 +122,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         progress = lambda f, msg: print(f"[{f:4.0%}] {msg}", file=sys.stderr)  # noqa: E731
         info = executor.submit(lambda eng: eng.load(args.model, progress=progress)).result()
         limit = executor.submit(lambda eng: eng.context_limit).result()
-        # Every client's documents' states (each API key's namespace): disk -> memory, as they fit.
+        # Every client's kept states (documents', harnesses' system turns; each API key's namespace):
+        # disk -> memory, as they fit.
         preloaded = executor.submit(lambda eng: eng.preload_documents(every_namespace=True)).result()
         if preloaded:
-            print(f"read {preloaded} documents' states from the prompt cache into memory", file=sys.stderr)
+            print(f"read {preloaded} kept states (documents, long system turns) from the prompt cache into memory",
+                  file=sys.stderr)
         reads = executor.submit(lambda eng: template_reads(eng.lm.tokenizer)).result()  # reasoning_effort, ...
         model = replace(ServedModel.of(info, args.model), context_length=limit, chunk=args.chunk, template_reads=reads)
         serve(executor, model, args.host, args.port, keys, args.queue_limit,

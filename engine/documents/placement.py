@@ -62,10 +62,12 @@ Encode = Callable[[str, int], Sequence[int]]  # (a prefix of the rendered prompt
 
 @dataclass
 class DocumentSpan:
-    """Where a placed document lies in the prompt's tokens: [start, end); `end` is a cut of the
-    canonical schedule when `cut` (None: the tokenizer merged across its end, or the template
-    rewrote it, so the prompt has no boundary there). `unread`: what the file holds that is not
-    in its text (Document.unread), reported with the span."""
+    """Where a placed document lies in the prompt's tokens: [start, end), the separator before its
+    block included (when something precedes it in the system message), so `tokens` is what the
+    document adds to the prompt: its cost (`document_costs`). `end` is a cut of the canonical
+    schedule when `cut` (False: the tokenizer merged across its end, or the template rewrote it,
+    so the prompt has no boundary there). `unread`: what the file holds that is not in its text
+    (Document.unread), reported with the span."""
 
     name: str
     digest: str
@@ -93,16 +95,38 @@ def document_spans(encode: Encode, placed: Sequence[Message], documents: Sequenc
     if at < 0:  # a template that rewrites the system prompt: no document boundaries
         return []
     spans: list[DocumentSpan] = []
-    pos = at + len(system) - len(SEPARATOR.join(block(d) for d in documents))
-    for doc in documents:
-        start_char, end_char = pos, pos + len(block(doc))
-        # The start is where the block's tokens begin (the tokenizer may merge the separator
-        # before it into the block's first token: the count is then one off, never a cut).
+    for doc, (start_char, end_char) in zip(documents, _parts(system, documents, at)):
         start, _ = _tokens_before(encode(text[:start_char], at), prompt)
         end, end_ok = _tokens_before(encode(text[:end_char], at), prompt)
         spans.append(DocumentSpan(doc.name, doc.digest, start, end, end_ok and end > start, doc.unread))
-        pos = end_char + len(SEPARATOR)
     return spans
+
+
+def document_costs(encode: Encode, placed: Sequence[Message], documents: Sequence[Document],
+                   prompt: Sequence[int], text: Optional[str]) -> list[int]:
+    """What each document costs in `prompt` (the placed conversation's tokens; `text` its rendered
+    text): the tokens its part of the system message takes, its named block and the separator
+    before it. The one count the report's spans, a refusal's sizes and `Engine.document_tokens`
+    (what the window's chips show) give. A template that rewrites the system prompt leaves no
+    spans: then each part's text, encoded alone."""
+    spans = document_spans(encode, placed, documents, prompt, text)
+    if len(spans) == len(documents):
+        return [s.tokens for s in spans]
+    system = placed[0]["content"]
+    return [len(encode(system[a:b], 0)) for a, b in _parts(system, documents)]
+
+
+def _parts(system: str, documents: Sequence[Document], at: int = 0) -> list[tuple[int, int]]:
+    """Each document's [start, end) in characters, offset by `at`, in `system` (the placed system
+    message's text, which the documents end): its block and the separator before it, when
+    anything precedes the block."""
+    out = []
+    pos = len(system) - len(SEPARATOR.join(block(d) for d in documents))
+    for doc in documents:
+        lead = len(SEPARATOR) if pos > 0 else 0
+        out.append((at + pos - lead, at + pos + len(block(doc))))
+        pos += len(block(doc)) + len(SEPARATOR)
+    return out
 
 
 def _tokens_before(ids: Sequence[int], prompt: Sequence[int]) -> tuple[int, bool]:

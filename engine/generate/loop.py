@@ -1,8 +1,8 @@
 """The generation loop: restore, aligned chunked prefill, last token alone, seeded decode.
 
 `stream()` is a generator, in the style of mlx-lm's `generate_step` / `stream_generate`: it
-yields `PrefillProgress` and `TokenEvent`s and returns the `GenerationResult` (StopIteration's
-value). `drain()` runs it to the end with an optional callback. Stopping: cancel the
+yields one `RestoreEvent` (what the restore did, the prefill planned), `PrefillProgress` and
+`TokenEvent`s and returns the `GenerationResult` (StopIteration's value). `drain()` runs it to the end with an optional callback. Stopping: cancel the
 request's `CancelToken` (the result is kept, with finish reason "cancelled"), or close the
 generator (nothing is returned; snapshots taken so far are still stored).
 
@@ -43,7 +43,7 @@ from engine.cache.snapshot import cache_arrays, cache_nbytes, describe_layers, n
 from engine.generate.constraints import Guide
 from engine.generate.model import LoadedModel
 from engine.generate.prepare import Prepared
-from engine.generate.sampling import Sampler, top_logprobs
+from engine.generate.sampling import Sampler, logits_processors, top_logprobs
 from engine.generate.stops import reply_stops
 from engine.generate.templating import TextStream
 from engine.types import (
@@ -55,6 +55,7 @@ from engine.types import (
     GenerationResult,
     LayerInfo,
     PrefillProgress,
+    RestoreEvent,
     TokenEvent,
 )
 
@@ -127,6 +128,7 @@ class Restored:
     layers: list[LayerInfo]  # each layer as restored, before any prefill
     matched: int = 0  # longest common prefix with any stored snapshot
     stored: Optional[int] = None  # length of the snapshot restored from, None if none
+    snapshot_id: Optional[str] = None  # the snapshot restored from
     source: Optional[RestoreSource] = None  # None: nothing restored
     declines: list[str] = field(default_factory=list)  # why longer matches were not usable
     forwards: tuple[tuple[int, int], ...] = ()  # the restored positions' history (SnapshotMeta.forwards)
@@ -147,7 +149,7 @@ def restore(key: str, lm: LoadedModel, prompt: list[int], mode: str, cuts: tuple
     cache: Optional[list[Any]] = None
     restored = 0
     exact_cuts = cuts
-    matched, declines, stored, source = 0, [], None, None
+    matched, declines, stored, source, snapshot_id = 0, [], None, None, None
     forwards: tuple[tuple[int, int], ...] = ()
     block_ends: tuple[int, ...] = ()
     known = True
@@ -155,7 +157,7 @@ def restore(key: str, lm: LoadedModel, prompt: list[int], mode: str, cuts: tuple
         plan, cache = prompt_cache.fetch(key, prompt, mode, cuts, singles_from)
         matched, declines = plan.matched, plan.declines
         if cache is not None and plan.meta is not None:
-            restored, stored, source = plan.reuse, plan.meta.length, plan.source
+            restored, stored, source, snapshot_id = plan.reuse, plan.meta.length, plan.source, plan.meta.id
             forwards = tuple(f for f in plan.meta.forwards if f[0] < restored)
             block_ends = tuple(e for e in plan.meta.block_ends if e < restored) + (restored,)
             known = bool(plan.meta.forwards)
@@ -167,8 +169,8 @@ def restore(key: str, lm: LoadedModel, prompt: list[int], mode: str, cuts: tuple
     if singles_from is not None:  # decoded positions are no cuts of the reply's exact history
         exact_cuts = tuple(c for c in exact_cuts if c <= singles_from)
     assert restored <= len(prompt) - 1, "never restore the whole prompt"
-    return Restored(cache, restored, exact_cuts, describe_layers(cache), matched, stored, source, declines,
-                    forwards, block_ends, known)
+    return Restored(cache, restored, exact_cuts, describe_layers(cache), matched, stored, snapshot_id, source,
+                    declines, forwards, block_ends, known)
 
 
 # -- prefill -------------------------------------------------------------------------------------
@@ -207,9 +209,10 @@ def snapshot_points(n_prompt: int, cuts: tuple[int, ...], restored: int, caching
 class Prefilled:
     """What `prefill()` forwarded."""
 
-    chunks: list[list[int]]  # [start, end) of each forward; then [n - 1, n] once the cache holds prompt[:-1]
+    chunks: list[list[int]]  # [start, end) of each forward; then [n - 1, n] when decode will forward it
     cancelled: bool
-    prefill_tokens: int = 0  # tokens forwarded before decode, the last one included (0 if stopped mid-way)
+    prefill_tokens: int = 0  # tokens forwarded before decode, the last one included (stopped: those forwarded)
+    t_end: Optional[float] = None  # when the prefill ended (stopped or done)
 
 
 def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int, cuts: tuple[int, ...],
@@ -223,12 +226,16 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
     n_prompt = len(prompt)
     done = restored  # prompt tokens in the cache
     forwarded: list[list[int]] = []
+
+    def stopped() -> Prefilled:  # what a stopped prefill did: the forwards it made, none after
+        return Prefilled(forwarded, True, done - restored, time.perf_counter())
+
     try:
         yield PrefillProgress(restored, n_prompt)
         for start, end in chunks(restored, cuts):
             if is_cancelled():
                 snaps.keep_partial(prompt, cache, restored, start)
-                return Prefilled(forwarded, cancelled=True)
+                return stopped()
             lm.model(mx.array([prompt[start:end]]), cache=cache)
             mx.eval(cache_arrays(cache))
             snaps.forwarded(start, end, cut=last_block_cut is None or end <= last_block_cut)
@@ -246,11 +253,12 @@ def prefill(lm: LoadedModel, prompt: list[int], cache: list[Any], restored: int,
         raise
     if points.prelast_now:
         snaps.take(SnapshotKind.PRE_LAST, prompt[:-1], cache)
+    if is_cancelled():  # the last prompt token is never forwarded: nothing will be decoded
+        if points.prelast_by_end:  # no end snapshot to serve a regenerate
+            snaps.take(SnapshotKind.PRE_LAST, prompt[:-1], cache)
+        return stopped()
     forwarded.append([n_prompt - 1, n_prompt])
-    cancelled = is_cancelled()
-    if cancelled and points.prelast_by_end:  # no token will be decoded: no end snapshot to serve
-        snaps.take(SnapshotKind.PRE_LAST, prompt[:-1], cache)
-    return Prefilled(forwarded, cancelled, prefill_tokens=n_prompt - restored)
+    return Prefilled(forwarded, False, n_prompt - restored, time.perf_counter())
 
 
 # -- the whole generation ------------------------------------------------------------------------
@@ -307,12 +315,22 @@ def stream(
                                                  if rest.restored < e < len(prompt) - 1 and e in cuts),
                          held=dict(p.document_points))
     snaps = _Snapshots(lm, prompt_cache, rest, class_names(cache), key)
+    starts = [m for m in message_starts if m in cuts]
+    t_prefill = time.perf_counter()
+
+    def report_of(pre: Prefilled, decoded: Optional[Decoded]) -> CacheReport:
+        report = build_report(request, lm.key, chunk, n_asked, starts, rest, pre, snaps.stored,
+                              Timing(t0, t_prefill, decoded))
+        p.describe(report)
+        return report
+
+    # What the restore did and what prefill will forward, before it does (a debug view shows it).
+    planned = [[a, b] for a, b in chunks(rest.restored, cuts)] + [[len(prompt) - 1, len(prompt)]]
+    yield RestoreEvent(report_of(Prefilled([], False), None), planned)
     t_prefill = time.perf_counter()
 
     def result(pre: Prefilled, decoded: Optional[Decoded]) -> GenerationResult:
-        report = build_report(request, lm.key, chunk, n_asked, [m for m in message_starts if m in cuts], rest,
-                              pre, snaps.stored, Timing(t0, t_prefill, decoded))
-        p.describe(report)
+        report = report_of(pre, decoded)
         asked = prompt[:n_asked]
         if earlier:
             report.continued_from = len(earlier)
@@ -362,11 +380,14 @@ class Timing:
     t_prefill: float
     decoded: Optional[Decoded]
 
-    def rates(self, prefill_tokens: int) -> tuple[float, float, float]:
-        """(time to first token, prefill tokens/s, decode tokens/s); zeros where nothing was decoded."""
+    def rates(self, pre: Prefilled) -> tuple[float, float, float]:
+        """(time to first token, prefill tokens/s, decode tokens/s); zeros where nothing was decoded
+        (a stopped prefill: its own rate, to where it stopped)."""
         d = self.decoded
+        prefill_tokens = pre.prefill_tokens
         if d is None or d.t_first is None:
-            return 0.0, 0.0, 0.0
+            took = pre.t_end - self.t_prefill if pre.t_end is not None else 0.0
+            return 0.0, prefill_tokens / took if prefill_tokens and took > 0 else 0.0, 0.0
         prefill_s = d.t_first - self.t_prefill
         prefill_tps = prefill_tokens / prefill_s if prefill_s > 0 else 0.0
         # Decode rate from the first to the last token read: storing the end snapshot is not decoding.
@@ -379,12 +400,13 @@ class Timing:
 def build_report(request: GenerationRequest, model_key: str, chunk: int, n_prompt: int, message_starts: list[int],
                  rest: Restored, pre: Prefilled, stored: list[dict[str, Any]], timing: Timing) -> CacheReport:
     """The report of one generation, from what its parts returned."""
-    ttft_s, prefill_tps, decode_tps = timing.rates(pre.prefill_tokens)
+    ttft_s, prefill_tps, decode_tps = timing.rates(pre)
     return CacheReport(
         prompt_tokens=n_prompt,
         matched=rest.matched,
         restored=rest.restored,
         stored=rest.stored,
+        snapshot_id=rest.snapshot_id,
         partial=rest.partial,
         source=rest.source,
         layer_offsets=[layer.offset for layer in rest.layers],
@@ -444,7 +466,9 @@ def decode(
     repetition penalty's history is the prompt's end, which holds them); what it returns and
     yields is the new part only (event indices from 0)."""
     settings = request.sampler
-    sampler = Sampler(settings, start=earlier)
+    # The grammar's mask reflects every token read so far (the guide consumed them).
+    sampler = Sampler(settings, start=earlier,
+                      processors=logits_processors(settings, guide.mask if guide is not None else None))
     use_history = settings.repetition_penalty != 1.0
     history = mx.array(prompt[-settings.repetition_context :]) if use_history else None
     text = TextStream(lm.tokenizer, set(lm.no_text))
@@ -473,9 +497,7 @@ def decode(
         return lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
 
     def pick(logits: mx.array) -> tuple[mx.array, mx.array, Any]:
-        # A grammar's mask reflects every token read so far (the guide consumed them).
-        mask = guide.mask() if guide is not None else None
-        token, logprob, dist = sampler.sample(logits, history, mask)
+        token, logprob, dist = sampler.sample(logits, history)
         return token, logprob, (top_logprobs(dist, n_top) if n_top > 0 else None)
 
     def step(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from engine.constraint import check_tool_results
-from engine.documents.placement import DocumentSpan, block, document_spans, place
+from engine.documents.extract import Document
+from engine.documents.placement import DocumentSpan, document_costs, document_spans, place
 from engine.errors import RequestError
 from engine.generate.constraints import Grammars, Guide, tool_format
 from engine.generate.context import fit_to_context
@@ -114,7 +115,7 @@ class PromptBuilder:
         whole = render(tok, messages, tools=tools, options=options)
         request = _fit_max_tokens(request, len(whole.ids), limit)
         if request.documents:
-            self._check_documents_fit(messages, request, limit, tools)
+            self._check_documents_fit(messages, whole, request, limit, tools)
         fitted = fit_to_context(lambda m: render(tok, m, tools=tools, options=options), messages,
                                 request.sampler.max_tokens, limit, request.context_policy,
                                 lambda m: len(tok.encode(m["content"])) + 4, whole=whole)
@@ -123,16 +124,28 @@ class PromptBuilder:
         headers = self.starts.reply_header_cuts(fitted.messages, prompt, tools, options)
         spans: list[DocumentSpan] = []
         if request.documents:
-            spans = document_spans(lambda text, at: encode_prefix(tok, text, at), fitted.messages, request.documents,
-                                   prompt, fitted.rendered.text)
+            spans = document_spans(self._encode, fitted.messages, request.documents, prompt, fitted.rendered.text)
             starts = sorted(set(starts) | {s.end for s in spans if s.cut})
-        system_end = self.starts(fitted.messages[:1], prompt, tools, options) if (
-            fitted.messages[0].get("role") == "system") else []
-        points = kept_points(spans, system_end)
+        # The system turn: the leading system messages (Codex CLI sends two), the tools with them.
+        lead = next((i for i, m in enumerate(fitted.messages) if m.get("role") != "system"), len(fitted.messages))
+        points = kept_points(spans, self.starts.end_of(fitted.messages[:lead], prompt, tools, options))
         # The request as it runs: its documents are now in its messages (placed once, never twice).
         return Prepared(replace(request, messages=fitted.messages, documents=()), prompt,
                         ContextInfo(limit, len(prompt), fitted.dropped), starts, headers, spans, points, earlier,
                         grammar)
+
+    def _encode(self, text: str, content_at: int) -> list[int]:
+        """A prefix of a rendered prompt as the prompt encodes it (placement.Encode)."""
+        return encode_prefix(self.lm.tokenizer, text, content_at)
+
+    def document_tokens(self, documents: tuple[Document, ...], system_prompt: str = "") -> list[int]:
+        """What each of `documents` costs in a conversation with `system_prompt` about them
+        (placement.document_costs: its block and the separator before it, the count a refusal
+        and the report's spans give), in placement order."""
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        placed = place(messages + [{"role": "user", "content": "?"}], documents)
+        whole = render(self.lm.tokenizer, placed)
+        return document_costs(self._encode, placed, documents, whole.ids, whole.text)
 
     def guide(self, p: Prepared) -> Optional[Guide]:
         """A new guide through `p`'s grammar for one generation (None: decoding is free)."""
@@ -201,11 +214,12 @@ class PromptBuilder:
 
     # -- step 4: fit
 
-    def _check_documents_fit(self, placed: list[Message], request: GenerationRequest, limit: Optional[int],
-                             tools: Tools) -> None:
+    def _check_documents_fit(self, placed: list[Message], whole: Rendered, request: GenerationRequest,
+                             limit: Optional[int], tools: Tools) -> None:
         """Documents that cannot fit beside the reply are refused before any prefill, with the
         numbers: never truncated, never left out by the context policy. What they take is the
-        system message they end, rendered alone (the memoized render step 5 reads again)."""
+        system message they end, rendered alone (the memoized render step 5 reads again); each
+        one's size is its cost in the whole prompt (placement.document_costs)."""
         if not limit:
             return
         options = request.template_options
@@ -216,8 +230,8 @@ class PromptBuilder:
         room = limit - request.sampler.max_tokens
         if n <= room:
             return
-        tok = self.lm.tokenizer
-        sizes = ", ".join(f"{d.name} {len(tok.encode(block(d))):,}" for d in request.documents)
+        costs = document_costs(self._encode, placed, request.documents, whole.ids, whole.text)
+        sizes = ", ".join(f"{d.name} {n:,}" for d, n in zip(request.documents, costs))
         raise RequestError(f"the documents take {n:,} tokens with the system prompt ({sizes}); the context holds "
                            f"{limit:,} with {request.sampler.max_tokens:,} kept for the reply, so at most "
                            f"{max(room, 0):,} fit: attach fewer pages or documents, or use a model with a longer "
@@ -247,19 +261,20 @@ def _fit_max_tokens(request: GenerationRequest, n_prompt: int, limit: Optional[i
 KEPT_SYSTEM_MIN = 512
 
 
-def kept_points(spans: list[DocumentSpan], system_end: list[int]) -> dict[int, tuple[str, ...]]:
+def kept_points(spans: list[DocumentSpan], system_end: Optional[int]) -> dict[int, tuple[str, ...]]:
     """Where a kept snapshot is taken (kind "document": what eviction keeps ahead of turns and a
     restart reads ahead, engine/cache/eviction.py) -> the digests of the documents the state there
-    holds. Each document end (a cut) -> the documents up to it; and the system message's end
-    (`system_end`: the start of the next message, when the system message rendered alone is a
-    prefix of the prompt) -> all of them, after the last document, or none when the system turn is
-    KEPT_SYSTEM_MIN tokens or more. The cuts before the system message's end are the chunk
-    multiples alone, so its state is bit-identical in every conversation with the same system turn
-    (and tools, and template options): a new one restores up to where its own first message
-    starts. The documents end the system message (placement.place), so what lies between the last
-    one's end and there is the template's own closing of the message (no forward of those few
-    tokens first, which at a long context costs about what the question's own forward does)."""
+    holds. Each document end (a cut) -> the documents up to it; and the system turn's end
+    (`system_end`: where the first message after the leading system messages starts, when those
+    rendered alone are a prefix of the prompt) -> all of them, after the last document, or none when
+    the system turn is KEPT_SYSTEM_MIN tokens or more. The cuts before it are the chunk multiples
+    and the system messages' own ends, so its state is bit-identical in every conversation with the
+    same system turn (and tools, and template options): a new one restores up to where its own
+    first message starts. The documents end the first system message (placement.place), so what
+    lies between the last one's end and there is the template's own closing of the message (no
+    forward of those few tokens first, which at a long context costs about what the question's
+    own forward does)."""
     points = {s.end: tuple(d.digest for d in spans[: i + 1]) for i, s in enumerate(spans) if s.cut}
-    if system_end and (system_end[0] > spans[-1].end if spans else system_end[0] >= KEPT_SYSTEM_MIN):
-        points[system_end[0]] = tuple(d.digest for d in spans)
+    if system_end is not None and (system_end > spans[-1].end if spans else system_end >= KEPT_SYSTEM_MIN):
+        points[system_end] = tuple(d.digest for d in spans)
     return points

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import weakref
 from dataclasses import dataclass
@@ -13,6 +14,21 @@ from engine.errors import RequestError
 from engine.types import Message, TemplateOptions
 
 Tools = Optional[Sequence[dict[str, Any]]]  # OpenAI tool definitions, handed to the template as is
+
+
+class _OnlyCounting(logging.Filter):
+    """transformers warns when a text encodes to more tokens than the tokenizer's
+    `model_max_length` ("... Running this sequence through the model will result in indexing
+    errors"). Here encoding is counting: every prompt is fitted to the context (refused, or its
+    oldest turns left out: engine/generate/context.py) before any forward, so no such sequence
+    is ever run, and the warning (printed at the window's start, counting a long conversation
+    for the context meter) would only mislead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token indices sequence length is longer than the specified maximum")
+
+
+logging.getLogger("transformers.tokenization_utils_base").addFilter(_OnlyCounting())
 
 
 @dataclass(frozen=True)
@@ -294,6 +310,15 @@ class MessageStarts:
             if ids is not None and _is_prefix(ids, prompt):
                 out.append(len(ids))
         return out
+
+    def end_of(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None,
+               options: TemplateOptions = ()) -> Optional[int]:
+        """Where `messages` (a prefix of the conversation) end in `prompt`, when they rendered
+        alone are a proper prefix of it (None otherwise, or for no messages)."""
+        if not messages:
+            return None
+        ids = self.rendered(messages, tools, generation=False, options=options)
+        return len(ids) if ids is not None and _is_prefix(ids, prompt) else None
 
     def reply_header_cuts(self, messages: Sequence[Message], prompt: Sequence[int], tools: Tools = None,
                           options: TemplateOptions = ()) -> list[int]:

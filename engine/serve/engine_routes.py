@@ -4,6 +4,8 @@
                               the environment its arithmetic depends on (a receipt's, receipts.py)
     POST /verbatim/tokenize   {"messages": [...]} -> {"ids": [...]}  (the chat template applied)
                               {"tokens": [...]}   -> {"texts": [...]} (the text each token adds)
+                              {"documents": [file parts], "system": "..."}
+                                  -> {"document_tokens": [...]} (what each costs: Engine.document_tokens)
 
 The tokenizer runs on the engine thread like everything else, through the executor (on rank 0
 only in a distributed run: it needs no other rank), and a tokenize request is admitted as a
@@ -19,8 +21,11 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from engine.errors import RequestError
 from engine.receipts import environment
+from engine.serve.files import file_part, read_all
 from engine.serve.generation import run_admitted
+from engine.serve.quote import clip
 from engine.serve.schema import APIError
 
 MAX_TOKENS_TO_NAME = 1 << 16
@@ -76,8 +81,25 @@ def add_engine_routes(app: web.Application, config_key: Any, executor_key: Any, 
                 return engine.token_texts(tokens)
 
             return web.json_response({"texts": await admitted(request, texts)})
+        if body.get("documents") is not None:
+            docs, system = await documents_of(body), body.get("system") or ""
+            if not isinstance(system, str):
+                raise APIError(400, "'system' must be a string", param="system")
+            costs = await admitted(request, lambda eng: eng.document_tokens(docs, system))
+            return web.json_response({"document_tokens": costs})
         messages = body.get("messages")
         return web.json_response({"ids": await admitted(request, lambda eng: eng.prompt_ids(messages))})
+
+    async def documents_of(body: dict[str, Any]) -> tuple[Any, ...]:
+        """The `documents` of a tokenize request: `file` parts, as a chat message carries them,
+        read off the event loop as a chat request's are."""
+        parts = body["documents"]
+        if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+            raise APIError(400, "'documents' must be a list of file parts", param="documents")
+        try:
+            return await read_all([file_part(p, f"documents[{i}]") for i, p in enumerate(parts)])
+        except RequestError as e:
+            raise APIError(400, clip(str(e)), param=e.param) from None
 
     app.router.add_get("/verbatim/model", model)
     app.router.add_post("/verbatim/tokenize", tokenize)

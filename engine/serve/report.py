@@ -10,7 +10,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
-from engine.types import GenerationResult
+from engine.types import CacheReport, GenerationResult, PrefillProgress, RestoreEvent
 
 # An absolute path (POSIX or Windows) not glued to a word before it ("n/a", "1/2" stay).
 _PATH_RE = re.compile(r"(?<![\w.~/\\])(?:/|[A-Za-z]:[\\/])[^\s;,()'\"]*?(?=[:.]*(?:[\s;,()'\"]|$))")
@@ -26,7 +26,25 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
                     ignored: Sequence[str] = (), receipt: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The `verbatim` object: what the prompt cache did, the seed actually used, the request's
     fields that were accepted and changed nothing (`ignored`), and the receipt when asked for."""
-    r = result.report
+    out = report_fields(result.report)
+    out.update(seed=result.seed, token_ids=list(result.tokens), finish_reason=result.finish_reason,
+               ignored=list(ignored))
+    if queue is not None:
+        out["queue"] = queue
+    if receipt is not None:
+        out["receipt"] = receipt
+    return out
+
+
+def progress_fields(event: "RestoreEvent | PrefillProgress") -> dict[str, Any]:
+    """A `verbatim.progress` stream's chunk body for a restore or a prefill step (schema.verbatim_flag)."""
+    if isinstance(event, RestoreEvent):
+        return {"restore": {**report_fields(event.report), "planned": [list(c) for c in event.planned]}}
+    return {"prefill": {"done": event.done, "total": event.total}}
+
+
+def report_fields(r: CacheReport) -> dict[str, Any]:
+    """A cache report as the `verbatim` object carries it (paths left out of the texts)."""
     offsets = list(r.layer_offsets)
     known = [o for o in offsets if o is not None]
     out: dict[str, Any] = {
@@ -34,6 +52,7 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "matched": r.matched,
         "restored": r.restored,
         "stored": r.stored,
+        "snapshot_id": r.snapshot_id,
         "partial": r.partial,
         "source": r.source,
         "declines": [no_paths(d) for d in r.declines],
@@ -53,10 +72,8 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "context": asdict(r.context) if r.context is not None else None,
         "mode": r.mode,
         "chunk_size": r.chunk_size,
-        "seed": result.seed,
+        "seed": r.seed,
         "sampler": dict(r.sampler),
-        "token_ids": list(result.tokens),
-        "finish_reason": result.finish_reason,
         "identical_to_previous": r.identical,
         "first_diff": r.first_diff,
         "ttft_s": r.ttft_s,
@@ -65,7 +82,6 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
         "model_key": r.model_key,
         "warnings": [no_paths(w) for w in r.warnings],
         "world_size": r.world_size,
-        "ignored": list(ignored),
     }
     if r.documents:  # each attached document: where it lies in the prompt, where its state came from
         out["documents"] = [dict(d) for d in r.documents]
@@ -74,10 +90,6 @@ def verbatim_report(result: GenerationResult, queue: Optional[dict[str, Any]] = 
                    continue_note=no_paths(r.continue_note))
     if r.ranks:  # a distributed run: each rank's own cache report (engine/distributed/report.py)
         out["ranks"] = [dict(x) for x in r.ranks]
-    if queue is not None:
-        out["queue"] = queue
-    if receipt is not None:
-        out["receipt"] = receipt
     return out
 
 

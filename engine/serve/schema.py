@@ -245,19 +245,20 @@ def sampler(body: dict[str, Any], defaults: Defaults = Defaults(), max_temperatu
 
 
 def verbatim_options(body: dict[str, Any]) -> dict[str, Any]:
-    """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool, "token_ids": bool}`:
-    the request options (`token_ids` is the answer's: `token_ids_wanted`)."""
+    """Our extension: `"verbatim": {"mode": "exact" | "fast", "cache": bool, "token_ids": bool,
+    "progress": bool, "receipt": bool, "continue": ...}`: the request options (`token_ids`,
+    `progress` and `receipt` are the answer's: `verbatim_flag`, `receipt_wanted`)."""
     v = body.get("verbatim")
     if v is None:
         return {}
     if not isinstance(v, dict):
         raise bad("'verbatim' must be an object", "verbatim")
     out: dict[str, Any] = {}
-    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "continue", "receipt"))
+    unknown = sorted(k for k in v if k not in ("mode", "cache", "token_ids", "progress", "continue", "receipt"))
     if unknown:
         name = bare(unknown[0])
-        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids', 'continue' and "
-                  "'receipt')", f"verbatim.{name}")
+        raise bad(f"'verbatim.{name}' is not supported (only 'mode', 'cache', 'token_ids', 'progress', 'continue' "
+                  "and 'receipt')", f"verbatim.{name}")
     if not isinstance(v.get("receipt", False), bool):
         raise bad("'verbatim.receipt' must be a boolean", "verbatim.receipt")
     if "mode" in v:
@@ -300,15 +301,20 @@ def receipt_wanted(body: Any) -> bool:
     return isinstance(v, dict) and v.get("receipt") is True
 
 
-def token_ids_wanted(body: dict[str, Any]) -> bool:
-    """`"verbatim": {"token_ids": true}`: every streamed chunk that carries tokens also names their
-    ids (`"verbatim": {"token_ids": [...]}`), so a client keeps the ids of a reply it stops."""
+def verbatim_flag(body: dict[str, Any], name: str) -> bool:
+    """An answer option of ours, false unless asked. `"verbatim": {"token_ids": true}`: every
+    streamed chunk that carries tokens also names their ids (`"verbatim": {"token_ids": [...]}`),
+    so a client keeps the ids of a reply it stops. `"verbatim": {"progress": true}`: the stream
+    also carries, in chunks with no choices, what the prompt cache restored before the prefill
+    (`"verbatim": {"restore": {...the report so far, "planned": [[start, end], ...]}}`) and the
+    prefill's progress (`"verbatim": {"prefill": {"done": n, "total": n}}`): what a debug view
+    shows while a run goes on, and what a client that stops the run knows it did."""
     v = body.get("verbatim")
-    if not isinstance(v, dict) or "token_ids" not in v:
+    if not isinstance(v, dict) or name not in v:
         return False
-    if not isinstance(v["token_ids"], bool):
-        raise bad("'verbatim.token_ids' must be a boolean", "verbatim.token_ids")
-    return v["token_ids"]
+    if not isinstance(v[name], bool):
+        raise bad(f"'verbatim.{name}' must be a boolean", f"verbatim.{name}")
+    return v[name]
 
 
 def checked(check: Callable[..., Any], *args: Any) -> Any:

@@ -58,20 +58,23 @@ def test_a_repeat_is_verified_token_by_token_and_confirmed_only_at_its_end() -> 
     assert r.confirmed and r.state == "same" and r.badge == "✓ verified 5 / 5" and r.departure is None
 
 
-def test_a_last_token_that_streamed_no_event_is_verified_at_the_end() -> None:
-    """An end token is no text: the engine streams no event for it, and it is still the reply's."""
+def test_the_token_a_reply_ends_at_is_verified_at_the_end_though_it_streamed_no_event() -> None:
+    """A reply that ends at an end or turn token streams no event for that token (it is no
+    text): the recomputation's whole tokens, handed over at its end, verify it, so a repeat of
+    such a reply is confirmed, and one whose end token differs parts there."""
     r = expect(Action.REGENERATE, "exact", "m1", reply())
     assert r is not None
     for i in range(4):
         r.feed(i, TOKENS[i], LOGPROBS[i], PIECES[i])
+    assert r.verified == 4 and not r.confirmed
     r.end(TOKENS, LOGPROBS, stopped=False)
-    assert r.confirmed and r.badge == "✓ verified 5 / 5"
+    assert r.confirmed and r.badge == "✓ verified 5 / 5" and r.shown_text == "Hello, sea and sky"
     other = expect(Action.REGENERATE, "exact", "m1", reply())
     assert other is not None
     for i in range(4):
         other.feed(i, TOKENS[i], LOGPROBS[i], PIECES[i])
-    other.end(TOKENS[:4] + [99], LOGPROBS, stopped=False)  # another end token
-    assert not other.confirmed and other.departure is not None and other.departure.index == 4
+    other.end(TOKENS[:4] + [99], LOGPROBS, stopped=False)
+    assert other.departure is not None and (other.departure.index, other.departure.kind) == (4, "token")
 
 
 @pytest.mark.parametrize("at", [0, 2, 4])

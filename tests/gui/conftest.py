@@ -23,7 +23,7 @@ def open_window(qtbot: Any, tiny_model: Path, tmp_path: Path) -> Iterator[Callab
     opened: list[MainWindow] = []
 
     def make(data_dir: Path | None = None, model: str | None = None, wait: bool = True,
-             max_tokens: int = 24, temperature: float = 0.9, **kw: Any) -> MainWindow:  # fmt: skip
+             max_tokens: int = 24, temperature: float = 0.9, logit_bias: Any = (), **kw: Any) -> MainWindow:  # fmt: skip
         kw.setdefault("chunk", 16)
         w = build_main_window(model or str(tiny_model), data_dir or tmp_path / "data", **kw)
         qtbot.addWidget(w)
@@ -33,7 +33,7 @@ def open_window(qtbot: Any, tiny_model: Path, tmp_path: Path) -> Iterator[Callab
             qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
             w.activateWindow()  # window shortcuts (Esc, Ctrl+R, Ctrl+D) need the active window
             qtbot.waitUntil(w.isActiveWindow, timeout=LONG)
-            w.settings.apply(settings(max_tokens, temperature))
+            w.settings.apply(settings(max_tokens, temperature, logit_bias))
         return w
 
     yield make

@@ -5,6 +5,7 @@ last-values kept in the app for tests). The fixtures that build windows are in c
 
 from __future__ import annotations
 
+import json
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -25,11 +26,19 @@ TURN = "Tell me more about the colours of the evening sky over the sea, please. 
 CTRL = Qt.KeyboardModifier.ControlModifier
 
 
-def settings(max_tokens: int = 24, temperature: float = 0.9, **kw: Any) -> ChatSettings:
+def settings(max_tokens: int = 24, temperature: float = 0.9, logit_bias: Any = (), **kw: Any) -> ChatSettings:
     """Sampled replies with one fixed seed, so a run that passes passes again (tests of fresh
     seeds use "New variant", which always draws one)."""
-    sampler = SamplerSettings(temperature=temperature, top_p=0.95, max_tokens=max_tokens, seed=TEST_SEED)
+    sampler = SamplerSettings(temperature=temperature, top_p=0.95, max_tokens=max_tokens, seed=TEST_SEED,
+                              logit_bias=logit_bias)
     return ChatSettings(sampler=sampler, random_seed=False, **kw)
+
+
+def no_reply_ends(model: Path) -> dict[str, float]:
+    """A logit_bias that keeps a random-weight model from sampling the special tokens it would
+    end a reply at (its end and turn tokens): for tests whose replies must run to max_tokens."""
+    added = json.loads((Path(model) / "tokenizer.json").read_text())["added_tokens"]
+    return {str(t["id"]): -100.0 for t in added if t.get("special")}
 
 
 def send(qtbot: Any, w: Any, text: str, wait: bool = True) -> None:

@@ -24,7 +24,9 @@ from app.qt.window.window import MainWindow  # noqa: E402
 from engine.remote import RemoteEngine  # noqa: E402
 from tests.cluster import Cluster, running  # noqa: E402
 from tests.file_keyring import FileKeyring  # noqa: E402
-from tests.gui.driver import CTRL, LONG, ROOT, SERVER, connect, replies, send, settings, wait_compared, watch  # noqa: E402
+from tests.gui.driver import (  # noqa: E402
+    CTRL, LONG, ROOT, SERVER, connect, no_reply_ends, replies, send, settings, wait_compared, watch,
+)
 
 pytestmark = pytest.mark.gui
 
@@ -119,9 +121,10 @@ def test_the_window_attached_to_a_two_rank_server(
 
     # Stop mid-reply: the reply keeps what it has, its token ids too (the stream names them).
     w.conversations.new()
-    w.settings.apply(settings(max_tokens=3000))
+    w.settings.apply(settings(max_tokens=3000, logit_bias=no_reply_ends(Path(cluster.model))))  # no early end
     send(qtbot, w, "Tell me a long story.", wait=False)
-    qtbot.waitUntil(lambda: w.chat.generation.stream.tokens >= 3, timeout=SERVER)
+    qtbot.waitUntil(lambda: w.chat.generation.stream.tokens >= 3 or not w.chat.generation.busy, timeout=SERVER)
+    assert w.chat.generation.busy, "the reply ended before it could be stopped"
     qtbot.mouseClick(w.reply_bar.stop_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=SERVER)
     stopped = w.session.store.get_message(replies(w)[-1].id)

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app.qt.window.window import MainWindow  # noqa: E402
 from tests.soak_probes import Bounds, none_is_immortal, sample  # noqa: E402
+from tests.gui.driver import no_reply_ends  # noqa: E402
 from tests.gui.soak_window import WindowSoak  # noqa: E402
 
 pytestmark = [pytest.mark.gui, pytest.mark.soak]
@@ -33,9 +34,11 @@ BOUNDS = Bounds(rss_mb=120, widgets=8, threads=1, tasks=2, fds=4)
 
 
 def test_the_window_lives_through_a_long_session_and_nothing_grows(
-    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path, tiny_model: Path
 ) -> None:
-    w = open_window(max_tokens=REPLY_TOKENS)
+    # Replies that run to REPLY_TOKENS: the random-weight model's end and turn tokens are kept
+    # out by the sampler (a logit_bias), or it would end most replies early.
+    w = open_window(max_tokens=REPLY_TOKENS, logit_bias=no_reply_ends(tiny_model))
     soak = WindowSoak(w, lambda cond, ms: qtbot.waitUntil(cond, timeout=ms))
     samples = []
     for i in range(ROUNDS):

@@ -98,13 +98,13 @@ class Replay:
             self.verified = index + 1
 
     def end(self, tokens: Sequence[int], logprobs: Sequence[float], stopped: bool) -> None:
-        """The recomputation ended with `tokens` and their `logprobs`, as the engine returned them
-        (`stopped`: by the user, not at its end). A token that streamed no event (an end token is
-        no text: engine/generate/loop.py) is verified here, as the others were when they came."""
-        for i in range(self.seen, min(len(tokens), len(logprobs))):
+        """The recomputation ended with these tokens and logprobs, the whole run (`stopped`: by the
+        user, not at its end). The token a reply ends at (an end or turn token) is no text and
+        streams no event, so the tokens past those streamed are verified here, as `feed` would."""
+        for i in range(self.seen, len(tokens)):
             self.feed(i, tokens[i], logprobs[i], "")
-        self.ended, self.stopped = True, stopped
         n = len(tokens)
+        self.ended, self.stopped = True, stopped
         if self.departure is None and not stopped and n < self.total:  # ended before the reply's end
             parted = first_divergence(self.expected.tokens, self.tokens[:n], start=n)
             if parted is not None:

@@ -28,7 +28,7 @@ from engine.serve import files, tools
 from engine.serve.generation import Generation, Outcome, sse
 from engine.serve.quote import message_fields, quote
 from engine.serve.reply import CallArguments, CallStart, Reply, ReplyEvent, TextDelta
-from engine.serve.report import TokenLogprob, fingerprint, verbatim_report
+from engine.serve.report import TokenLogprob, fingerprint, progress_fields, verbatim_report
 from engine.serve.schema import (
     APIError,
     Defaults,
@@ -44,10 +44,10 @@ from engine.serve.schema import (
     sampler,
     stop_strings,
     text,
-    token_ids_wanted,
+    verbatim_flag,
     verbatim_options,
 )
-from engine.types import MAX_TOP_LOGPROBS, GenerationRequest, GenerationResult, TokenEvent
+from engine.types import MAX_TOP_LOGPROBS, GenerationRequest, GenerationResult, PrefillProgress, RestoreEvent, TokenEvent
 
 # Accepted, checked for type, and changing nothing here: listed in `verbatim.ignored`.
 IGNORED = {"user": "a string", "metadata": "an object of strings", "store": "a boolean",
@@ -75,6 +75,7 @@ class ParsedRequest:
     top_logprobs: int = 0
     seed_given: bool = False
     token_ids: bool = False  # verbatim.token_ids: each streamed chunk names its tokens' ids
+    progress: bool = False  # verbatim.progress: the stream also tells the restore and the prefill's progress
     ignored: tuple[str, ...] = ()  # fields accepted that changed nothing (verbatim.ignored)
     files: tuple[FileBytes, ...] = ()  # file parts not yet read (the shared path reads them as documents)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -205,7 +206,8 @@ def parse_chat(body: Any, defaults: Defaults = Defaults()) -> ParsedRequest:
                             continuation=going_on, template_options=options,
                             **{"mode": defaults.mode, **verbatim_options(body)})
     return ParsedRequest("chat", model_name(body), req, stream, include_usage, logprobs, top, seed_given,
-                         token_ids_wanted(body), tuple(skipped + more), files=documents)
+                         verbatim_flag(body, "token_ids"), verbatim_flag(body, "progress"), tuple(skipped + more),
+                         files=documents)
 
 
 def parse_completion(body: Any, defaults: Defaults = Defaults()) -> ParsedRequest:
@@ -233,7 +235,7 @@ def parse_completion(body: Any, defaults: Defaults = Defaults()) -> ParsedReques
                             max_tokens_fit=not max_given, continuation=going_on,
                             **{"mode": defaults.mode, **verbatim_options(body)})
     return ParsedRequest("completion", model_name(body), req, stream, include_usage, top is not None, top or 0,
-                         seed_given, token_ids_wanted(body), tuple(skipped))
+                         seed_given, verbatim_flag(body, "token_ids"), verbatim_flag(body, "progress"), tuple(skipped))
 
 
 # -- out -------------------------------------------------------------------------------------------
@@ -389,6 +391,11 @@ class ChatStream:
     def batch(self, gen: Generation, events: list[StreamEvent]) -> bytes:
         out = []
         for event in events:  # one chunk per token, one write per batch
+            if isinstance(event, (RestoreEvent, PrefillProgress)) and self.p.progress:
+                c = chunk(self.p, self.model, None, None)  # no choices: the restore or the prefill's progress
+                c["choices"] = []
+                c["verbatim"] = progress_fields(event)
+                out.append(sse(c))
             if not isinstance(event, TokenEvent):
                 continue
             delta, calls = _deltas(gen.feed(event))
