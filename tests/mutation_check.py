@@ -743,6 +743,21 @@ MUTATIONS: list[Mutation] = [
         ("tests/gui/test_long_conversation.py::"
          "test_variants_regenerate_continue_and_edit_keep_a_far_reply_where_it_is_on_screen",),
     ),
+    Mutation(
+        "the meter keeps the previous conversation's (or the old branch's) count until the new one",
+        (("app/core/composer/model.py",
+          "        if self.budget_for is not None and not self._continues(self.budget_path):\n",
+          "        if False:\n"),),
+        ("tests/gui/test_composer.py::"
+         "test_the_meter_never_shows_another_conversations_count_nor_the_old_branchs_during_an_edit",
+         "tests/app/test_chat_model.py::test_the_count_told_is_never_another_conversations_nor_an_old_branchs"),
+    ),
+    Mutation(
+        "a chip counts its document alone (not where it is placed: the separator before it left out)",
+        (("app/core/composer/model.py", "        if document.digest not in digests:\n", "        if True:\n"),),
+        ("tests/gui/test_documents.py::"
+         "test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_before_sending",),
+    ),
     # issue 50, item 5: a stopped run's report states what it did (tests/test_run_progress.py)
     Mutation(
         "a run stopped mid-prefill reports no tokens forwarded",

@@ -61,7 +61,7 @@ class Chat:
         self.link.server_changed.connect(self._server_changed)
 
     def _path_changed(self, vms: list[Any]) -> None:
-        self.composer.recount()
+        self.composer.path_changed()
 
     def _model_loading(self, spec: str, name: str) -> None:
         self.generation.stop()

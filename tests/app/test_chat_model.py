@@ -257,3 +257,30 @@ def test_an_unanswerable_message_loses_a_document_then_is_answered(chat: Chat, t
     chat.notices.error_raised.connect(lambda *a: errors.append(a))
     assert ops.remove_document(chat, user.id, 0) == ops.Changed.NOTHING  # answered: its files made the reply
     assert errors and "has replies" in errors[-1][1]
+
+
+def test_the_count_told_is_never_another_conversations_nor_an_old_branchs(chat: Chat) -> None:
+    def path() -> tuple[Optional[int], tuple[int, ...]]:
+        return chat.conversation.conv_id, tuple(vm.id for vm in chat.conversation.vms)
+
+    def counted_here() -> Any:
+        return wait_for(chat, chat.composer.budget_changed, lambda b: b is not None and chat.composer.budget_path == path())[0]
+
+    ops.send(chat, "Why is the sky blue? Say it in a few words, please.")
+    wait_for(chat, chat.generation.finished)
+    first = chat.conversation.conv_id
+    counted_here()
+    told: list[Any] = []
+    chat.composer.budget_changed.connect(told.append)
+    ops.open_conversation(chat, None)  # another conversation (a new one): the count goes at once
+    assert told == [None] and chat.composer.budget is None and not chat.composer.counting
+    ops.open_conversation(chat, first)
+    assert chat.composer.budget is None and chat.composer.counting  # nothing told until this path's own count
+    counted_here()
+    # An edit: the old branch's count is not told as this one's while the edit's reply runs.
+    (user,) = [vm for vm in chat.conversation.vms if vm.role == "user"]
+    told.clear()
+    ops.edit(chat, user.id, "Hi.")
+    assert chat.generation.busy and told == [None] and chat.composer.counting
+    wait_for(chat, chat.generation.finished)
+    assert counted_here() is chat.composer.budget and chat.composer.budget_path == path()

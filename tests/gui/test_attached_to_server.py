@@ -179,7 +179,7 @@ def test_a_server_that_cannot_be_reached_keeps_the_model_loaded(
     connect(qtbot, w, f"127.0.0.1:{free_ports(1)[0]}")  # nothing listens there
     qtbot.waitUntil(lambda: bool(watch(w).errors), timeout=LONG)
     title, text = watch(w).errors[-1]
-    assert title == "Cannot connect to the server" and "cannot reach the server" in text
+    assert title == "Cannot connect to the server" and text.startswith("Cannot reach the server")  # a sentence
     assert w.chat.link.server is None and w.chat.link.ready and w.chat.link.info is before
     errors = len(watch(w).errors)
     send(qtbot, w, "Still here?")  # the model loaded before still answers
@@ -197,7 +197,7 @@ def test_a_remembered_server_gone_at_start_falls_back_to_the_last_model_here(
     w = open_window(data_dir=data, model=f"http://127.0.0.1:{free_ports(1)[0]}", wait=False)
     qtbot.waitUntil(lambda: w.chat.link.ready, timeout=LONG)
     title, text = watch(w).errors[-1]
-    assert title == "Cannot connect to the server" and "cannot reach the server" in text
+    assert title == "Cannot connect to the server" and text.startswith("Cannot reach the server")  # a sentence
     assert f"Using {tiny_model.name} on this computer instead" in text
     assert w.chat.link.server is None and w.chat.link.spec == str(tiny_model) and w.models.model_label.text() == tiny_model.name
     send(qtbot, w, "Still here?")

@@ -251,3 +251,43 @@ def test_drafts_are_stored_with_their_conversation_and_restored_at_start(
     assert third.chat.conversation.conv_id == first and third.composer.toPlainText() == ""
     third.sidebar.list.setCurrentRow(third.sidebar.ids().index(second))
     assert third.composer.toPlainText() == "a draft for the second"
+
+
+# -- issue 50, item 6: the meter shows this conversation's numbers, never another's -----------------
+def test_the_meter_never_shows_another_conversations_count_nor_the_old_branchs_during_an_edit(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window(max_tokens=24)
+    label, meter = w.context_meter.label, w.context_meter
+
+    def shown() -> bool:
+        """The meter shows the count of the path in view, as it is now."""
+        path = (w.chat.conversation.conv_id, tuple(vm.id for vm in w.chat.conversation.vms))
+        budget = w.chat.composer.budget
+        return budget is not None and w.chat.composer.budget_path == path and label.text() == budget.text
+
+    send(qtbot, w, TURN * 2)  # a longer conversation
+    long_conv = w.chat.conversation.conv_id
+    qtbot.waitUntil(shown, timeout=LONG)
+    long_count = label.text()
+    w.conversations.new()
+    send(qtbot, w, "Hi.")
+    qtbot.waitUntil(shown, timeout=LONG)
+    short_count = label.text()
+    assert short_count != long_count
+    # Opening another conversation: the previous one's numbers go at once; this one's come when counted.
+    w.conversations.show(long_conv)
+    assert label.text() == "…" and meter.bar.value() == 0 and "counting" in meter.toolTip()
+    qtbot.waitUntil(lambda: label.text() == long_count, timeout=LONG)
+    # An edit's reply: the old branch's count is not shown while the new branch is answered.
+    (user,) = [vm for vm in w.chat.conversation.vms if vm.role == "user"]
+    w.chat_view.editSubmitted.emit(user.id, "Hi again.")
+    assert w.chat.generation.busy and label.text() == "…" and not meter.warning.isVisible()
+    wait_idle(qtbot, w)
+    qtbot.waitUntil(shown, timeout=LONG)
+    assert label.text() != long_count
+    # A reply that grows the path keeps the count in view until the new one comes (same conversation).
+    before = label.text()
+    send(qtbot, w, "More?", wait=False)
+    assert label.text() == before
+    wait_idle(qtbot, w)

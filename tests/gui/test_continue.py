@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QToolButton  # noqa: E402
 
 from app.core import ops  # noqa: E402
 from app.qt.window.window import MainWindow  # noqa: E402
-from tests.gui.driver import replies, send, settings, wait_idle, watch  # noqa: E402
+from tests.gui.driver import replies, send, settings, status_said, wait_idle, watch  # noqa: E402
 
 pytestmark = pytest.mark.gui
 QUESTION = "Tell me a long story about the sea."
@@ -46,11 +46,11 @@ def assert_badge(w: MainWindow, reply_id: int, k: int) -> None:
     assert badge.isVisible()
     assert badge.text() == (f"continued from token {k}: identical to an unstopped run "
                             f"(restored {r.restored}, 1 token run)")
-    assert f"continued from token {k}" in w.statusBar().currentMessage()
+    assert f"continued from token {k}" in status_said(w)
     # "restored X / Y" is of what the run held before its first new token: the prompt and the
     # reply so far (never "64 / 41", more restored than the prompt has).
     held = f"restored {r.restored} / {r.prompt_tokens + k} (prompt {r.prompt_tokens} + {k} of the reply)"
-    assert held in w.chat_view.widget_for(reply_id).footer.text() and held in w.statusBar().currentMessage()
+    assert held in w.chat_view.widget_for(reply_id).footer.text() and held in status_said(w)
 
 
 def assert_continued(w: MainWindow, reply_id: int, reference: Any) -> None:

@@ -75,12 +75,14 @@ def test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_
     qtbot.waitUntil(counted(w, 2), timeout=LONG)
     pdf_chip, md_chip = chips(w)
     assert pdf_chip.startswith("report.pdf · 2 pages · ") and md_chip.startswith("notes.md · ")
-    # The meter counts both (they share one system message: a little less than the chips' sum).
+    # The meter counts both: the chips' sum (one count: each chip is the engine's own).
     w.composer.setPlainText("What grew?")
     qtbot.waitUntil(lambda: w.chat.composer.budget is not None and w.chat.composer.budget.documents > 0, timeout=LONG)
     both = w.chat.composer.budget.documents
-    assert max(tokens_of(pdf_chip), tokens_of(md_chip)) < both <= tokens_of(pdf_chip) + tokens_of(md_chip)
+    assert both == tokens_of(pdf_chip) + tokens_of(md_chip)
     assert f"(documents: {both:,})" in w.chat.composer.budget.tooltip
+    tip = w.attach.bar.chips.chips[0].toolTip()
+    assert f"{tokens_of(pdf_chip):,} tokens: its part of the system message in this conversation (its name, its text" in tip
     # × on the second chip: it is gone before anything is sent, and the prompt grows by exactly
     # what the remaining chip says.
     w.attach.bar.chips.chips[1].remove_button.click()
@@ -97,7 +99,7 @@ def test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_
     assert "Quarterly report" in rows[0].text
     report = replies(w)[-1].report
     assert [(d["name"], d["source"]) for d in report.documents] == [("report.pdf", "prefilled")]
-    assert report.documents[0]["tokens"] > 0
+    assert report.documents[0]["tokens"] == tokens_of(pdf_chip)  # the report's count is the chip's
     # The engine keeps the file's state warm while a conversation has it, and no longer after.
     in_use = lambda: w.chat.jobs.executor.submit(lambda engine: engine.eviction.in_use).result()  # noqa: E731
     assert in_use() == {rows[0].digest}
@@ -411,7 +413,7 @@ def test_attached_to_a_server_the_document_goes_as_a_file_part_and_a_new_convers
         qtbot.waitUntil(lambda: not w.chat.generation.busy, timeout=SERVER)
         first = replies(w)[-1].report
         assert [(d["name"], d["source"]) for d in first.documents] == [("report.pdf", "prefilled")]
-        assert first.documents[0]["tokens"] <= local  # the chip counted the block and its system message
+        assert first.documents[0]["tokens"] == local  # one count: the server's engine's own
         w.conversations.new()
         drop(w.composer, files["pdf"])
         qtbot.waitUntil(counted(w, 1), timeout=SERVER)

@@ -21,7 +21,6 @@ from psygnal import Signal
 from app.core.jobs import on_daemon_thread
 from engine.documents.bounded import read_file
 from engine.documents.document import Document, DocumentError, shown_name
-from engine.types import GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class Attachment:
         d = self.document
         return (f"{shown_name(d.name)}: {len(d.text):,} characters of {d.kind} text, read once and kept with"
                 f" the message (sha256 {d.digest[:16]}…). Documents go after the system prompt, so every"
-                " conversation about this file shares its prompt cache." + unread_note(d))
+                " conversation about this file shares its prompt cache." + counted_note(self.tokens) + unread_note(d))
 
 
 def chip_text(d: Document, tokens: Optional[int] = None) -> str:
@@ -56,18 +55,18 @@ def chip_text(d: Document, tokens: Optional[int] = None) -> str:
     return " · ".join(parts)
 
 
+def counted_note(tokens: Optional[int]) -> str:
+    """A chip's tooltip sentence on what its count includes ('' until counted): the engine's own
+    count (Engine.document_tokens), the one its report and a refusal give for the file."""
+    if tokens is None:
+        return ""
+    return (f" {tokens:,} tokens: its part of the system message in this conversation (its name, its text and"
+            " the separator before it), as the debug panel's report and a refusal count it.")
+
+
 def unread_note(d: Document) -> str:
     """A tooltip's sentence on what the file holds that the model does not read ('' if nothing)."""
     return f" Not read (the model does not see them): {', '.join(d.unread)}." if d.unread else ""
-
-
-def token_cost(engine: Any, document: Document, system_prompt: str) -> int:
-    """On the engine thread: the tokens `document` adds to a prompt (its block and separator in
-    the system message), as the engine's own placement renders it."""
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    probe = GenerationRequest(messages=system + [{"role": "user", "content": "?"}])
-    with_doc = engine.measure(replace(probe, documents=(document,))).prompt_tokens
-    return max(with_doc - engine.measure(probe).prompt_tokens, 0)
 
 
 def read_files(paths: Sequence[str]) -> tuple[list[Document], list[str]]:

@@ -196,7 +196,9 @@ def measure_budget(engine: "EngineAPI", what: BudgetRequests) -> ContextBudget:
     full = engine.measure(what.full)
     alone = engine.measure(what.alone).prompt_tokens if what.alone is not None else 0
     docs = 0
-    if what.documents:  # what they add: the same prompt counted without them
-        docs = max(full.prompt_tokens - engine.measure(replace(what.full, documents=())).prompt_tokens, 0)
+    if what.documents:  # the sum of each one's cost, as its chip, the report and a refusal count it
+        first = what.full.messages[0] if what.full.messages else {}
+        system = str(first.get("content", "")) if first.get("role") == "system" else ""
+        docs = sum(engine.document_tokens(tuple(what.documents), system))
     pages = sum(d.pages or 0 for d in what.documents)
     return ContextBudget(full.prompt_tokens, full.limit, what.max_tokens, what.policy, alone, docs, pages)

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from psygnal import Signal
 
-from app.core.composer.attachments import Attachments, token_cost
+from app.core.composer.attachments import Attachments
 from app.core.composer.context_budget import ContextBudget, budget_requests, measure_budget
 from app.core.composer.drafts import Drafts
 from app.core.conversation.model import Conversation
@@ -29,6 +29,7 @@ from app.core.jobs import EngineJobs
 from engine.documents.extract import Document
 
 Counted = tuple[Optional[int], str, tuple[str, ...]]  # what a count was of: conversation, text, files' digests
+PathKey = tuple[Optional[int], tuple[int, ...]]  # a conversation and the ids of its path's finished messages
 COUNT_DELAY_S = 0.3  # the next prompt is counted once changes (typing, the path, the model) pause this long
 
 
@@ -43,7 +44,8 @@ class Composer:
         self.link = link  # the model loaded and the others found: what would hold a draft too long
         self.text = ""
         self.budget: Optional[ContextBudget] = None  # the last count of the next prompt
-        self.budget_for: Counted = (None, "", ())  # the conversation, text and documents it counted
+        self.budget_for: Optional[Counted] = None  # the conversation, text and documents it counted (None: none)
+        self.budget_path: PathKey = (None, ())  # the path it counted
         self.queued: Optional[str] = None  # a send's text, waiting for its count (ops.send)
         # The files attached to the message being written, and those of the other conversations'
         # drafts while another is open (kept until quit).
@@ -103,10 +105,25 @@ class Composer:
         a file the conversation has already is not attached again."""
         return self.jobs.spawn(self.attachments.add(paths, already=self.conversation.path_documents()))
 
+    def remove_file(self, index: int) -> None:
+        """× on a chip: the file is no longer attached; the others are counted again (the one now
+        first may lose the separator before it)."""
+        self.attachments.remove(index)
+        if self.attachments.items:
+            self.jobs.spawn(self.attachments.recount())
+
     async def _document_tokens(self, document: Document) -> Optional[int]:
+        """What `document` costs in the next prompt, as the engine counts it (Engine.document_tokens:
+        its block in the system message and the separator before it), placed where it will be:
+        after the path's documents and the draft's attached before it."""
         system = self.conversation.settings().system_prompt
+        placed = tuple(self.conversation.path_documents()) + self.attachments.documents
+        digests = [d.digest for d in placed]
+        if document.digest not in digests:
+            placed, digests = (document,), [document.digest]
+        at = digests.index(document.digest)
         try:
-            return await self.jobs.call(lambda engine: token_cost(engine, document, system))
+            return (await self.jobs.call(lambda engine: engine.document_tokens(placed, system)))[at]
         except Exception:  # no model loaded yet: the chip shows no count until one is
             return None
 
@@ -128,6 +145,29 @@ class Composer:
         if self._count is not None:
             self._count.cancel()
         self._count = self.jobs.spawn(self._measure(self.text))
+
+    def path_changed(self) -> None:
+        """The path shown changed: it is counted again. Meanwhile the count of another conversation,
+        or of a branch this path does not continue (an edit, another variant), is not shown: the
+        meter waits for this path's own (a reply that grows the path, or a regenerate of its last
+        reply, keeps it: the numbers stay those of this conversation)."""
+        if self.budget_for is not None and not self._continues(self.budget_path):
+            self.budget, self.budget_for = None, None
+            self.budget_changed.emit(None)
+        self.recount()
+
+    def _path(self) -> PathKey:
+        return (self.conversation.conv_id, tuple(vm.id for vm in self.conversation.vms if vm.status != "generating"))
+
+    def _continues(self, counted: PathKey) -> bool:
+        """Whether the path shown is `counted` or runs along it (one is the start of the other)."""
+        (conv, now), (then_conv, then) = self._path(), counted
+        return conv == then_conv and (now[: len(then)] == then or then[: len(now)] == now)
+
+    @property
+    def counting(self) -> bool:
+        """Nothing counted yet for what is shown, and there is something to count."""
+        return self.budget_for is None and bool(self.conversation.vms or self.text.strip())
 
     def _key(self, text: str) -> Counted:
         return (self.conversation.conv_id, text, tuple(d.digest for d in self.attachments.documents))
@@ -165,7 +205,7 @@ class Composer:
             self.queued_changed.emit(text)
 
     async def _measure(self, text: str) -> None:
-        counted = self._key(text)
+        counted, path = self._key(text), self._path()
         what = budget_requests(self.conversation.vms, text, self.conversation.settings(),
                                self.attachments.documents)  # fmt: skip
         budget: Optional[ContextBudget] = None
@@ -180,7 +220,7 @@ class Composer:
             return
         if budget is not None and budget.refused and self.link is not None:
             budget = self._what_would_hold(budget, self.link)
-        self.budget, self.budget_for = budget, counted
+        self.budget, self.budget_for, self.budget_path = budget, counted, path
         self.budget_changed.emit(budget)
 
     @staticmethod

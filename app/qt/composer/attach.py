@@ -40,7 +40,7 @@ class AttachControls:
         composer = chat.composer
         composer.attachments.changed.connect(lambda items: self._show_chips())
         composer.attachments.refused.connect(self.bar.show_refused)
-        self.bar.removed.connect(composer.attachments.remove)
+        self.bar.removed.connect(composer.remove_file)
         composer.budget_changed.connect(self._show_cost)
         composer.budget_changed.connect(lambda budget: self._show_chips())
         composer.attachments.reading_changed.connect(lambda names: self._show_chips())

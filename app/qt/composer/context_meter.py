@@ -45,16 +45,19 @@ class ContextMeter(QWidget):
         self.warning.setObjectName("contextWarning")
         self.warning.setVisible(False)
         self.budget: Optional[ContextBudget] = None
+        self.composer = composer
         self.show_budget(None)
         if composer is not None:
             composer.budget_changed.connect(self.show_budget)
 
     def show_budget(self, budget: Optional[ContextBudget]) -> None:
         self.budget = budget
-        if budget is None:
+        if budget is None:  # nothing to count, or not counted yet (another conversation's count is never shown)
+            counting = self.composer is not None and self.composer.counting
             self.bar.setValue(0)
-            self.label.setText("")
-            self.setToolTip("Context: nothing to send to the model yet in this conversation")
+            self.label.setText("…" if counting else "")
+            self.setToolTip("Context: counting this conversation…" if counting
+                            else "Context: nothing to send to the model yet in this conversation")  # fmt: skip
             self.warning.setVisible(False)
             return
         self.bar.setValue(int(budget.fraction * 1000))
