@@ -35,7 +35,8 @@ from app.core.conversation.view_models import MessageVM, context_marker
 from app.core.generation.replay import Replay
 from app.core.store import Action
 from app.qt import dialogs
-from app.qt.conversation.message_widget import MessageBody, MessageWidget, scrolls_the_conversation
+from app.qt.conversation.message_widget import MessageBody, MessageWidget
+from app.qt.conversation.scroll_keys import scrolls_the_conversation
 
 if TYPE_CHECKING:
     from app.core.chat import Chat
@@ -546,7 +547,7 @@ class ChatView(QScrollArea):
     def keyPressEvent(self, event: QKeyEvent) -> None:  # type: ignore[override]
         """PageUp / PageDown a page, Home / Ctrl+Home to the first message, End / Ctrl+End to
         the last, from wherever the focus is in the conversation (a message's text and buttons
-        pass these keys up: message_widget.scrolls_the_conversation)."""
+        pass these keys up: scroll_keys.scrolls_the_conversation)."""
         if not scrolls_the_conversation(event):
             super().keyPressEvent(event)
             return

@@ -37,18 +37,8 @@ from app.core.conversation.search_marks import term_spans
 from app.core.conversation.view_models import MessageVM
 from app.qt.composer.attachment_bar import ChipList, document_chips
 from app.qt.conversation.runs_button import RunsButton
+from app.qt.conversation.scroll_keys import scrolls_the_conversation
 from app.qt.widgets.wrap_label import WrapLabel
-
-
-SCROLL_KEYS = (Qt.Key.Key_PageUp, Qt.Key.Key_PageDown, Qt.Key.Key_Home, Qt.Key.Key_End)
-
-
-def scrolls_the_conversation(event: QKeyEvent) -> bool:
-    """PageUp, PageDown, Home, End, Ctrl+Home, Ctrl+End: they scroll the conversation from
-    wherever the focus is inside it (a message's text, a button), as they scroll a browser's
-    page; with Shift they stay the text's (selecting), and an editor keeps them all."""
-    mods = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
-    return event.key() in SCROLL_KEYS and mods in (Qt.KeyboardModifier.NoModifier, Qt.KeyboardModifier.ControlModifier)
 
 
 MARK_COLOR = "#ffd84d"  # a search's words, as the sidebar marks them (app/core/conversation/search_marks.py)

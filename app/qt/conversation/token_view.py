@@ -17,6 +17,7 @@ from PySide6.QtGui import QColor, QKeyEvent, QTextCharFormat, QTextCursor, QText
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextEdit, QToolTip, QWidget
 
 from app.core.conversation.view_models import token_tooltip
+from app.qt.conversation.scroll_keys import scrolls_the_conversation
 
 EMPTY_PIECE = "·"  # shown for a token that completes no character on its own
 
@@ -94,8 +95,6 @@ class TokenView(QTextEdit):
         event.ignore()  # the conversation scrolls, not this (unscrollable) view
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # type: ignore[override]
-        from app.qt.conversation.message_widget import scrolls_the_conversation
-
         if scrolls_the_conversation(event):
             event.ignore()  # up to the conversation, as a message's text does
             return
