@@ -758,6 +758,19 @@ MUTATIONS: list[Mutation] = [
         ("tests/gui/test_documents.py::"
          "test_attach_by_button_shows_name_pages_and_tokens_and_a_chip_can_be_removed_before_sending",),
     ),
+    Mutation(
+        "the window's local server starts without the settings' seed (a fresh one per request)",
+        (("app/qt/engine_link/server_toggle.py", "share_window_cache=self.share_action.isChecked(), seed=self.seed())",
+          "share_window_cache=self.share_action.isChecked())"),),
+        ("tests/gui/test_server_toggle.py::"
+         "test_the_local_server_starts_as_engine_serve_would_with_the_settings_seed_and_the_templates_options",),
+    ),
+    Mutation(
+        "the window's local server ignores the options the model's template reads",
+        (("app/qt/engine_link/server_toggle.py", "chunk=chunk, template_reads=template_reads)", "chunk=chunk)"),),
+        ("tests/gui/test_server_toggle.py::"
+         "test_the_local_server_starts_as_engine_serve_would_with_the_settings_seed_and_the_templates_options",),
+    ),
     # issue 50, item 5: a stopped run's report states what it did (tests/test_run_progress.py)
     Mutation(
         "a run stopped mid-prefill reports no tokens forwarded",

@@ -175,3 +175,54 @@ def test_api_clients_reach_the_windows_conversation_only_when_sharing_is_on(
         await asyncio.wait_for(toggle.wait_stopped(), TIMEOUT)
 
     _run(loop, body(), pool, w)
+
+
+def test_the_local_server_starts_as_engine_serve_would_with_the_settings_seed_and_the_templates_options(
+    qtbot: Any, tmp_path: Path
+) -> None:
+    """The toggle's server gives a request that names no seed the seed the settings give every new
+    reply (`engine serve --seed`), and passes on the request options the loaded model's chat
+    template reads (`template_reads`: reasoning_effort here), as `engine serve` does."""
+    import json
+    import urllib.request
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.core.store import ChatSettings
+    from tests.test_template_inputs import OPTIONS_TEMPLATE, _folder
+
+    w = build_main_window(str(_folder(tmp_path, "reads", OPTIONS_TEMPLATE)), tmp_path / "data", chunk=8)
+    qtbot.addWidget(w)
+    qtbot.waitUntil(lambda: w.chat.link.ready, timeout=TIMEOUT * 1000)
+    w.settings.apply(ChatSettings(sampler=SamplerSettings(max_tokens=2, seed=1234), random_seed=False))
+    toggle = w.models.server_toggle
+    toggle.port = 0
+    app = QApplication.instance()
+    quits = app.quitOnLastWindowClosed()
+    app.setQuitOnLastWindowClosed(False)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def ask(url: str) -> dict[str, Any]:
+        body = {"messages": MSGS, "max_tokens": 2, "reasoning_effort": "high"}  # no seed
+        req = urllib.request.Request(url + "/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+            return dict(json.loads(r.read()))
+
+    async def body() -> None:
+        assert toggle.model is not None and toggle.model.template_reads == ("reasoning_effort",)
+        toggle.action.trigger()
+        await asyncio.wait_for(toggle.wait_stopped(), TIMEOUT)
+        assert toggle.url is not None
+        out = await asyncio.wait_for(asyncio.wrap_future(pool.submit(ask, toggle.url)), TIMEOUT)
+        assert out["verbatim"]["seed"] == 1234 and out["verbatim"]["ignored"] == []
+        toggle.action.trigger()
+        await asyncio.wait_for(toggle.wait_stopped(), TIMEOUT)
+
+    try:
+        _run(loop, body(), pool, w)
+    finally:
+        app.setQuitOnLastWindowClosed(quits)

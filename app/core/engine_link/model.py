@@ -29,6 +29,7 @@ from engine.bridge import engine_swap
 from engine.engine import ModelInfo
 from engine.errors import Cancelled
 from engine.models.resolve import ModelEntry
+from engine.serve.schema import template_reads
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class EngineLink:
         self.info: Optional[ModelInfo] = None
         self.ready = False
         self.engine_chunk: Optional[int] = None  # the loaded engine's own (a server's may differ)
+        self.template_reads: tuple[str, ...] = ()  # the request options the loaded model's template reads
         # The loaded model's template's own system prompt ('' none; None not known yet): what the
         # model gets when the conversation sets none (app/core/engine_link/template_default.py).
         self.template_system: Optional[str] = None
@@ -145,14 +147,16 @@ class EngineLink:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-        def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int, Optional[int]]:
+        def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int, Optional[int], tuple[str, ...]]:
             info = engine.load(spec, progress=progress, cancel=cancel)
-            return info, engine.cache_stats(), mlx_memory(), getattr(engine, "chunk", None)
+            # The request options (reasoning_effort, ...) its chat template reads: the local server's.
+            reads = template_reads(getattr(getattr(engine, "lm", None), "tokenizer", None))
+            return info, engine.cache_stats(), mlx_memory(), getattr(engine, "chunk", None), reads
 
         try:
             if self.server is not None:  # attached to a server: the in-process engine comes back first
                 await self._detach()
-            info, stats, memory, chunk = await self.jobs.call(job)
+            info, stats, memory, chunk, reads = await self.jobs.call(job)
         except Exception as e:
             if not self.jobs.closed:
                 self.ready, self.info = False, None
@@ -164,6 +168,7 @@ class EngineLink:
         if self.jobs.closed:
             return
         self.spec, self.info, self.engine_chunk, self.ready = spec, info, chunk, True
+        self.template_reads = reads
         self.fallback_spec = spec  # what a window whose server is gone at start loads instead
         self.jobs.spawn(self.preload_documents())  # the documents' states from disk, while nothing is asked
         # Move everything alive now (Qt, MLX, transformers: ~100k objects) out of the cyclic GC's

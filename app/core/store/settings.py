@@ -61,3 +61,9 @@ class ChatSettings:
 
     def seed_for_new_reply(self) -> int:
         return fresh_seed() if self.random_seed else self.sampler.seed
+
+    @property
+    def fixed_seed(self) -> Optional[int]:
+        """The seed every new reply uses (None: a fresh one each): what the window's local server
+        gives a request that names none (`engine serve --seed`)."""
+        return None if self.random_seed else self.sampler.seed

@@ -62,7 +62,9 @@ class ModelControls(QObject):
         for widget in (self.progress, self.model_label, self.memory_label):
             status_bar.addPermanentWidget(widget)
         # The local OpenAI-compatible server: the loaded model, through this window's worker.
-        self.server_toggle = ServerToggle(chat.jobs.executor, window)
+        # A request that names no seed gets the one the settings give every new reply, if they do.
+        self.server_toggle = ServerToggle(chat.jobs.executor, window,
+                                          seed=lambda: chat.conversation.default_settings().fixed_seed)
         self.server_toggle.failed.connect(lambda msg: chat.notices.error("Cannot start the local server", msg))
         status_bar.addPermanentWidget(self.server_toggle.label)
         self.disconnect_action = QAction("Disconnect from the server", window)
@@ -167,7 +169,7 @@ class ModelControls(QObject):
             self.chat.notices.status(f"Connected: {name} · {server.where}", 4000)
             log.info("attached to %s · %s", name, server.where)
             return
-        self.server_toggle.set_model(info, spec, self.chat.link.engine_chunk)
+        self.server_toggle.set_model(info, spec, self.chat.link.engine_chunk, self.chat.link.template_reads)
         self.model_status.setText(f"{info.layers} layers · loaded in {info.load_s:.1f} s")
         self.model_label.setText(name)
         self.qsettings.setValue("model/last_local", spec)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction
@@ -36,9 +36,11 @@ class ServerToggle(QObject):
     stopped = Signal()
     failed = Signal(str)  # message
 
-    def __init__(self, executor: Any, parent: QWidget, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    def __init__(self, executor: Any, parent: QWidget, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                 seed: Callable[[], Optional[int]] = lambda: None) -> None:  # fmt: skip
         super().__init__(parent)
         self.executor = executor  # anything with submit(fn) -> Future of fn(engine) on the engine thread
+        self.seed = seed  # the seed of a request that names none, read at each start (`engine serve --seed`)
         self.host, self.port = host, port
         self.handle: Optional["ServerHandle"] = None
         self.model: Optional[ServedModel] = None
@@ -63,9 +65,12 @@ class ServerToggle(QObject):
     def url(self) -> Optional[str]:
         return self.handle.url if self.handle is not None and self.handle.running else None
 
-    def set_model(self, info: Any, spec: Optional[str] = None, chunk: Optional[int] = None) -> None:
-        """The window loaded a model (or lost it: None); the server serves it from now on."""
-        self.model = replace(ServedModel.of(info, spec), chunk=chunk) if info is not None else None
+    def set_model(self, info: Any, spec: Optional[str] = None, chunk: Optional[int] = None,
+                  template_reads: tuple[str, ...] = ()) -> None:  # fmt: skip
+        """The window loaded a model (or lost it: None); the server serves it from now on, as
+        `engine serve` would (its chunk, and the request options its chat template reads)."""
+        self.model = (replace(ServedModel.of(info, spec), chunk=chunk, template_reads=template_reads)
+                      if info is not None else None)  # fmt: skip
         if self.handle is not None:
             self.handle.set_model(self.model)
         self._show()
@@ -85,7 +90,7 @@ class ServerToggle(QObject):
 
         try:
             self.handle = ServerHandle(self.executor, self.model, self.host, self.port,
-                                       share_window_cache=self.share_action.isChecked())
+                                       share_window_cache=self.share_action.isChecked(), seed=self.seed())
             self.handle.state.subscribe(lambda _state: self._show())
             url = await self.handle.start()
         except (ServeError, OSError) as e:
