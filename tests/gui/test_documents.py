@@ -332,7 +332,9 @@ def test_a_message_saved_unanswerable_by_an_older_version_can_be_repaired(
     qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
 ) -> None:
     from engine.documents.bounded import read_file
-    from tests.gui.driver import click, settings, watch
+    from PySide6.QtCore import QPoint
+
+    from tests.gui.driver import click, settings, settle, watch
 
     w = open_window()
     huge = tmp_path / "huge.txt"
@@ -347,6 +349,7 @@ def test_a_message_saved_unanswerable_by_an_older_version_can_be_repaired(
         qtbot.waitUntil(lambda: w.chat.conversation.conv_id == conv, timeout=LONG)
         return conv
 
+    w.resize(1000, 600)  # the message and the reply's placeholder are taller than the view
     orphan("Summarise it")
     (user,) = w.chat.conversation.vms
     assert user.unanswered and [d.name for d in user.documents] == ["huge.txt"]
@@ -355,6 +358,10 @@ def test_a_message_saved_unanswerable_by_an_older_version_can_be_repaired(
     wait_idle(qtbot, w)
     assert "documents take" in watch(w).last_error and [vm.id for vm in w.chat.conversation.vms] == [user.id]
     assert "Take a file off it (× on its chip) or delete the message" in w.notice.text()
+    # The placeholder gone, the message is shown whole (its chip with the ×): no slack holds it up.
+    settle(w.chat_view)
+    top = w.chat_view.widget_for(user.id).mapTo(w.chat_view.viewport(), QPoint(0, 0)).y()
+    assert top >= 0 and w.chat_view.verticalScrollBar().value() == 0, top
     # Take the file off it (× on the message's chip): Regenerate answers it.
     widget = w.chat_view.widget_for(user.id)
     (chip,) = widget.doc_chips.chips

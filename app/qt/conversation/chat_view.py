@@ -218,10 +218,11 @@ class ChatView(QScrollArea):
         anchor = self._anchor()
         # A message replaced (a variant, a regenerate, an edit) stays where it was on screen;
         # one added at the end is followed there when the view follows the bottom.
-        if anchor is not None and old[:1] == new[:1] and (d < len(old) or not self._stick):
+        cut = d == len(new) < len(old)  # the path cut at its end (a delete, a failed reply's placeholder gone)
+        if anchor is not None and old[:1] == new[:1] and (d < len(old) or not self._stick) and not cut:
             anchor = self._kept_in_place(anchor, d, new)
-        else:  # a conversation opened (at its end, as the window shows it), or following the bottom
-            anchor = None
+        else:  # a conversation opened (at its end, as the window shows it), following the bottom, or
+            anchor = None  # a path cut at its end: the end is shown (no slack holds what was above it)
         self.vms, self.order, self._marker = list(vms), new, marker
         for mid in [m for m in self.widgets if m not in keep]:
             self._drop(mid)
