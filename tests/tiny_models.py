@@ -140,7 +140,7 @@ def build_tool_model(folder: Path | str, seed: int = 0, special: list[str] | Non
     return Path(folder)
 
 
-# An agent harness's model (tests/test_harnesses.py, bench/harness_prefix.py): the tool model's
+# An agent harness's model (tests/serve/test_harnesses.py, bench/harness_prefix.py): the tool model's
 # template and tokenizer, a context long enough for Codex CLI's and Claude Code's first requests (~41k
 # and ~50k characters of system prompt and tools: ~30k and ~36k tokens here) and Claude Code's
 # max_tokens 32000, and one small layer: what the conformance runs check is the wire and the cache.
