@@ -27,21 +27,13 @@ from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snaps
 from engine.engine import Engine
 from engine.errors import SnapshotError
 from engine.types import GenerationRequest, SamplerSettings
-from tests.tiny_models import build_model
 
 KEY = "k" * 32
 ENV = "test env"
 MESSAGES = [{"role": "user", "content": "Explain how a prompt cache works in two sentences. " * 3}]
 
 
-@pytest.fixture(autouse=True)
-def _hash_memo(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("VERBATIM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "memo"))
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory) -> Path:
-    return build_model(tmp_path_factory.mktemp("models") / "llama", "llama")
+pytestmark = pytest.mark.usefixtures("hash_memo_in_basetemp")
 
 
 def kv_arrays(n: int, seed: int) -> list[tuple[mx.array, mx.array]]:

@@ -33,10 +33,10 @@ from engine.cache.disk.hooks import WriterHooks
 from engine.cache.disk.packfiles import TMP_PREFIX
 from engine.cache.disk.tier import DiskCache
 from engine.cache.prompt_cache import PromptCache
-from engine.cache.snapshot import Snapshot
 from engine.engine import Engine
 from engine.errors import SnapshotError
 from engine.types import GenerationRequest, SamplerSettings
+from tests.disk_helpers import KEY, assert_consistent, index_rows, packs_used, snapshot_files
 from tests.engine_helpers import forwards, kv_snapshot, require_openblas
 from tests.tiny_models import FAMILIES, build_model
 
@@ -48,16 +48,7 @@ OTHER = [{"role": "user", "content": "Why is the sky blue? Because of Rayleigh s
 MAX_TOKENS = 16
 
 
-@pytest.fixture(autouse=True)
-def _hash_memo(tmp_path_factory, monkeypatch):
-    # model_key memoizes file hashes under $VERBATIM_CACHE_DIR: keep it out of the user's cache.
-    monkeypatch.setenv("VERBATIM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "memo"))
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {f: build_model(root / f, f) for f in FAMILIES}
+pytestmark = pytest.mark.usefixtures("hash_memo_in_basetemp")
 
 
 def req(messages=MESSAGES, max_tokens: int = MAX_TOKENS) -> GenerationRequest:
@@ -75,40 +66,6 @@ def cold(model: Path, messages=MESSAGES) -> tuple[list[int], list[float]]:
     e.load(str(model))
     r = e.generate(GenerationRequest(messages, SamplerSettings(max_tokens=MAX_TOKENS), use_cache=False))
     return r.tokens, r.logprobs
-
-
-def index_rows(cache_dir: Path) -> list[dict[str, Any]]:
-    """The manifests (one per snapshot) in the index."""
-    return json.loads((cache_dir / "index.json").read_text())["entries"]
-
-
-def pack_rows(cache_dir: Path) -> list[dict[str, Any]]:
-    return json.loads((cache_dir / "index.json").read_text())["packs"]
-
-
-def snapshot_files(cache_dir: Path) -> list[Path]:
-    """The pack files (each holds one save's new blocks and its snapshot's whole pieces)."""
-    return sorted((cache_dir / "snapshots").iterdir())
-
-
-def packs_used(cache_dir: Path, row: dict[str, Any]) -> list[Path]:
-    """The pack files a manifest's blocks and whole pieces are in."""
-    where = {k: p["id"] for p in pack_rows(cache_dir) for _, k, _ in p["blocks"]}
-    ids = {where[k] for k in row["blocks"]} | ({row["whole"]} if row["whole"] else set())
-    return sorted(cache_dir / "snapshots" / f"{i}.safetensors" for i in ids)
-
-
-def assert_consistent(cache_dir: Path) -> None:
-    """Index and files agree: every pack's file exists with its size and checksum, every block a
-    manifest names is in a listed pack, every pack is used by some manifest; no other file."""
-    rows, packs = index_rows(cache_dir), pack_rows(cache_dir)
-    assert {p.name for p in snapshot_files(cache_dir)} == {f"{p['id']}.safetensors" for p in packs}
-    for p in packs:
-        data = (cache_dir / "snapshots" / f"{p['id']}.safetensors").read_bytes()
-        assert len(data) == p["file_bytes"]
-        assert hashlib.sha256(data).hexdigest() == p["sha256"]
-    used = {f.name for r in rows for f in packs_used(cache_dir, r)}  # KeyError: a block not on disk
-    assert used == {f"{p['id']}.safetensors" for p in packs}, "a pack no snapshot uses was kept"
 
 
 def child_env(reference_blas: bool = False, **extra: str) -> dict[str, str]:
@@ -184,7 +141,7 @@ def test_restart_under_the_reference_blas_never_restores(models, tmp_path):
 def write_one_entry(root: Path) -> dict:
     """A cache folder holding one small snapshot; returns its index row."""
     d = DiskCache(root, budget_bytes=1 << 30)
-    d.save_async(make_snapshot(list(range(20))))
+    d.save_async(kv_snapshot(list(range(20))))
     assert d.flush(10)
     d.close()
     return index_rows(root)[0]
@@ -616,15 +573,8 @@ def test_second_instance_reads_but_does_not_write(models, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Synthetic snapshots: real KV caches, no model. For the index, the budget and hostile files.
 
-KEY = "k" * 32
-
-
-def make_snapshot(tokens: list[int], key: str = KEY, seed: int = 0) -> Snapshot:
-    return kv_snapshot(tokens, key, seed)
-
-
 def test_save_load_round_trip_is_exact(tmp_path):
-    snap = make_snapshot(list(range(40)))
+    snap = kv_snapshot(list(range(40)))
     d = DiskCache(tmp_path / "c", budget_bytes=1 << 30)
     d.save_async(snap)
     assert d.flush(10)
@@ -641,7 +591,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
 
 
 def test_budget_evicts_least_recently_used(tmp_path):
-    snaps = {name: make_snapshot([i + 1] * 40, seed=i) for i, name in enumerate("ABCD")}
+    snaps = {name: kv_snapshot([i + 1] * 40, seed=i) for i, name in enumerate("ABCD")}
     size = 85_000  # ~ one file (2 layers x 2 x 40 x 2 x 64 x 4 bytes + header)
     d = DiskCache(tmp_path / "c", budget_bytes=int(3.5 * size))
     for name in "ABC":
@@ -661,7 +611,7 @@ def test_budget_evicts_least_recently_used(tmp_path):
     assert sum(p.stat().st_size for p in snapshot_files(tmp_path / "c")) <= int(3.5 * size)
     # A snapshot bigger than the whole budget is not written at all.
     d = DiskCache(tmp_path / "c", budget_bytes=1000)
-    d.save_async(make_snapshot([9] * 40))
+    d.save_async(kv_snapshot([9] * 40))
     assert d.flush(10)
     assert d.stats()["skipped"] == 1 and d.stats()["entries"] == 0  # and the budget shrank: all evicted
     d.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
-import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from engine.cache.disk.hooks import WriterHooks
@@ -16,12 +15,7 @@ from engine.cache.memory_tier import MemoryTier
 from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
 from engine.errors import SnapshotError
-from tests.engine_helpers import QUESTIONS, make_engine, model_dir, request
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir(tmp_path_factory.mktemp("fault-models"), "llama")
+from tests.engine_helpers import QUESTIONS, make_engine, request
 
 
 def test_a_memory_side_failure_forgets_the_memory_copy_and_keeps_the_disk_entry(llama: Path, tmp_path: Path,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from engine.cache.disk.tier import LOCKED, DiskCache
-from tests.cache.test_disk_cache import KEY, assert_consistent, make_snapshot
+from tests.disk_helpers import KEY, assert_consistent
+from tests.engine_helpers import kv_snapshot
 
 pytest.importorskip("fcntl")
 
@@ -21,7 +22,7 @@ def test_a_reader_sees_the_writers_new_snapshots_and_takes_over_when_it_exits(tm
     assert writer.writable and not reader.writable and reader.read_only_reason == LOCKED
     assert reader.entries(KEY) == []
 
-    first = make_snapshot([1] * 40, seed=1)
+    first = kv_snapshot([1] * 40, seed=1)
     writer.save_async(first)
     assert writer.flush(10)
     reader.poll(force=True)  # (entries() polls at most every READER_POLL_S)
@@ -29,13 +30,13 @@ def test_a_reader_sees_the_writers_new_snapshots_and_takes_over_when_it_exits(tm
     assert reader.load(reader.entries(KEY)[0]).meta.id == first.meta.id
     reader.poll(force=True)
     assert reader.index_reloads == 1  # unchanged index: not read again
-    reader.save_async(make_snapshot([3] * 40, seed=3))  # a reader never writes
+    reader.save_async(kv_snapshot([3] * 40, seed=3))  # a reader never writes
     assert reader.flush(10) and len(list((root / "snapshots").iterdir())) == 1
 
     assert writer.close(10)  # the first instance exits
     reader.poll(force=True)
     assert reader.writable and reader.took_over and reader.read_only_reason is None
-    second = make_snapshot([2] * 40, seed=2)
+    second = kv_snapshot([2] * 40, seed=2)
     reader.save_async(second)
     assert reader.flush(10)
     assert {m.id for m in reader.entries(KEY)} == {first.meta.id, second.meta.id}

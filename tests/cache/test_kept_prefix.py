@@ -21,7 +21,7 @@ import pytest
 from engine.engine import Engine
 from engine.generate.prepare import KEPT_SYSTEM_MIN
 from engine.types import GenerationRequest, SamplerSettings
-from tests.engine_helpers import model_dir, require_openblas
+from tests.engine_helpers import require_openblas
 
 # A system prompt of ~1.5k tiny-tokenizer tokens, as a harness's is (in kind, not in size).
 SYSTEM = " ".join(f"Rule {i}: answer briefly, explain how a prompt cache works, and regenerate the same tokens."
@@ -36,12 +36,6 @@ def ask(question: str, system: str = SYSTEM, **kw: Any) -> GenerationRequest:
 def system_end(eng: Engine, system: str = SYSTEM) -> int:
     """Where the system turn ends in the prompt (the start of the first user message)."""
     return eng.prepare(ask("?", system)).message_starts[0]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("kept-prefix")
-    return {f: model_dir(root, f) for f in ("llama", "gemma3")}
 
 
 def kept(eng: Engine) -> list[Any]:

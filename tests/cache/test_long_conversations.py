@@ -18,18 +18,11 @@ from tests.engine_helpers import (
     QUESTIONS,
     cold_request,
     make_engine,
-    model_dir,
     request,
     require_openblas,
 )
 
 FOLLOW_UPS = ["Why?", "Say more about the second point, please.", "And how does that compare with yesterday?"]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("long-models")
-    return {f: model_dir(root, f) for f in ALL_FAMILIES}
 
 
 def _chat(eng, mode: str, turns: int, first: str = QUESTIONS[1], max_tokens: int = 12):

@@ -9,15 +9,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from tests.engine_helpers import cold_request, make_engine, model_dir, request
+from tests.engine_helpers import cold_request, make_engine, request
 
 LONG = "Explain how a prompt cache works, block by block, in a few sentences. " * 4
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {f: model_dir(root, f) for f in ("llama", "gemma3")}
 
 
 def _position_bytes(eng) -> int:

@@ -21,18 +21,11 @@ from tests.engine_helpers import (
     forwards,
     kv_snapshot,
     make_engine,
-    model_dir,
     request,
     require_openblas,
 )
 
 LONG_Q = "Explain how a prompt cache works in two sentences. " * 3
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {f: model_dir(root, f) for f in ALL_FAMILIES}
 
 
 def kv_offsets(report):

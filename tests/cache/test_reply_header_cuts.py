@@ -23,7 +23,6 @@ from tests.engine_helpers import (
     cold_request,
     forwards,
     make_engine,
-    model_dir,
     request,
     require_openblas,
 )
@@ -34,16 +33,7 @@ QUESTIONS = ["Why is the sky blue?", "Explain how a prompt cache works in two se
              "Tell me about café and naïve señor.", "The capital of France is"]
 
 
-@pytest.fixture(autouse=True)
-def _hash_memo(tmp_path_factory, monkeypatch):
-    # model_key memoizes file hashes under $VERBATIM_CACHE_DIR: keep it out of the user's cache.
-    monkeypatch.setenv("VERBATIM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "memo"))
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("header-models")
-    return {f: model_dir(root, f) for f in ("llama", "gemma3")}
+pytestmark = pytest.mark.usefixtures("hash_memo_in_basetemp")
 
 
 def _chat(eng, turns: int, first: str = QUESTIONS[0], logs=None):

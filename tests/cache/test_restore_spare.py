@@ -10,15 +10,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 from engine.cache.snapshot import cache_arrays
-from tests.engine_helpers import cold_request, make_engine, model_dir, request
+from tests.engine_helpers import cold_request, make_engine, request
 
 LONG = "Explain how a prompt cache works in two sentences. " * 3
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {f: model_dir(root, f) for f in ("llama", "kvquant")}
 
 
 class FirstCache:

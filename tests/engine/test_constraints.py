@@ -26,27 +26,9 @@ from engine.generate.constraints import ConstraintFailed
 from engine.receipts import ReceiptModel
 from engine.types import GenerationRequest, SamplerSettings
 from tests.engine_helpers import require_openblas
-from tests.tiny_models import build_tool_model
+from tests.tool_fixtures import CLOCK, JSON_SCHEMA, SCHEMA, WEATHER, valid_weather
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-                   "required": ["city", "days"], "additionalProperties": False}}}
-CLOCK = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}},
-                                       "required": ["zone"], "additionalProperties": False}}}
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                           "temp": {"type": "integer", "minimum": -20, "maximum": 45},
-                                           "sunny": {"type": "boolean"}},
-          "required": ["city", "temp", "sunny"], "additionalProperties": False}
-JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "weather", "strict": True, "schema": SCHEMA}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +37,6 @@ def engine(tool_model: Path) -> Any:
     eng.load(str(tool_model))
     yield eng
     eng.close()
-
-
-def valid_weather(obj: Any) -> bool:
-    return (isinstance(obj, dict) and set(obj) == {"city", "temp", "sunny"} and isinstance(obj["city"], str)
-            and len(obj["city"]) <= 8 and isinstance(obj["temp"], int) and -20 <= obj["temp"] <= 45
-            and isinstance(obj["sunny"], bool))
 
 
 def generate(engine: Engine, constraint: Constraint, **sampler: Any) -> Any:

@@ -25,11 +25,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir(tmp_path_factory.mktemp("continue"), "llama")
-
-
 def stop_after(eng: Engine, req: GenerationRequest, k: int) -> GenerationResult:
     """`req` stopped (cancelled) once its k-th token arrived."""
     cancel = CancelToken()
@@ -158,7 +153,7 @@ def test_continue_refusals(llama: Path) -> None:
 @pytest.mark.parametrize("name", ["greedy", "sampled"])
 def test_continue_on_a_server_and_through_the_remote_engine(llama: Path, tmp_path: Path, name: str) -> None:
     from engine.remote import RemoteEngine
-    from tests.serve.test_server import Server
+    from tests.server_helpers import Server
 
     s = SETTINGS[name]
     full = make_engine(llama).generate(request(MSGS, max_tokens=FULL, **s))
@@ -199,7 +194,7 @@ def test_continue_on_a_server_and_through_the_remote_engine(llama: Path, tmp_pat
 def test_the_server_refuses_a_malformed_continue(llama: Path) -> None:
     import openai
 
-    from tests.serve.test_server import Server
+    from tests.server_helpers import Server
 
     srv = Server(llama, None)
     try:
@@ -218,7 +213,7 @@ def test_the_server_refuses_a_malformed_continue(llama: Path) -> None:
 def test_a_continued_reply_never_reports_more_cached_tokens_than_prompt_tokens(llama: Path) -> None:
     """usage: the reply so far the client sends back is input the cache restores, so it counts in
     prompt_tokens (a repeated `continue: [ids]` reported 37 cached of 35 prompt tokens)."""
-    from tests.serve.test_server import Server
+    from tests.server_helpers import Server
 
     srv = Server(llama, None)
     try:

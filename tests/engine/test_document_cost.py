@@ -9,7 +9,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -48,19 +48,6 @@ def refused_sizes(eng: Any, req: GenerationRequest) -> dict[str, int]:
 
 def spans(eng: Any, req: GenerationRequest) -> dict[str, int]:
     return {d["name"]: d["tokens"] for d in eng.generate(req).report.documents}
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir(tmp_path_factory.mktemp("models"), "llama")
-
-
-@pytest.fixture(scope="module")
-def engine(llama: Path) -> Iterator[Engine]:
-    eng = Engine(use_disk=False, chunk=16)
-    eng.load(str(llama))
-    yield eng
-    eng.close()
 
 
 @pytest.mark.parametrize("system", [SYSTEM, ""], ids=["system-prompt", "no-system-prompt"])
@@ -103,7 +90,7 @@ def test_a_template_with_a_default_system_prompt_counts_the_document_alike(tmp_p
 
 def test_a_server_counts_a_document_as_the_engine_does(engine: Engine, llama: Path) -> None:
     from engine.remote import RemoteEngine
-    from tests.serve.test_server import Server
+    from tests.server_helpers import Server
 
     server = Server(llama, None, chunk=16)
     try:

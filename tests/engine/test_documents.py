@@ -4,7 +4,6 @@ with the file's name, recorded in receipts, sent by the CLI and the server's `fi
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -23,13 +22,9 @@ from engine.errors import RequestError
 from engine.generate.templating import render_prompt
 from engine.receipts import Receipt, ReceiptError, ReceiptModel, build
 from engine.types import GenerationRequest, SamplerSettings
-from tests.document_files import docx_bytes, pdf_bytes
+from tests.document_files import APPENDIX, REPORT, docx_bytes, file_part, pdf_bytes
 from tests.engine_helpers import model_dir
 
-# A document long enough to span several prefill chunks, in words the tiny tokenizer knows.
-REPORT = "\n".join(f"Section {i}. The quick brown fox jumps over the lazy dog. Why is the sky blue? "
-                   f"Because of Rayleigh scattering of sunlight in the atmosphere." for i in range(12))
-APPENDIX = "The capital of France is Paris. The capital of Italy is Rome.\n" * 6
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
 
 
@@ -51,19 +46,6 @@ def system_end(eng: Engine, docs: tuple[Document, ...]) -> int:
     """Where the first message after the documents starts: the system message holding them,
     rendered alone (SYSTEM is every test conversation's system prompt)."""
     return len(render_prompt(eng.lm.tokenizer, place([SYSTEM], docs), add_generation_prompt=False))
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir(tmp_path_factory.mktemp("models"), "llama")
-
-
-@pytest.fixture()
-def engine(llama: Path) -> Any:
-    eng = Engine(use_disk=False, chunk=16)
-    eng.load(str(llama))
-    yield eng
-    eng.close()
 
 
 # -- reading files -----------------------------------------------------------------------------
@@ -389,14 +371,9 @@ def test_generate_attach_places_the_file_and_a_bad_one_is_refused_before_loading
 # -- the server ------------------------------------------------------------------------------
 
 
-def file_part(name: str, data: bytes, mime: str) -> dict:
-    return {"type": "file", "file": {"filename": name, "file_data": f"data:{mime};base64,"
-                                     + base64.b64encode(data).decode()}}
-
-
 @pytest.fixture(scope="module")
 def server(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tests.serve.test_server import Server
+    from tests.server_helpers import Server
 
     s = Server(llama, tmp_path_factory.mktemp("doc-cache"), chunk=16)
     yield s

@@ -26,16 +26,10 @@ from engine.documents.placement import place
 from engine.errors import RequestError
 from engine.types import GenerationRequest, SamplerSettings
 from tests import hostile_files as H
-from tests.engine_helpers import model_dir
-from tests.engine.test_documents import docx_bytes, file_part, pdf_bytes
+from tests.document_files import APPENDIX, REPORT, docx_bytes, file_part, pdf_bytes
 
 TIMEOUT = 120.0
 QUICK = Limits(seconds=60, page_seconds=0.25, memory=1 << 30)  # a hostile page takes PDFium seconds
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir(tmp_path_factory.mktemp("models"), "llama")
 
 
 # -- Word: every construct that carries text, in document order ---------------------------------
@@ -135,7 +129,7 @@ def test_a_reader_that_dies_is_a_refusal_naming_the_file(monkeypatch: pytest.Mon
 
 @pytest.fixture(scope="module")
 def server(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tests.serve.test_server import Server
+    from tests.server_helpers import Server
 
     s = Server(llama, tmp_path_factory.mktemp("hostile-cache"), chunk=16)
     yield s
@@ -333,7 +327,7 @@ def test_a_document_holding_control_token_text_is_reported_with_its_true_span(
     from engine.documents.placement import block
     from engine.engine import Engine
     from engine.generate.templating import _markers
-    from tests.engine.test_special_tokens import FORGED
+    from tests.engine_helpers import FORGED
     from tests.tiny_models import build_tool_model
 
     eng = Engine(use_disk=False, chunk=16)
@@ -379,8 +373,6 @@ def test_engine_serve_reads_every_api_namespace_s_documents_ahead(llama: Path, t
     restarted server is up, the disk's snapshot files are deleted; each key's new question about
     its document still restores the document, from what was read ahead."""
     import openai
-
-    from tests.engine.test_documents import APPENDIX, REPORT
 
     files = {"key-one": ("report.md", REPORT), "key-two": ("appendix.md", APPENDIX)}
 

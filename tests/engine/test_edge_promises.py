@@ -19,8 +19,8 @@ from engine.errors import ContextLengthError
 from engine.receipts import ReceiptModel
 from engine.types import GenerationRequest, SamplerSettings
 from tests.engine_helpers import flip_low_bit, make_engine, request
-from tests.engine.test_engine_cli import run_cli, write
-from tests.serve.test_server import Server
+from tests.cli_helpers import run_cli, write
+from tests.server_helpers import Server
 from tests.tiny_models import VOCAB_SIZE, build_model
 
 SKY = [{"role": "user", "content": "Why is the sky blue?"}]

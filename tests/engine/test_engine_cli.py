@@ -7,32 +7,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.engine_helpers import make_engine, model_dir, request
+from tests.cli_helpers import ROOT, run_cli, write
+from tests.engine_helpers import make_engine, request
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return model_dir(tmp_path_factory.mktemp("cli-models"), "llama")
-
-
-def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, env=env, cwd=ROOT)
-    if check and proc.returncode != 0:
-        raise AssertionError(proc.stderr)
-    return proc
-
-
-def write(tmp_path: Path, name: str, data) -> Path:
-    p = tmp_path / name
-    p.write_text(data if isinstance(data, str) else json.dumps(data))
-    return p
 
 
 CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Why is the sky blue?"}]

@@ -10,12 +10,12 @@ import pytest
 from engine.generate.sampling import Sampler, _truncate
 from engine.generate.templating import TextStream
 from engine.types import GenerationRequest, SamplerSettings, TokenEvent
-from tests.engine_helpers import make_engine, model_dir, request
+from tests.engine_helpers import make_engine, request
 
 
 @pytest.fixture(scope="module")
-def eng(tmp_path_factory):
-    return make_engine(model_dir(tmp_path_factory.mktemp("sampling"), "llama"))
+def eng(llama):
+    return make_engine(llama)
 
 
 def kept(scores: mx.array) -> list[int]:

@@ -28,8 +28,8 @@ from engine.engine import Engine
 from engine.errors import RequestError
 from engine.generate.stops import StopStrings
 from engine.types import Continuation, GenerationRequest, SamplerSettings, TokenEvent
-from tests.engine.test_constraints import JSON_SCHEMA, WEATHER
-from tests.serve.test_server import Server
+from tests.server_helpers import Server
+from tests.tool_fixtures import JSON_SCHEMA, WEATHER
 from tests.tiny_models import build_tool_model
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -20,15 +20,16 @@ from engine.models.key import HASH_MEMO, model_key
 from engine.models.resolve import discover_models, resolve_model
 from engine.types import CancelToken
 from tests import gguf_fixtures as gf
-from tests.tiny_models import build_model
+from tests.conftest import TinyModels
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("models")
-    out = {f: build_model(base / f, f) for f in ("llama", "gemma3")}
+def models(models: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The shared tiny llama and gemma3 (tests/conftest.py), and the llama quantized to 4 and 8 bits."""
+    base = tmp_path_factory.mktemp("quantized")
+    out = {f: models[f] for f in ("llama", "gemma3")}
     out["q4"] = _quantized(out["llama"], base / "llama-q4", bits=4)
     out["q8"] = _quantized(out["llama"], base / "llama-q8", bits=8)
     return out

@@ -150,11 +150,6 @@ def test_which_documents_keep_a_document_snapshot_ahead() -> None:
     assert DocumentsKept(set()).keep_priority(meta((), trimmable=False)) == 1  # names none: written before
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir(tmp_path_factory.mktemp("models"), "llama")
-
-
 @pytest.fixture()
 def engine(llama: Path) -> Iterator[Engine]:
     eng = Engine(use_disk=False, chunk=16, memory_budget=3 << 20)

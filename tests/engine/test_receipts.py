@@ -20,7 +20,6 @@ from engine.types import CancelToken, Comparison, TokenEvent
 from tests.engine_helpers import (
     ALL_FAMILIES,
     make_engine,
-    model_dir,
     request,
     require_openblas,
 )
@@ -33,12 +32,6 @@ CHAT = [
     {"role": "user", "content": "Explain how a prompt cache works in two sentences."},
 ]
 SAMPLED = dict(temperature=0.9, top_p=0.95, seed=7)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("receipt-models")
-    return {f: model_dir(root, f) for f in ALL_FAMILIES}
 
 
 def make_receipt(eng, folder, req, result):

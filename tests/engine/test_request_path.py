@@ -15,7 +15,6 @@ from engine.engine import Engine
 from engine.generate.loop import drain, stream
 from engine.generate.templating import render
 from engine.types import GenerationRequest, SamplerSettings
-from tests.tiny_models import build_tool_model
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "The weather in a city.",
                                             "parameters": {"type": "object",
@@ -30,9 +29,9 @@ CHAT = [{"role": "system", "content": "You are a helpful assistant."},
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+def engine(tool_model: Path) -> Iterator[Engine]:
     eng = Engine(use_disk=False, chunk=8, context_length=2048)
-    eng.load(str(build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")))
+    eng.load(str(tool_model))
     yield eng
     eng.close()
 

@@ -132,7 +132,7 @@ def test_a_run_stopped_after_its_prefill_never_forwarded_the_last_prompt_token(t
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Any]:
-    from tests.serve.test_server import Server
+    from tests.server_helpers import Server
 
     s = Server(tiny_model, None, chunk=8)
     yield s

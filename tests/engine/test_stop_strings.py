@@ -25,8 +25,8 @@ import pytest
 from engine.engine import Engine
 from engine.types import GenerationRequest, GenerationResult, SamplerSettings, TokenEvent
 from tests.engine_helpers import make_engine
-from tests.engine.test_engine_cli import ROOT, run_cli, write
-from tests.serve.test_server import Server, collect_stream
+from tests.cli_helpers import ROOT, run_cli, write
+from tests.server_helpers import Server, collect_stream
 
 MESSAGES = [{"role": "user", "content": "Tell me about café and naïve señor."}]
 MAX_TOKENS = 24

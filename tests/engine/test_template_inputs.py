@@ -22,34 +22,19 @@ from engine.generate.templating import render_prompt
 from engine.receipts import ReceiptModel
 from engine.types import GenerationRequest, SamplerSettings, normalize_template_options, validate_messages
 from tests.engine_helpers import make_engine
-from tests.tiny_models import CHATML_TEMPLATE, build_model, build_tokenizer
+from tests.tiny_models import CHATML_TEMPLATE, OPTIONS_TEMPLATE, build_templated_model, build_tokenizer
 
-# A template that reads both: an option (with a default, as gpt-oss's does) and each message's name.
-OPTIONS_TEMPLATE = (
-    "<|im_start|>system\nReasoning: {{ reasoning_effort | default('medium') }}<|im_end|>\n"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}{% if message.name %} ({{ message.name }}){% endif %}{{ '\\n' }}"
-    "{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 CHAT = [{"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "Why is the sky blue?", "name": "ada"}]
 HIGH = (("reasoning_effort", "high"),)
-
-
-def _folder(root: Path, name: str, template: str) -> Path:
-    folder = build_model(root / name, "llama")
-    build_tokenizer(folder, template)
-    return folder
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
     """One engine on a model whose template reads options and names, one on plain ChatML."""
     root = tmp_path_factory.mktemp("template-inputs")
-    out = {"reads": make_engine(_folder(root, "reads", OPTIONS_TEMPLATE)),
-           "chatml": make_engine(_folder(root, "chatml", CHATML_TEMPLATE))}
+    out = {"reads": make_engine(build_templated_model(root / "reads", OPTIONS_TEMPLATE)),
+           "chatml": make_engine(build_templated_model(root / "chatml", CHATML_TEMPLATE))}
     yield out
     for eng in out.values():
         eng.close()

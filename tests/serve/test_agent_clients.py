@@ -38,8 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tests.engine_helpers import require_openblas
 from tests.recording_proxy import Exchange, RecordingProxy
-from tests.serve.test_server import Server
-from tests.tiny_models import build_tool_model
+from tests.server_helpers import Server
 
 # litellm fetches a price list from GitHub at import unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -78,10 +77,9 @@ class Tools:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     require_openblas()
-    folder = build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")
-    s = Server(folder, tmp_path_factory.mktemp("clients-cache"))
+    s = Server(tool_model, tmp_path_factory.mktemp("clients-cache"))
     yield s
     s.close()
 

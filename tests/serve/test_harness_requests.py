@@ -21,8 +21,7 @@ import pytest
 
 from engine.serve.formats import responses
 from tests import harness_runs as H
-from tests.serve.test_server import Server
-from tests.serve.test_server_formats import post
+from tests.server_helpers import Server, post
 from tests.tiny_models import HARNESS_CONTEXT, build_harness_model
 
 

@@ -13,8 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -23,62 +21,13 @@ import pytest
 
 from engine.serve.server import ServeError, check_bind
 from tests.engine_helpers import require_openblas
-from tests.server_helpers import TIMEOUT, Server
-
-SKY = [{"role": "user", "content": "Why is the sky blue?"}]
-
-
-class Raw:
-    """A plain HTTP response (urllib): for what the openai client will not send."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        self.status_code = status
-        self.body = body
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def http(url: str, content: Optional[bytes] = None, headers: Optional[dict[str, str]] = None) -> Raw:
-    req = urllib.request.Request(url, data=content, headers=headers or {}, method="POST" if content is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
-            return Raw(r.status, r.read())
-    except urllib.error.HTTPError as e:
-        return Raw(e.code, e.read())
-
+from tests.server_helpers import SKY, TIMEOUT, Raw, Server, chat, collect_stream, http, lps, spawn_serve
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def disk_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = Server(tiny_model, tmp_path_factory.mktemp("server-cache"))
     yield s
     s.close()
-
-
-def chat(client: openai.OpenAI, model: str, messages: list[dict[str, str]] = SKY, **kw: Any) -> Any:
-    kw.setdefault("temperature", 0)
-    kw.setdefault("seed", 0)
-    kw.setdefault("max_tokens", 12)
-    return client.chat.completions.create(model=model, messages=messages, **kw)
-
-
-def lps(resp: Any) -> list[float]:
-    return [t.logprob for t in resp.choices[0].logprobs.content]
-
-
-def collect_stream(stream: Any) -> tuple[str, list[float], Any, Optional[str]]:
-    """(content, logprobs, the last chunk with choices, finish_reason) of a chat stream."""
-    text, logprobs, last, finish = [], [], None, None
-    for ch in stream:
-        if not ch.choices:
-            continue
-        c = ch.choices[0]
-        text.append(c.delta.content or "")
-        if c.logprobs is not None and c.logprobs.content:
-            logprobs += [t.logprob for t in c.logprobs.content]
-        if c.finish_reason is not None:
-            last, finish = ch, c.finish_reason
-    return "".join(text), logprobs, last, finish
 
 
 # -- the seed's acceptance -------------------------------------------------------------------
@@ -128,13 +77,13 @@ def test_same_request_twice_is_identical_and_restores_all_but_the_last_token(tin
     assert resampled.verbatim["token_ids"] == sampled[0].verbatim["token_ids"] and lps(resampled) == lps(sampled[0])
 
 
-def test_cached_reply_equals_a_cold_run(server: Server) -> None:
+def test_cached_reply_equals_a_cold_run(disk_server: Server) -> None:
     require_openblas()
-    c = server.client()
+    c = disk_server.client()
     msgs = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Explain how a prompt cache works in two sentences."}]
-    warm = [chat(c, server.model, msgs, logprobs=True) for _ in range(2)]
-    cold = chat(c, server.model, msgs, logprobs=True, extra_body={"verbatim": {"cache": False}})
+    warm = [chat(c, disk_server.model, msgs, logprobs=True) for _ in range(2)]
+    cold = chat(c, disk_server.model, msgs, logprobs=True, extra_body={"verbatim": {"cache": False}})
     assert warm[1].verbatim["restored"] == warm[1].usage.prompt_tokens - 1
     assert cold.verbatim["restored"] == 0 and cold.usage.prompt_tokens_details.cached_tokens == 0
     assert cold.verbatim["token_ids"] == warm[1].verbatim["token_ids"] and lps(cold) == lps(warm[1])
@@ -143,12 +92,12 @@ def test_cached_reply_equals_a_cold_run(server: Server) -> None:
 # -- streaming, stop strings, raw completions ------------------------------------------------------
 
 
-def test_stream_and_non_stream_agree_token_for_token(server: Server) -> None:
-    c = server.client()
+def test_stream_and_non_stream_agree_token_for_token(disk_server: Server) -> None:
+    c = disk_server.client()
     msgs = [{"role": "user", "content": "Tell me about café and naïve señor."}]
-    full = chat(c, server.model, msgs, logprobs=True, max_tokens=24, temperature=0.8, seed=3)
+    full = chat(c, disk_server.model, msgs, logprobs=True, max_tokens=24, temperature=0.8, seed=3)
     text, logprobs, last, finish = collect_stream(
-        chat(c, server.model, msgs, logprobs=True, max_tokens=24, temperature=0.8, seed=3, stream=True))
+        chat(c, disk_server.model, msgs, logprobs=True, max_tokens=24, temperature=0.8, seed=3, stream=True))
     assert text == full.choices[0].message.content
     assert logprobs == lps(full) and len(logprobs) == 24
     assert last.verbatim["token_ids"] == full.verbatim["token_ids"]
@@ -156,25 +105,25 @@ def test_stream_and_non_stream_agree_token_for_token(server: Server) -> None:
     assert last.usage.prompt_tokens_details.cached_tokens == full.usage.prompt_tokens - 1
 
 
-def test_stop_strings_end_the_reply_before_them_streamed_or_not(server: Server) -> None:
-    c = server.client()
+def test_stop_strings_end_the_reply_before_them_streamed_or_not(disk_server: Server) -> None:
+    c = disk_server.client()
     msgs = [{"role": "user", "content": "The quick brown fox"}]
-    base = chat(c, server.model, msgs, max_tokens=24, temperature=0.8, seed=11).choices[0].message.content
+    base = chat(c, disk_server.model, msgs, max_tokens=24, temperature=0.8, seed=11).choices[0].message.content
     assert len(base) >= 8, base
     stop = base[4:7]
     cut = base[: base.find(stop)]
-    full = chat(c, server.model, msgs, max_tokens=24, temperature=0.8, seed=11, stop=[stop, "\x00never"])
+    full = chat(c, disk_server.model, msgs, max_tokens=24, temperature=0.8, seed=11, stop=[stop, "\x00never"])
     assert full.choices[0].message.content == cut and full.choices[0].finish_reason == "stop"
     text, _, last, finish = collect_stream(
-        chat(c, server.model, msgs, max_tokens=24, temperature=0.8, seed=11, stop=stop, stream=True))
+        chat(c, disk_server.model, msgs, max_tokens=24, temperature=0.8, seed=11, stop=stop, stream=True))
     assert text == cut and finish == "stop"
 
 
-def test_completions_continue_raw_text_without_a_template(server: Server) -> None:
-    c = server.client()
+def test_completions_continue_raw_text_without_a_template(disk_server: Server) -> None:
+    c = disk_server.client()
     prompt = "The capital of France is"
-    ids = server.engine(lambda e: list(e.lm.tokenizer.encode(prompt)))
-    r = [c.completions.create(model=server.model, prompt=prompt, temperature=0, seed=0, max_tokens=10, logprobs=2)
+    ids = disk_server.engine(lambda e: list(e.lm.tokenizer.encode(prompt)))
+    r = [c.completions.create(model=disk_server.model, prompt=prompt, temperature=0, seed=0, max_tokens=10, logprobs=2)
          for _ in range(2)]
     assert r[0].usage.prompt_tokens == len(ids) and r[0].verbatim["prompt_tokens"] == len(ids)
     assert r[1].choices[0].text == r[0].choices[0].text
@@ -182,26 +131,26 @@ def test_completions_continue_raw_text_without_a_template(server: Server) -> Non
     assert r[1].usage.prompt_tokens_details.cached_tokens == len(ids) - 1
     assert len(r[0].choices[0].logprobs.top_logprobs[0]) == 2
     streamed = "".join(ch.choices[0].text for ch in c.completions.create(
-        model=server.model, prompt=prompt, temperature=0, seed=0, max_tokens=10, stream=True) if ch.choices)
+        model=disk_server.model, prompt=prompt, temperature=0, seed=0, max_tokens=10, stream=True) if ch.choices)
     assert streamed == r[0].choices[0].text
 
 
-def test_models_and_status_show_the_model_and_the_queue(server: Server) -> None:
-    c = server.client()
+def test_models_and_status_show_the_model_and_the_queue(disk_server: Server) -> None:
+    c = disk_server.client()
     models = c.models.list().data
-    assert [m.id for m in models] == [server.model]
-    status = http(server.url.removesuffix("/v1") + "/verbatim/status").json()
-    assert status["model"] == server.model and status["url"] == server.url
+    assert [m.id for m in models] == [disk_server.model]
+    status = http(disk_server.url.removesuffix("/v1") + "/verbatim/status").json()
+    assert status["model"] == disk_server.model and status["url"] == disk_server.url
     assert status["queue"]["limit"] >= 20 and status["queue"]["waiting"] == 0
 
 
 # -- bad input ------------------------------------------------------------------------------------
 
 
-def test_bad_requests_get_openai_errors_and_cache_nothing(server: Server) -> None:
-    c = server.client()
-    before = server.engine(lambda e: e.cache_stats())
-    url = server.url + "/chat/completions"
+def test_bad_requests_get_openai_errors_and_cache_nothing(disk_server: Server) -> None:
+    c = disk_server.client()
+    before = disk_server.engine(lambda e: e.cache_stats())
+    url = disk_server.url + "/chat/completions"
 
     def post(body: Any, raw: Optional[bytes] = None) -> Raw:
         content = raw if raw is not None else json.dumps(body).encode()
@@ -223,30 +172,30 @@ def test_bad_requests_get_openai_errors_and_cache_nothing(server: Server) -> Non
         ({"messages": SKY, "stop": [1, 2]}, "stop"),
         ({"messages": SKY, "model": 5}, "model"),
     ]:
-        r = post({"model": server.model, **body} if "model" not in body else body)
+        r = post({"model": disk_server.model, **body} if "model" not in body else body)
         err = r.json()["error"]
         assert r.status_code == 400 and err["type"] == "invalid_request_error" and err["param"] == param, (body, err)
     with pytest.raises(openai.BadRequestError):
-        c.completions.create(model=server.model, prompt=["a", "b"])
+        c.completions.create(model=disk_server.model, prompt=["a", "b"])
     with pytest.raises(openai.NotFoundError) as nf:
         chat(c, "no-such-model")
     assert nf.value.body["code"] == "model_not_found"
     # A prompt past the model's context (4096 tokens): the context policy's error, before prefill.
     long = [{"role": "user", "content": "0123456789 what comes next? " * 700}]
     with pytest.raises(openai.BadRequestError) as too_long:
-        chat(c, server.model, long)
+        chat(c, disk_server.model, long)
     assert too_long.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):  # the same when streaming: an error, not a 200 stream
-        chat(c, server.model, long, stream=True)
+        chat(c, disk_server.model, long, stream=True)
     # A body over 8 MiB: 413.
-    r = post({"model": server.model, "messages": [{"role": "user", "content": "x" * (9 << 20)}]})
+    r = post({"model": disk_server.model, "messages": [{"role": "user", "content": "x" * (9 << 20)}]})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     with pytest.raises(openai.APIStatusError) as big:
-        chat(c, server.model, [{"role": "user", "content": "y" * (9 << 20)}])
+        chat(c, disk_server.model, [{"role": "user", "content": "y" * (9 << 20)}])
     assert big.value.status_code == 413
-    after = server.engine(lambda e: e.cache_stats())
+    after = disk_server.engine(lambda e: e.cache_stats())
     assert after["memory_entries"] == before["memory_entries"] and after["lookups"] == before["lookups"]
-    assert chat(c, server.model).choices[0].message.content  # still serving
+    assert chat(c, disk_server.model).choices[0].message.content  # still serving
 
 
 def test_api_key_is_required_when_set_and_off_loopback(tiny_model: Path) -> None:
@@ -272,24 +221,24 @@ def test_api_key_is_required_when_set_and_off_loopback(tiny_model: Path) -> None
 # -- concurrency, queue, disconnects ------------------------------------------------------------
 
 
-def test_twenty_concurrent_clients_get_their_own_replies_in_order(server: Server) -> None:
+def test_twenty_concurrent_clients_get_their_own_replies_in_order(disk_server: Server) -> None:
     from tests.engine_helpers import QUESTIONS
 
     prompts = [[{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"}] for i in range(20)]
     # What each should get: the engine itself, one by one, no cache.
     from engine.types import GenerationRequest, SamplerSettings
 
-    expected = [server.engine(lambda e, m=m: e.generate(
+    expected = [disk_server.engine(lambda e, m=m: e.generate(
         GenerationRequest(m, SamplerSettings(max_tokens=6, seed=i, temperature=0.8), use_cache=False)).tokens)
         for i, m in enumerate(prompts)]
-    release = server.gate()  # all 20 are admitted before any runs
-    clients = [server.client() for _ in prompts]
+    release = disk_server.gate()  # all 20 are admitted before any runs
+    clients = [disk_server.client() for _ in prompts]
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
         futs = []
         for i, (cl, m) in enumerate(zip(clients, prompts)):
-            futs.append(pool.submit(chat, cl, server.model, m, max_tokens=6, seed=i, temperature=0.8))
-            server.wait_state(lambda st, n=i + 1: st.waiting >= n)  # admitted in this order
-        status = http(server.url.removesuffix("/v1") + "/verbatim/status").json()
+            futs.append(pool.submit(chat, cl, disk_server.model, m, max_tokens=6, seed=i, temperature=0.8))
+            disk_server.wait_state(lambda st, n=i + 1: st.waiting >= n)  # admitted in this order
+        status = http(disk_server.url.removesuffix("/v1") + "/verbatim/status").json()
         assert status["queue"]["waiting"] == 20 and status["queue"]["running"] == 0
         release.set()
         replies = [f.result(TIMEOUT) for f in futs]
@@ -299,7 +248,7 @@ def test_twenty_concurrent_clients_get_their_own_replies_in_order(server: Server
     admitted = [r.verbatim["queue"]["admitted"] for r in replies]
     started = [r.verbatim["queue"]["started"] for r in replies]
     assert admitted == sorted(admitted) and started == sorted(started)  # first come, first served
-    server.wait_state(lambda st: st.waiting == 0 and st.running == 0)
+    disk_server.wait_state(lambda st: st.waiting == 0 and st.running == 0)
 
 
 def test_a_full_queue_refuses_with_429(tiny_model: Path) -> None:
@@ -321,13 +270,13 @@ def test_a_full_queue_refuses_with_429(tiny_model: Path) -> None:
         s.close()
 
 
-def test_a_client_leaving_mid_stream_cancels_and_the_next_request_is_right(server: Server) -> None:
-    c = server.client()
+def test_a_client_leaving_mid_stream_cancels_and_the_next_request_is_right(disk_server: Server) -> None:
+    c = disk_server.client()
     msgs = [{"role": "user", "content": "Regenerate the answer, please."}]
-    reference = chat(c, server.model, msgs, logprobs=True)
-    served = server.handle.state.served
-    n_results = len(server.recording.results)
-    stream = chat(c, server.model, msgs, max_tokens=3000, stream=True)
+    reference = chat(c, disk_server.model, msgs, logprobs=True)
+    served = disk_server.handle.state.served
+    n_results = len(disk_server.recording.results)
+    stream = chat(c, disk_server.model, msgs, max_tokens=3000, stream=True)
     got = 0
     for ch in stream:
         if ch.choices and ch.choices[0].delta.content:
@@ -335,10 +284,10 @@ def test_a_client_leaving_mid_stream_cancels_and_the_next_request_is_right(serve
             if got == 3:
                 break
     stream.close()  # the client disconnects
-    server.wait_state(lambda st: st.served == served + 1 and st.running == 0)
-    done = server.recording.results[n_results]
+    disk_server.wait_state(lambda st: st.served == served + 1 and st.running == 0)
+    done = disk_server.recording.results[n_results]
     assert done.finish_reason == "cancelled" and len(done.tokens) < 3000
-    again = chat(c, server.model, msgs, logprobs=True)
+    again = chat(c, disk_server.model, msgs, logprobs=True)
     assert again.verbatim["token_ids"] == reference.verbatim["token_ids"] and lps(again) == lps(reference)
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
@@ -362,17 +311,6 @@ def test_stopping_the_server_ends_streams_and_generations(tiny_model: Path) -> N
 # -- the command line: `python -m engine serve`, signals, restart from disk ---------------------
 
 
-def _spawn(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    p = subprocess.Popen([sys.executable, "-m", "engine", "serve", *args], stderr=subprocess.PIPE, text=True,
-                         env=env, cwd=Path(__file__).resolve().parents[2])
-    assert p.stderr is not None
-    for line in p.stderr:  # ends at EOF if the server dies
-        if line.startswith("Verbatim server:") and " at http" in line:
-            return p, line.split(" at ", 1)[1].split()[0]
-    p.wait(TIMEOUT)
-    pytest.fail(f"server did not start (rc {p.returncode})")
-
-
 def test_cli_serves_stops_on_signals_and_restarts_from_disk(tiny_model: Path, tmp_path: Path) -> None:
     env = {**os.environ}
     args = ["--model", str(tiny_model), "--port", "0", "--cache-dir", str(tmp_path / "cache"), "--chunk", "8"]
@@ -381,7 +319,7 @@ def test_cli_serves_stops_on_signals_and_restarts_from_disk(tiny_model: Path, tm
     assert bad.returncode == 2 and "--api-key" in bad.stderr
     replies = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        p, url = _spawn(args, env)
+        p, url = spawn_serve(args, env)
         try:
             cl = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT)
             replies.append(chat(cl, tiny_model.name, logprobs=True))
@@ -415,7 +353,7 @@ def test_demo_model_through_python_m_engine_serve(tmp_path: Path) -> None:
     args = ["--model", "demo", "--port", "0", "--cache-dir", str(tmp_path / "cache")]
     replies = []
     for run in range(2):
-        p, url = _spawn(args, {**os.environ})
+        p, url = spawn_serve(args, {**os.environ})
         try:
             cl = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT)
             for _ in range(2 - run):

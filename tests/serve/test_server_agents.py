@@ -12,15 +12,15 @@ import ctypes
 import gc
 import json
 import os
+from pathlib import Path
 from typing import Any, Iterator
 
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.engine.test_constraints import CLOCK, SCHEMA, WEATHER, valid_weather
-from tests.serve.test_server import Server
-from tests.tiny_models import build_tool_model
+from tests.server_helpers import Server
+from tests.tool_fixtures import CLOCK, SCHEMA, WEATHER, valid_weather
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 FORMAT = {"type": "json_schema", "json_schema": {"name": "weather", "strict": True, "schema": SCHEMA}}
@@ -43,9 +43,8 @@ class Trip(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")
-    s = Server(folder, tmp_path_factory.mktemp("agents-cache"), api_keys=["alice-key", "bob-key"])
+def server(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tool_model, tmp_path_factory.mktemp("agents-cache"), api_keys=["alice-key", "bob-key"])
     yield s
     s.close()
 

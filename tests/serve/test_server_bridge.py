@@ -11,23 +11,15 @@ from __future__ import annotations
 
 import http.client
 import json
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import openai
 import pytest
 
 from engine.types import CancelToken
-from tests.serve.test_server import SKY, TIMEOUT, Server, chat, collect_stream, lps
+from tests.server_helpers import SKY, TIMEOUT, Server, chat, collect_stream, lps
 
 MSGS = [{"role": "user", "content": "Tell me about the bridge."}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[Server]:
-    s = Server(tiny_model, None)
-    yield s
-    s.close()
 
 
 def post(server: Server, body: dict[str, Any]) -> http.client.HTTPConnection:

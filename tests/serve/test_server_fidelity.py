@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import openai
 import pytest
@@ -21,14 +21,7 @@ from engine import receipts
 from engine.engine import Engine
 from engine.receipts import ReceiptModel
 from engine.types import GenerationRequest, SamplerSettings
-from tests.serve.test_server import SKY, TIMEOUT, Raw, Server, chat, http, lps
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[Server]:
-    s = Server(tiny_model, None)
-    yield s
-    s.close()
+from tests.server_helpers import SKY, TIMEOUT, Raw, Server, chat, http, lps
 
 
 def post(server: Server, body: Any, raw: Optional[bytes] = None, path: str = "/chat/completions") -> Raw:

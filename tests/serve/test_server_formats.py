@@ -7,16 +7,13 @@ tiny tool model."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from tests.engine_helpers import require_openblas
-from tests.serve.test_server import Server
-from tests.tiny_models import build_tool_model
+from tests.server_helpers import Server, post
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
@@ -26,9 +23,10 @@ LOOK = "Let me look."  # an assistant's text before its call: one message with i
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def folder(tool_model: Path) -> Path:
+    """The tool model (tests/conftest.py), for tests whose exact comparisons need an optimized BLAS."""
     require_openblas()
-    return build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")
+    return tool_model
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +34,6 @@ def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     s = Server(folder, tmp_path_factory.mktemp("formats-cache"), api_keys=["k1"], seed=11)
     yield s
     s.close()
-
-
-def post(s: Server, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
-         method: str = "POST") -> tuple[int, Any]:
-    req = urllib.request.Request(s.url.rsplit("/v1", 1)[0] + path, data=json.dumps(body).encode() if body else None,
-                                 method=method, headers={"Content-Type": "application/json",
-                                                         **(headers or {"Authorization": "Bearer k1"})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            raw = r.read().decode()
-            return r.status, raw if raw.startswith(("event:", "data:")) else json.loads(raw)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def three_ways(call_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -230,9 +215,9 @@ def test_reasoning_effort_goes_to_a_template_that_reads_it_in_every_format(tmp_p
     """gpt-oss's template reads `reasoning_effort`: chat's reasoning_effort, Responses'
     reasoning.effort and Messages' output_config.effort go to it (not listed as ignored), and the
     prompt says so; the tool model's template reads none (listed as ignored, above)."""
-    from tests.engine.test_template_inputs import OPTIONS_TEMPLATE, _folder
+    from tests.tiny_models import OPTIONS_TEMPLATE, build_templated_model
 
-    s = Server(_folder(tmp_path, "reads", OPTIONS_TEMPLATE), None)
+    s = Server(build_templated_model(tmp_path / "reads", OPTIONS_TEMPLATE), None)
     try:
         asks = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
                                          "reasoning_effort": "high"},

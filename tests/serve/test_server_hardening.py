@@ -16,16 +16,14 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-import pytest
+from typing import Any, Callable
 
 from engine.serve.connections import IDLE, RECEIVING, ConnectionGuard, Limits, RequestScan
 from engine.serve.guard import RateLimitedLog
 from engine.serve.quote import quote
 from tests.flood_clients import reconnect_flood
-from tests.serve.test_server import SKY, Server, http
-from tests.serve.test_server_guard import Reply, chat_body, exchange, read_to_close, request_bytes
+from tests.raw_http import Reply, chat_body, exchange, read_to_close, request_bytes
+from tests.server_helpers import SKY, Server, http
 
 DEADLINE = 60.0  # seconds: only reached when the server misbehaves, and then an assertion fails
 
@@ -283,52 +281,45 @@ def test_models_by_path_is_not_an_oracle_but_the_path_still_names_the_model(tiny
 # -- 8. validation gaps ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def plain(tiny_model: Path) -> Iterator[Server]:
-    s = Server(tiny_model, None)
-    yield s
-    s.close()
-
-
-def test_fields_that_would_change_the_reply_inside_messages_are_refused_by_name(plain: Server) -> None:
+def test_fields_that_would_change_the_reply_inside_messages_are_refused_by_name(server: Server) -> None:
     for extra, param in [({"name": 5}, "messages[0].name"),  # a name is accepted (issue 47): a string
                          # tool fields only where they belong (an assistant's calls, a tool's result)
                          ({"tool_calls": [{"id": "x", "type": "function"}]}, "messages[0].tool_calls"),
                          ({"tool_call_id": "x"}, "messages[0].tool_call_id"),
                          ({"weight": 2}, "messages[0].weight")]:
-        code, body = post(plain, "/v1/chat/completions",
+        code, body = post(server, "/v1/chat/completions",
                           {"messages": [{**SKY[0], **extra}], "max_tokens": 1})
         assert code == 400 and body["error"]["param"] == param, body
 
 
-def test_stream_options_without_stream_and_ambiguous_logit_bias_are_refused(plain: Server) -> None:
-    code, body = post(plain, "/v1/chat/completions",
+def test_stream_options_without_stream_and_ambiguous_logit_bias_are_refused(server: Server) -> None:
+    code, body = post(server, "/v1/chat/completions",
                       {"messages": SKY, "max_tokens": 1, "stream_options": {"include_usage": True}})
     assert code == 400 and body["error"]["param"] == "stream_options"
-    code, body = post(plain, "/v1/completions",
+    code, body = post(server, "/v1/completions",
                       {"prompt": "x", "max_tokens": 1, "stream_options": {"include_usage": True}})
     assert code == 400 and body["error"]["param"] == "stream_options"
     for bias in ({"05": 1, "5": 2}, {"05": 1}, {"00": 1}):
-        code, body = post(plain, "/v1/chat/completions", {"messages": SKY, "max_tokens": 1, "logit_bias": bias})
+        code, body = post(server, "/v1/chat/completions", {"messages": SKY, "max_tokens": 1, "logit_bias": bias})
         assert code == 400 and body["error"]["param"] == "logit_bias", body
-    code, body = post(plain, "/v1/chat/completions", {"messages": SKY, "max_tokens": 1, "logit_bias": {"0": 1}})
+    code, body = post(server, "/v1/chat/completions", {"messages": SKY, "max_tokens": 1, "logit_bias": {"0": 1}})
     assert code == 200
 
 
-def test_error_messages_echo_only_a_short_escaped_prefix_of_the_input(plain: Server) -> None:
+def test_error_messages_echo_only_a_short_escaped_prefix_of_the_input(server: Server) -> None:
     huge = "é" * 100_000 + "<script>"
     for body in ({"model": huge, "messages": SKY}, {huge: 1, "messages": SKY},
                  {"messages": [{"role": huge, "content": "x"}]},
                  {"messages": [{"role": "user", "content": "x", huge: 1}]},
                  {"messages": SKY, "verbatim": {huge: 1}}):
-        code, out = post(plain, "/v1/chat/completions", body)
+        code, out = post(server, "/v1/chat/completions", body)
         err = out["error"]
         assert code in (400, 404) and len(err["message"]) < 300 and len(err["param"] or "") < 100, code
         assert "<script>" not in err["message"] and "é" not in err["message"]
     for path, body in (("/verbatim/tokenize", {"messages": [{"role": huge, "content": "x"}]}),
                        ("/v1/chat/completions", {"messages": SKY, "logit_bias": {"5": huge}})):
-        code, out = post(plain, path, body)
+        code, out = post(server, path, body)
         assert code == 400 and len(out["error"]["message"]) < 400, out["error"]["message"][:200]
         assert "<script>" not in out["error"]["message"]
-    r = http(plain.url + "/models/" + urllib.parse.quote("é" * 1000 + "<script>", safe=""))  # < 8 KB of URL
+    r = http(server.url + "/models/" + urllib.parse.quote("é" * 1000 + "<script>", safe=""))  # < 8 KB of URL
     assert r.status_code == 404 and len(r.body) < 500

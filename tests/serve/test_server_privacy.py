@@ -21,7 +21,7 @@ from engine.cache.namespace import cache_key
 from engine.serve.keys import API_NAMESPACE, KeyFileError, Keys, read_keys_file
 from engine.serve.schema import APIError
 from engine.types import GenerationRequest, SamplerSettings
-from tests.serve.test_server import TIMEOUT, Server, _spawn, chat, lps
+from tests.server_helpers import TIMEOUT, Server, chat, lps, spawn_serve
 
 SECRET = [{"role": "user", "content": "My bank PIN is 4831. Keep it safe for me."}]
 
@@ -124,7 +124,7 @@ def test_cli_takes_keys_from_a_file_kept_out_of_ps(tiny_model: Path, tmp_path: P
         run = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", str(tiny_model), *bad],
                              capture_output=True, text=True, timeout=TIMEOUT, cwd=Path(__file__).resolve().parents[2])
         assert run.returncode == 2 and says in run.stderr, run.stderr
-    p, url = _spawn(["--model", str(tiny_model), "--port", "0", "--chunk", "8", "--no-cache",
+    p, url = spawn_serve(["--model", str(tiny_model), "--port", "0", "--chunk", "8", "--no-cache",
                      "--api-keys-file", str(keys)], {k: v for k, v in os.environ.items() if k != "VERBATIM_API_KEY"})
     try:
         cmdline = Path(f"/proc/{p.pid}/cmdline").read_bytes() if Path(f"/proc/{p.pid}").exists() else b""

@@ -18,18 +18,16 @@ from pydantic import BaseModel, Field
 from engine.serve.reply import CallArguments, CallStart, ReplyReader, TextDelta
 from engine.constraint import Constraint
 from tests.engine_helpers import require_openblas
-from tests.engine.test_constraints import CLOCK, WEATHER
-from tests.serve.test_server import Server
-from tests.tiny_models import build_tool_model
+from tests.server_helpers import Server
+from tests.tool_fixtures import CLOCK, WEATHER
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_time"}}
 
 
 @pytest.fixture(scope="module")
-def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")
-    s = Server(folder, tmp_path_factory.mktemp("tool-cache"))
+def tool_server(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tool_model, tmp_path_factory.mktemp("tool-cache"))
     yield s
     s.close()
 
