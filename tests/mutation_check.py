@@ -491,7 +491,7 @@ MUTATIONS: list[Mutation] = [
         "a Responses chain forgets the files its earlier inputs attached",
         (("engine/serve/formats/responses.py", "    for f in [*(previous.files if previous is not None else ()), *p.files]:\n",
           "    for f in p.files:\n"),),
-        ("tests/test_server_formats.py::test_a_responses_chain_keeps_the_files_its_first_input_attached",),
+        ("tests/serve/test_server_formats.py::test_a_responses_chain_keeps_the_files_its_first_input_attached",),
     ),
     # issue 37: cache files that cannot hurt
     Mutation(
