@@ -4,7 +4,7 @@ Never the global PRNG: MLX's global random state is per-thread and was seen to f
 `mx.compile` on worker threads (MLX 0.32.0). A generation owns `mx.random.key(seed)` and splits
 it once per step, so the same seed gives the same draws in any process or thread.
 
-The key schedule (tests/test_edge_promises.py recomputes sampled tokens from it):
+The key schedule (tests/engine/test_edge_promises.py recomputes sampled tokens from it):
 
     key_0 = mx.random.key(seed)
     key_{i+1}, step_key_i = mx.random.split(key_i)          # every step i, greedy or not

@@ -190,9 +190,9 @@ def test_the_local_server_starts_as_engine_serve_would_with_the_settings_seed_an
     from PySide6.QtWidgets import QApplication
 
     from app.core.store import ChatSettings
-    from tests.test_template_inputs import OPTIONS_TEMPLATE, _folder
+    from tests.tiny_models import OPTIONS_TEMPLATE, build_templated_model
 
-    w = build_main_window(str(_folder(tmp_path, "reads", OPTIONS_TEMPLATE)), tmp_path / "data", chunk=8)
+    w = build_main_window(str(build_templated_model(tmp_path / "reads", OPTIONS_TEMPLATE)), tmp_path / "data", chunk=8)
     qtbot.addWidget(w)
     qtbot.waitUntil(lambda: w.chat.link.ready, timeout=TIMEOUT * 1000)
     w.settings.apply(ChatSettings(sampler=SamplerSettings(max_tokens=2, seed=1234), random_seed=False))
