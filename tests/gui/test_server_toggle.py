@@ -192,7 +192,8 @@ def test_the_local_server_starts_as_engine_serve_would_with_the_settings_seed_an
     from app.core.store import ChatSettings
     from tests.tiny_models import OPTIONS_TEMPLATE, build_templated_model
 
-    w = build_main_window(str(build_templated_model(tmp_path / "reads", OPTIONS_TEMPLATE)), tmp_path / "data", chunk=8)
+    model = build_templated_model(tmp_path / "reads", OPTIONS_TEMPLATE)  # its chat template reads reasoning_effort
+    w = build_main_window(str(model), tmp_path / "data", chunk=8)
     qtbot.addWidget(w)
     qtbot.waitUntil(lambda: w.chat.link.ready, timeout=TIMEOUT * 1000)
     w.settings.apply(ChatSettings(sampler=SamplerSettings(max_tokens=2, seed=1234), random_seed=False))
