@@ -62,6 +62,7 @@ DH = "tests/test_documents_hostile.py::"
 PP = "tests/test_planted_promises.py::"
 RP = "tests/test_run_progress.py::"
 MM = "tests/test_memory.py::"
+LR = "tests/app/test_live_run.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in needed) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
@@ -729,6 +730,27 @@ MUTATIONS: list[Mutation] = [
         "MLX's buffer cache left unbounded",
         (("engine/memory.py", "    return int(mx.set_cache_limit(limit))\n", "    return int(mx.set_cache_limit(1 << 40))\n"),),
         (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
+    ),
+    # issue 50, item 5, the window: the run in progress (tests/app/test_live_run.py, the debug panel)
+    Mutation(
+        "the run in progress ignores the prefill's progress",
+        (("app/core/generation/live_run.py", "                run = replace(run, done=event.done, total=event.total)\n",
+          "                run = replace(run, total=event.total)\n"),),
+        (LR + "test_a_live_run_folds_the_restore_the_progress_and_decode",
+         LR + "test_the_run_in_progress_is_the_restore_then_the_prefill_then_the_final_report"),
+    ),
+    Mutation(
+        "the run in progress is not told as it advances",
+        (("app/core/generation/model.py", "            self.live = live\n            self.live_changed.emit(live)\n",
+          "            self.live = live\n"),),
+        (LR + "test_the_run_in_progress_is_the_restore_then_the_prefill_then_the_final_report",
+         "tests/gui/test_reply_report.py::test_the_debug_panel_shows_the_run_in_progress_then_its_final_report"),
+    ),
+    Mutation(
+        "the debug panel shows a reply being made as one with no report",
+        (("app/qt/inspector/debug_panel.py", "        if live is not None and run is None:\n",
+          "        if live is not None and run is None and False:\n"),),
+        ("tests/gui/test_reply_report.py::test_the_debug_panel_shows_the_run_in_progress_then_its_final_report",),
     ),
     # issue 50, item 9: promises no test checked (tests/test_planted_promises.py)
     Mutation(

@@ -1,8 +1,10 @@
 """The debug panel: everything the prompt cache did for the selected reply, and the store totals.
 
 Shows a reply's run: its `CacheReport` and `ReplyOutcome` (the latest run, or one picked from the
-reply's runs; stored, so also after a restart), as worded by `view_models.debug_vm`; this module
-only lays them out. Bound to the selected reply (the open conversation's selection), the cold
+reply's runs; stored, so also after a restart), as worded by `view_models.debug_vm`; while the
+selected reply is being made, its run in progress (the generation's `LiveRun`: what was restored
+and from where, the declines, the forwards made of those planned, `live_run.live_debug_vm`) until
+the final report replaces it; this module only lays them out. Bound to the selected reply (the open conversation's selection), the cold
 runs (Verify's verdict) and the engine link (the cache store's numbers; a server's cache is its
 own, so no Clear cache then); Verify and Clear cache are intents to those.
 """
@@ -28,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.generation.live_run import LiveRun, live_debug_vm, live_title
 from app.core.store import Run
 
 if TYPE_CHECKING:
@@ -43,6 +46,7 @@ from app.core.conversation.view_models import (
     STORE_FIELDS,
     TIMING_FIELDS,
     VERIFYING,
+    DebugVM,
     MessageVM,
     debug_vm,
     stats_rows,
@@ -101,6 +105,7 @@ class DebugPanel(QDockWidget):
         self.values: dict[str, QLabel] = {}
         self._pending_vm: Optional[MessageVM] = None
         self._pending_run: Optional[Run] = None
+        self._live: Optional[LiveRun] = None  # the reply being made's run, as far as it got
         self._dirty = False
 
         inner = QWidget()
@@ -199,6 +204,7 @@ class DebugPanel(QDockWidget):
         chat.link.stats_changed.connect(lambda stats, memory: self.show_stats(stats))
         chat.link.server_changed.connect(self._show_server)
         chat.cold_runs.verify_changed.connect(self._show_verify)
+        chat.generation.live_changed.connect(self.show_live)
         self.verifyRequested.connect(chat.cold_runs.verify)
         self.clearRequested.connect(chat.link.clear_cache)
 
@@ -226,6 +232,18 @@ class DebugPanel(QDockWidget):
         self._dirty = False
         self._fill(vm, run)
 
+    def show_live(self, live: Optional[LiveRun]) -> None:
+        """The run in progress advanced: shown when it is the selected reply's; None: it ended (the
+        final report comes with the reply saved, when the selection is read again)."""
+        run = live if live is not None else self._live  # the run that advanced or ended
+        self._live = live
+        if run is None or self._pending_vm is None or self._pending_vm.id != run.reply_id:
+            return
+        if not self.isVisible():
+            self._dirty = True
+            return
+        self._fill(self._pending_vm, self._pending_run)
+
     def showEvent(self, event: Any) -> None:  # type: ignore[override]
         super().showEvent(event)
         if self._dirty:
@@ -240,17 +258,33 @@ class DebugPanel(QDockWidget):
         self.compare_button.setEnabled(vm is not None and vm.tokens > 0 and vm.status != "generating")
         if not same:
             self.values["verify"].setText("–")
-        if vm is None or vm.report is None:
-            self.title.setText(NO_REPLY if vm is None else NO_REPORT)
-            for key, _ in REPORT_FIELDS + TIMING_FIELDS + [("identity", "")]:
-                self.values[key].setText("–")
-            self.layers.setRowCount(0)
-            self.ranks.setText("")
-            self.rank_box.setVisible(False)
-            self.document_box.setVisible(False)
-            self.declines.setText("none")
+        live = self._live if vm is not None and self._live is not None and self._live.reply_id == vm.id else None
+        if live is not None and run is None:
+            self._fill_live(vm, live)
             return
-        d = debug_vm(vm, run)
+        if vm is None or vm.report is None:
+            self._clear(NO_REPLY if vm is None else NO_REPORT)
+            return
+        self._show_vm(debug_vm(vm, run))
+
+    def _fill_live(self, vm: MessageVM, live: LiveRun) -> None:
+        d = live_debug_vm(vm, live)
+        if d is None:  # before the restore: only what the run is doing
+            self._clear(live_title(vm, live))
+            return
+        self._show_vm(d)
+
+    def _clear(self, title: str) -> None:
+        self.title.setText(title)
+        for key, _ in REPORT_FIELDS + TIMING_FIELDS + [("identity", "")]:
+            self.values[key].setText("–")
+        self.layers.setRowCount(0)
+        self.ranks.setText("")
+        self.rank_box.setVisible(False)
+        self.document_box.setVisible(False)
+        self.declines.setText("none")
+
+    def _show_vm(self, d: DebugVM) -> None:
         self.title.setText(d.title)
         for key, text in d.rows.items():
             self.values[key].setText(text)
