@@ -752,6 +752,30 @@ MUTATIONS: list[Mutation] = [
           "        if live is not None and run is None and False:\n"),),
         ("tests/gui/test_reply_report.py::test_the_debug_panel_shows_the_run_in_progress_then_its_final_report",),
     ),
+    # issue 50, item 7, the window: the memory tier's budget set in Settings, the memory split shown
+    Mutation(
+        "the memory budget set in the window waits for the next load",
+        (("app/core/engine_link/model.py", "        self.memory_budget = budget\n        self.jobs.spawn(self._apply_memory_budget(budget))\n",
+          "        self.memory_budget = budget\n"),),
+        ("tests/app/test_memory_link.py::test_the_memory_is_read_after_every_run_and_a_budget_applies_at_once_and_after_a_load",
+         "tests/gui/test_models_and_settings.py::"
+         "test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start"),
+    ),
+    Mutation(
+        "the memory budget kept in settings.ini is not applied at start",
+        (("app/qt/window/window.py", "        self.settings.restore_memory_budget()  # before the load: the engine's tier starts with it\n",
+          ""),),
+        ("tests/gui/test_models_and_settings.py::"
+         "test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start",),
+    ),
+    Mutation(
+        "the process's memory split is never read",
+        (("app/core/engine_link/model.py", "        self._show_stats(stats, memory)\n        self._show_memory(report)\n",
+          "        self._show_stats(stats, memory)\n"),),
+        ("tests/app/test_memory_link.py::test_the_memory_is_read_after_every_run_and_a_budget_applies_at_once_and_after_a_load",
+         "tests/gui/test_models_and_settings.py::"
+         "test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start"),
+    ),
     # issue 50, item 9: promises no test checked (tests/test_planted_promises.py)
     Mutation(
         "a logprob rounded as it is reported",

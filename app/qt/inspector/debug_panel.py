@@ -30,12 +30,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.engine_link.memory_text import memory_split_text
 from app.core.generation.live_run import LiveRun, live_debug_vm, live_title
 from app.core.store import Run
 
 if TYPE_CHECKING:
     from app.core.chat import Chat
     from app.core.engine_link.model import ServerLink
+    from engine.memory import MemoryReport
 from app.qt.widgets.wrap_label import WrapLabel
 from app.core.conversation.view_models import (
     IDENTITY_FIELDS,
@@ -179,6 +181,15 @@ class DebugPanel(QDockWidget):
         store.addRow(row)
         lay.addWidget(store_box)
 
+        # The process's memory: the weights, the live KV cache, the memory tier, MLX's buffer cache,
+        # RSS (Engine.memory_report, read again after every run); a server's is its own.
+        self.memory_box = QGroupBox("Memory (this process)")
+        self.process_memory = WrapLabel("–")
+        self.process_memory.setObjectName("debug_process_memory")
+        self.process_memory.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        QVBoxLayout(self.memory_box).addWidget(self.process_memory)
+        lay.addWidget(self.memory_box)
+
         self.layers = _table(LAYER_COLUMNS, "layerTable")
         self.layers.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.layers.setMinimumHeight(120)
@@ -203,6 +214,7 @@ class DebugPanel(QDockWidget):
         chat.conversation.selected_changed.connect(self.show_reply)
         chat.link.stats_changed.connect(lambda stats, memory: self.show_stats(stats))
         chat.link.server_changed.connect(self._show_server)
+        chat.link.memory_changed.connect(lambda report: self.show_memory(report, chat.link.server is not None))
         chat.cold_runs.verify_changed.connect(self._show_verify)
         chat.generation.live_changed.connect(self.show_live)
         self.verifyRequested.connect(chat.cold_runs.verify)
@@ -318,6 +330,11 @@ class DebugPanel(QDockWidget):
         """The server answers again: a cold run that failed while it was away is no news now."""
         if self.values["verify"].text().startswith("failed: "):
             self.values["verify"].setText("–")
+
+    def show_memory(self, report: Optional["MemoryReport"], remote: bool = False) -> None:
+        """The process's memory split (None and `remote`: the memory is the server's)."""
+        self.memory_box.setTitle("Memory (on the server)" if remote else "Memory (this process)")
+        self.process_memory.setText(memory_split_text(report, remote))
 
     def show_stats(self, stats: dict[str, Any]) -> None:
         """The cache store's numbers; attached to a server, each row names what it holds there
