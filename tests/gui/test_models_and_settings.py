@@ -230,7 +230,7 @@ def test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_an
 
     QTimer.singleShot(0, set_budget)
     w.settings.open_dialog()
-    assert seen["budget"] == f"default ({default_memory_budget() // MIB:,} MB for this machine)"
+    assert seen["budget"] == f"default ({default_memory_budget() / MIB:,.0f} MB for this machine)"
     assert seen["now"] == (f"Holds {before.tier / MIB:,.0f} MB now of {before.tier_budget / MIB:,.0f} MB "
                            f"({before.tier_entries} snapshots).")
     assert seen["split"].splitlines()[0] == before.lines()[0]  # "Model weights: …"

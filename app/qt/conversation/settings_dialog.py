@@ -148,7 +148,7 @@ class SettingsDialog(QDialog):
         self.memory_budget.setRange(0, top)
         self.memory_budget.setSingleStep(256)
         self.memory_budget.setSuffix(" MB")
-        default = default_memory_budget() // MIB
+        default = round(default_memory_budget() / MIB)
         self.memory_budget.setSpecialValueText(f"default ({default:,} MB for this machine)")
         self.memory_budget.setValue(0 if budget is None else max(budget // MIB, 1))
         self.memory_budget.setToolTip("Replies restore their conversation from the prompt cache: in memory up to "
