@@ -20,7 +20,7 @@ from llguidance import LLMatcher
 
 from engine.engine import Engine
 from engine.generate.constraints import _json_rule
-from tests.test_constraints import SCHEMA
+from tests.tool_fixtures import SCHEMA
 
 
 def main(folders: list[str]) -> None:

@@ -11,7 +11,7 @@ whether RSS levels off once the prompt cache's memory tier is full.
         --memory-budget-mib 128                                       # the engine alone
 
 The test suite runs the same rounds a dozen times (tests/gui/test_soak_window.py) and 2,000 requests
-(tests/test_soak_server.py) with bounds; this prints the curve, to see whether memory levels off.
+(tests/serve/test_soak_server.py) with bounds; this prints the curve, to see whether memory levels off.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 # The client environments of the conformance suite. Idempotent and quiet: each part is skipped
 # when its pins and this script are unchanged since its last install (a stamp).
 #
-# - .venv-instructor (tests/test_agent_clients.py): most client libraries run in .venv (the test
+# - .venv-instructor (tests/serve/test_agent_clients.py): most client libraries run in .venv (the test
 #   extra pins them); instructor needs an openai release the main environment cannot hold
 #   (instructor 1.17 pins jiter<0.15, openai>=3.4 needs jiter>=0.16), so it gets a venv of its own
 #   with the exact pins in tests/clients/instructor.txt.
-# - .harnesses (tests/test_harnesses.py): the agent harnesses, Codex CLI and Claude Code, the npm
+# - .harnesses (tests/serve/test_harnesses.py): the agent harnesses, Codex CLI and Claude Code, the npm
 #   packages pinned in tests/clients/harnesses/package-lock.json, installed by `npm ci` (each
 #   package's own native binary). Node and npm are system dependencies, like Xvfb (.ci/run installs
 #   them where missing); without npm this part is skipped with a note, and those tests skip (in CI
@@ -48,7 +48,7 @@ harnesses() {
     local stamp="$dir/.verbatim-install-stamp" key
     if ! command -v npm >/dev/null 2>&1; then
         echo "note: npm not found (install Node.js 20 or newer): the agent harness tests" \
-             "(tests/test_harnesses.py) will skip" >&2
+             "(tests/serve/test_harnesses.py) will skip" >&2
         return 0
     fi
     key="$(digest "$pins/package.json" "$pins/package-lock.json" "${BASH_SOURCE[0]}")"

@@ -10,7 +10,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/openblas.sh"
 
 "$ROOT/scripts/venv.sh" test
-# instructor's own small environment for the conformance suite (tests/test_agent_clients.py).
+# instructor's own small environment for the conformance suite (tests/serve/test_agent_clients.py).
 "$ROOT/scripts/client_envs.sh"
 VENV="${VENV:-.venv}"
 case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac

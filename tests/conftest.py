@@ -1,4 +1,9 @@
-"""Shared test setup. Keep minimal: the engine and GUI tests both use it."""
+"""Shared test setup, and the fixtures tests of several areas use: the tiny models (by cache
+family, the llama alone, the tool model) and the session's throwaway cache and keyring. Each
+area's own fixtures are in its conftest.py (tests/engine, tests/cache, tests/serve, tests/app,
+tests/gui); what tests share besides fixtures is in the helper modules beside this file, whose
+names do not start with `test_` (tests/project/test_test_module_imports.py checks that no test module
+imports another)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+# The helpers' asserts report their values as a test's own do.
+pytest.register_assert_rewrite("tests.disk_helpers", "tests.engine_helpers", "tests.server_helpers")
 
 # GUI tests run headless; set before anything imports Qt.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -58,6 +66,42 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_models import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "llama", family="llama")
+
+
+class TinyModels:
+    """Tiny random-weight models by cache family (tests/tiny_models.py: FAMILIES), each built in
+    its own folder (ROOT/<family>) the first time a test asks for it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[str, Path] = {}
+
+    def __getitem__(self, family: str) -> Path:
+        from tests.tiny_models import build_model
+
+        if family not in self._built:
+            self._built[family] = build_model(self.root / family, family)
+        return self._built[family]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """This module's tiny models by family: `models["gemma3"]` builds it on first use."""
+    return TinyModels(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def llama(models: TinyModels) -> Path:
+    """This module's own tiny llama, in its folder (the session's `tiny_model` is one for every module)."""
+    return models["llama"]
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 with a Qwen-style tools template (tests/tiny_models.py: build_tool_model)."""
+    from tests.tiny_models import build_tool_model
+
+    return build_tool_model(tmp_path_factory.mktemp("models") / "qwen-tools")
 
 
 class GcLog(list[tuple[int, str, bool]]):

@@ -1,7 +1,7 @@
 """Agent harnesses run headless against `python -m engine serve`: Codex CLI (`codex exec`, a custom
 `model_providers` entry with `wire_api = "responses"`) and Claude Code (`claude -p`,
 `ANTHROPIC_BASE_URL` and the `ANTHROPIC_DEFAULT_*_MODEL` variables), as their own documentation
-sets them up. Used by tests/test_harnesses.py and bench/harness_prefix.py.
+sets them up. Used by tests/serve/test_harnesses.py and bench/harness_prefix.py.
 
 Both are the npm packages pinned in tests/clients/harnesses/package-lock.json, installed by
 scripts/client_envs.sh into .harnesses/ (Node is a system dependency, like Xvfb). Each run gets a

@@ -17,7 +17,7 @@ means anything.
 Prints a table (mutation -> outcome -> by which tests -> when) and exits non-zero if any
 mutation is not caught. `--record` writes the rows into the table in docs/testing.md (date and
 commit of this run). Not part of `make test` (minutes, not seconds); run it after every change
-to the code a mutation targets. tests/test_mutation_targets.py checks on every `make test`
+to the code a mutation targets. tests/project/test_mutation_targets.py checks on every `make test`
 that each target text still exists, so this list cannot rot silently. Run it with OpenBLAS
 preloaded (as `make test` does): several catchers are determinism tests that only bite with an
 optimized BLAS (README, "Linux: OpenBLAS").
@@ -41,27 +41,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-EC = "tests/test_engine_cache.py::"
-DC = "tests/test_disk_cache.py::"
-PL = "tests/test_cache_planner.py::"
-FA = "tests/test_cache_families.py::"
-EP = "tests/test_edge_promises.py::"
-SS = "tests/test_stop_strings.py::"
-RE = "tests/test_remote.py::"
-BS = "tests/test_block_store.py::"
-MT = "tests/test_memory_tier.py::"
-RS = "tests/test_restore_spare.py::"
-RH = "tests/test_reply_header_cuts.py::"
-HF = "tests/test_cache_files_hostile.py::"
-DF = "tests/test_disk_cache_faults.py::"
-CO = "tests/test_continue.py::"
-FT = "tests/test_free_text.py::"
-KP = "tests/test_kept_prefix.py::"
-DO = "tests/test_documents.py::"
-DH = "tests/test_documents_hostile.py::"
-PP = "tests/test_planted_promises.py::"
-RP = "tests/test_run_progress.py::"
-MM = "tests/test_memory.py::"
+EC = "tests/cache/test_prompt_cache_guarantees.py::"
+DC = "tests/cache/test_disk_cache.py::"
+PL = "tests/cache/test_cache_planner.py::"
+FA = "tests/cache/test_cache_families.py::"
+EP = "tests/engine/test_edge_promises.py::"
+SS = "tests/engine/test_stop_strings.py::"
+RE = "tests/serve/test_remote.py::"
+BS = "tests/cache/test_block_store.py::"
+MT = "tests/cache/test_memory_tier.py::"
+RS = "tests/cache/test_restore_spare.py::"
+RH = "tests/cache/test_reply_header_cuts.py::"
+HF = "tests/cache/test_cache_files_hostile.py::"
+DF = "tests/cache/test_disk_cache_faults.py::"
+CO = "tests/engine/test_continue.py::"
+FT = "tests/engine/test_free_text.py::"
+KP = "tests/cache/test_kept_prefix.py::"
+DO = "tests/engine/test_documents.py::"
+DH = "tests/engine/test_documents_hostile.py::"
+PP = "tests/engine/test_planted_promises.py::"
+RP = "tests/engine/test_run_progress.py::"
+MM = "tests/cache/test_memory_budget.py::"
 LR = "tests/app/test_live_run.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in needed) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
@@ -110,7 +110,7 @@ MUTATIONS: list[Mutation] = [
         "drop the world size and sharding from the model key",
         (("engine/engine.py", '{**options, "chunk": self.chunk, "dequantized": dequantized, **sharding}',
           '{**options, "chunk": self.chunk, "dequantized": dequantized}'),),
-        ("tests/test_distributed.py::test_world_size_and_sharding_are_part_of_the_model_key",),
+        ("tests/serve/test_distributed.py::test_world_size_and_sharding_are_part_of_the_model_key",),
     ),
     Mutation(
         "trust the index's trimmable flag",
@@ -254,81 +254,81 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "the macOS job runs a narrower test command than the README's",
         ((".github/workflows/ci.yml", "        run: make test\n", "        run: make test ARGS=\"-m 'not slow'\"\n"),),
-        ("tests/test_workflows.py::test_the_macos_job_runs_the_readmes_test_command_on_apple_silicon",),
+        ("tests/project/test_workflows.py::test_the_macos_job_runs_the_readmes_test_command_on_apple_silicon",),
     ),
     Mutation(
         "a checkout keeps the job's token in .git/config",
         ((".github/workflows/release.yml", "          persist-credentials: false\n      - uses: actions/setup-python",
           "          fetch-depth: 1\n      - uses: actions/setup-python"),),
-        ("tests/test_workflows.py::test_actionlint_and_zizmor_find_nothing_in_the_workflows",),
+        ("tests/project/test_workflows.py::test_actionlint_and_zizmor_find_nothing_in_the_workflows",),
     ),
     # issue 30: tools and structured output (the constraint in the receipt, the mask before sampling)
     Mutation(
         "a receipt leaves the constraint (tools, tool_choice, response_format) out",
         (("engine/receipts.py", "        constraint=request.constraint,\n        documents=", "        documents="),),
-        ("tests/test_constraints.py::test_a_constrained_receipt_verifies_and_a_tampered_one_is_refused",),
+        ("tests/engine/test_constraints.py::test_a_constrained_receipt_verifies_and_a_tampered_one_is_refused",),
     ),
     Mutation(
         "the grammar's mask applied after sampling (to the reported logprobs) instead of before",
-        (("engine/generate/sampling.py", "        logits = masked(logits.astype(mx.float32), mask)\n",
-          "        logits = logits.astype(mx.float32)\n"),
-         ("engine/generate/sampling.py",
-          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n",
-          "        logprobs = masked(logprobs, mask)\n"
-          "        return token, mx.take_along_axis(logprobs, token[:, None], axis=-1)[0, 0], logprobs\n")),
-        ("tests/test_constraints.py::test_the_mask_holds_under_every_sampler_setting",),
+        (("engine/generate/sampling.py", "        out.append(lambda tokens, logits: masked(logits, mask()))\n", "        pass\n"),
+         ("engine/generate/loop.py", "        token, logprob, dist = sampler.sample(logits, history)\n",
+          "        token, logprob, dist = sampler.sample(logits, history)\n"
+          "        if guide is not None:\n"
+          "            dist = mx.where(guide.mask(), dist, -float('inf'))\n"
+          "            logprob = mx.take_along_axis(dist, token[:, None], axis=-1)[0, 0]\n")),
+        ("tests/engine/test_constraints.py::test_the_mask_holds_under_every_sampler_setting",),
     ),
     # issue 29: the server and the cluster under an attacker (guard, keys, connections, admission, ranks)
     Mutation(
         "the Host check lets any IP literal through",
         (("engine/serve/guard.py", "        return local_ip is not None and _same_ip(name, local_ip)\n",
           "        return True\n"),),
-        ("tests/test_server_guard.py::test_a_dns_rebinding_host_is_refused_and_loopback_names_are_served",
-         "tests/test_server_guard.py::test_origin_and_host_rules_as_plain_functions"),
+        ("tests/serve/test_server_guard.py::test_a_dns_rebinding_host_is_refused_and_loopback_names_are_served",
+         "tests/serve/test_server_guard.py::test_origin_and_host_rules_as_plain_functions"),
     ),
     Mutation(
         "the Origin of a web page is not checked",
         (("engine/serve/guard.py", "        if origin is not None and not self.origin_allowed(origin):\n",
           "        if False:\n"),),
-        ("tests/test_server_guard.py::test_a_web_pages_simple_cross_origin_post_is_refused_before_any_work",),
+        ("tests/serve/test_server_guard.py::test_a_web_pages_simple_cross_origin_post_is_refused_before_any_work",),
     ),
     Mutation(
         "a POST body of any content type is read",
         (("engine/serve/guard.py", '            if ctype != "application/json":\n', "            if False:\n"),),
-        ("tests/test_server_guard.py::test_a_web_pages_simple_cross_origin_post_is_refused_before_any_work",),
+        ("tests/serve/test_server_guard.py::test_a_web_pages_simple_cross_origin_post_is_refused_before_any_work",),
     ),
     Mutation(
         "every API key shares one cache namespace",
         (("engine/serve/keys.py",
           '        return "key:" + hashlib.sha256(match.encode("utf-8", "surrogateescape")).hexdigest()\n',
           "        return API_NAMESPACE\n"),),
-        ("tests/test_server_privacy.py::test_two_keys_never_see_each_others_cache_in_memory_or_on_disk",),
+        ("tests/serve/test_server_privacy.py::test_two_keys_never_see_each_others_cache_in_memory_or_on_disk",),
     ),
     Mutation(
         "the half-open (slow request) timeout is never applied",
         (("engine/serve/connections.py",
           "            if c.phase == RECEIVING and not c.complete and now - c.since > self.limits.request_timeout:\n",
           "            if False:\n"),),
-        ("tests/test_server_guard.py::test_partly_sent_requests_and_idle_connections_are_closed",),
+        ("tests/serve/test_server_guard.py::test_partly_sent_requests_and_idle_connections_are_closed",),
     ),
     Mutation(
         "bytes waiting unread never peeked, taken for a whole request: the newcomer of a burst is dropped",
         (("engine/serve/connections.py",
           "    if n <= 0:\n        return NOTHING\n",
           "    if n <= 0:\n        return NOTHING\n    return WHOLE\n"),),
-        ("tests/test_server_guard.py::"
+        ("tests/serve/test_server_guard.py::"
          "test_a_whole_request_in_one_accept_burst_with_more_half_open_ones_than_the_cap_is_answered",),
     ),
     Mutation(
         "the ranks do not agree on one restore point",
         (("engine/distributed/agree.py", "            if low == high:\n", "            if True:\n"),),
-        ("tests/test_distributed.py::test_two_ranks_exact_cache_restart_and_lost_snapshots",),
+        ("tests/serve/test_distributed.py::test_two_ranks_exact_cache_restart_and_lost_snapshots",),
     ),
     Mutation(
         "tokenize bypasses the admission queue",
         (("engine/serve/generation.py", "    ticket = Ticket(state, served.key, False)\n",
           "    ticket = Ticket(type(state)(1 << 20), served.key, False)\n"),),
-        ("tests/test_server_hardening.py::test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow",),
+        ("tests/serve/test_server_hardening.py::test_tokenize_waits_its_turn_in_the_queue_and_is_not_killed_as_slow",),
     ),
     # issue 28: the window's truth (the run shown, Send against the meter, drafts, the GUI thread)
     Mutation(
@@ -433,7 +433,7 @@ MUTATIONS: list[Mutation] = [
           "                self._bytes += blk.pack.nbytes\n"),),
         (MT + "test_four_variants_hold_their_shared_prefix_once",),
     ),
-    # issue 36: tools and formats together as OpenAI defines them (tests/test_server_agents.py)
+    # issue 36: tools and formats together as OpenAI defines them (tests/serve/test_server_agents.py)
     Mutation(
         "$ref resolved against the wrapper (a tool's parameters inside the {name, arguments} schema)",
         (("engine/generate/constraints.py",
@@ -441,7 +441,7 @@ MUTATIONS: list[Mutation] = [
           '                rules[-1] = f"args{i}: " + _json_rule({"type": "object", "properties": {"name": {"const": name}, '
           '"arguments": params}, "required": ["name", "arguments"], "additionalProperties": False}, False)\n'
           '                bodies.append(f"args{i}")\n'),),
-        ("tests/test_server_agents.py::test_a_ref_in_a_forced_tools_parameters_resolves_against_that_schema",),
+        ("tests/serve/test_server_agents.py::test_a_ref_in_a_forced_tools_parameters_resolves_against_that_schema",),
     ),
     Mutation(
         "the chat view builds every message's widget (virtualization off)",
@@ -452,41 +452,47 @@ MUTATIONS: list[Mutation] = [
         "the grammar cache shared across namespaces",
         (("engine/generate/constraints.py", "json.dumps([namespace, constraint.identity()])",
           "json.dumps([None, constraint.identity()])"),),
-        ("tests/test_server_agents.py::test_compiled_grammars_are_cached_per_api_key",
-         "tests/test_constraints.py::test_grammars_are_cached_per_namespace_and_within_a_byte_budget"),
+        ("tests/serve/test_server_agents.py::test_compiled_grammars_are_cached_per_api_key",
+         "tests/engine/test_constraints.py::test_grammars_are_cached_per_namespace_and_within_a_byte_budget"),
     ),
     Mutation(
         "a named tool_choice allowing a second call",
         (("engine/generate/constraints.py", '            many = c.tool_choice != "function" and c.parallel_tool_calls\n',
           "            many = c.parallel_tool_calls\n"),),
-        ("tests/test_server_agents.py::test_a_named_choice_is_exactly_one_call_even_with_parallel_calls_allowed",),
+        ("tests/serve/test_server_agents.py::test_a_named_choice_is_exactly_one_call_even_with_parallel_calls_allowed",),
     ),
     Mutation(
         "a call cut by max_tokens before its name was whole returned as content (its markup)",
         (("engine/serve/reply.py", '            self._end_open_call(out, cut=finish in ("length", "context"))\n',
           "            self._end_open_call(out, cut=False)\n"),),
-        ("tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
-         "tests/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
+        ("tests/serve/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length",
+         "tests/serve/test_server_tools.py::test_reader_returns_a_cut_call_as_a_call_and_never_its_markup_as_content"),
     ),
     # issue 47: three wire formats over one generation path
     Mutation(
         "tool-call arguments come whole at the call's end, not as they are decoded",
         (("engine/serve/reply.py", "        if len(value) > len(c.sent):\n", "        if False:\n"),),
-        ("tests/test_agent_clients.py::"
+        ("tests/serve/test_agent_clients.py::"
          "test_openai_tutorial_loop_sends_model_dump_back_with_names_and_streams_argument_fragments",
-         "tests/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length"),
+         "tests/serve/test_server_agents.py::test_a_cut_call_is_a_tool_call_with_partial_arguments_and_finish_length"),
     ),
     Mutation(
         "a Responses function_call is a message of its own, not the reply's text's (another prompt)",
         (("engine/serve/formats/responses.py",
           '            if last is not None and last["role"] == "assistant":', "            if False:"),),
-        ("tests/test_server_formats.py::test_one_conversation_renders_the_same_prompt_through_all_three_formats",),
+        ("tests/serve/test_server_formats.py::test_one_conversation_renders_the_same_prompt_through_all_three_formats",),
     ),
     Mutation(
         "Anthropic's usage counts no prompt tokens as newly stored",
         (("engine/serve/report.py", "    created = max(0, min(prompt, covered) - r.restored)\n",
           "    created = 0\n"),),
-        ("tests/test_server_formats.py::test_anthropic_usage_split_stop_reasons_and_the_seed_of_the_server",),
+        ("tests/serve/test_server_formats.py::test_anthropic_usage_split_stop_reasons_and_the_seed_of_the_server",),
+    ),
+    Mutation(
+        "a Responses chain forgets the files its earlier inputs attached",
+        (("engine/serve/formats/responses.py", "    for f in [*(previous.files if previous is not None else ()), *p.files]:\n",
+          "    for f in p.files:\n"),),
+        ("tests/serve/test_server_formats.py::test_a_responses_chain_keeps_the_files_its_first_input_attached",),
     ),
     # issue 37: cache files that cannot hurt
     Mutation(
@@ -528,12 +534,12 @@ MUTATIONS: list[Mutation] = [
         "a use changes the entry in place, under the views that share it",
         (("engine/cache/disk/index.py", "        self._entries[sid] = replace(e, last_used=at)\n",
           "        object.__setattr__(e, \"last_used\", at)\n"),),
-        ("tests/test_disk_ownership.py::test_what_the_index_shares_with_its_views_is_frozen_and_a_use_replaces_the_entry",),
+        ("tests/cache/test_disk_ownership.py::test_what_the_index_shares_with_its_views_is_frozen_and_a_use_replaces_the_entry",),
     ),
     # issue 39: Continue goes on with the unstopped run's key schedule
     Mutation(
         "Continue restarts the sampler's key schedule",
-        (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier)\n", "    sampler = Sampler(settings)\n"),),
+        (("engine/generate/loop.py", "    sampler = Sampler(settings, start=earlier,\n", "    sampler = Sampler(settings,\n"),),
         (CO + "test_continue_equals_the_unstopped_reply[sampled-stopped]",
          CO + "test_continue_without_a_snapshot_recomputes_with_the_same_forwards[sampled]"),
     ),
@@ -640,8 +646,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "a document's span counted with the markers typed in it as control tokens",
-        (("engine/generate/prepare.py", "lambda text, at: encode_prefix(tok, text, at)",
-          "lambda text, at: tok.encode(text, add_special_tokens=False)"),),
+        (("engine/generate/prepare.py", "        return encode_prefix(self.lm.tokenizer, text, content_at)\n",
+          "        return self.lm.tokenizer.encode(text, add_special_tokens=False)\n"),),
         (DH + "test_a_document_holding_control_token_text_is_reported_with_its_true_span",),
     ),
     Mutation(
@@ -693,7 +699,7 @@ MUTATIONS: list[Mutation] = [
         (KP + "test_a_second_session_restores_the_system_turn",
          KP + "test_after_a_restart_the_system_turn_is_read_ahead"),
     ),
-    # issue 50, item 5: a stopped run's report states what it did (tests/test_run_progress.py)
+    # issue 50, item 5: a stopped run's report states what it did (tests/engine/test_run_progress.py)
     Mutation(
         "a run stopped mid-prefill reports no tokens forwarded",
         (("engine/generate/loop.py", "        return Prefilled(forwarded, True, done - restored, time.perf_counter())\n",
@@ -711,9 +717,9 @@ MUTATIONS: list[Mutation] = [
         "the tokenizer's length warning logged where the engine only counts",
         (("engine/generate/templating.py",
           'logging.getLogger("transformers.tokenization_utils_base").addFilter(_OnlyCounting())\n', ""),),
-        ("tests/test_counting.py::test_counting_a_conversation_longer_than_the_tokenizers_maximum_logs_no_warning",),
+        ("tests/engine/test_token_counting.py::test_counting_a_conversation_longer_than_the_tokenizers_maximum_logs_no_warning",),
     ),
-    # issue 50, item 7: memory visible and bounded (tests/test_memory.py)
+    # issue 50, item 7: memory visible and bounded (tests/cache/test_memory_budget.py)
     Mutation(
         "a smaller memory budget evicts nothing until the next store",
         (("engine/cache/memory_tier.py", "            self.budget_bytes = budget_bytes\n            self._evict()\n",
@@ -776,7 +782,7 @@ MUTATIONS: list[Mutation] = [
          "tests/gui/test_models_and_settings.py::"
          "test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start"),
     ),
-    # issue 50, item 9: promises no test checked (tests/test_planted_promises.py)
+    # issue 50, item 9: promises no test checked (tests/engine/test_planted_promises.py)
     Mutation(
         "a logprob rounded as it is reported",
         (("engine/generate/sampling.py",

@@ -1,6 +1,6 @@
 """A loopback HTTP proxy that records every exchange between a client library and the server.
 
-The conformance suite (tests/test_agent_clients.py) points each client library at this proxy, so
+The conformance suite (tests/serve/test_agent_clients.py) points each client library at this proxy, so
 one recorder sees the exact bytes every library sent and got, whichever HTTP stack it uses
 (httpx, httpx2, aiohttp). Responses pass through as they arrive (a streamed reply stays streamed),
 close-delimited: the proxy answers each request on a connection of its own. Bounded: loopback only,

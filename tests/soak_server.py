@@ -1,5 +1,5 @@
 """Thousands of requests through one `python -m engine serve` process on 127.0.0.1: the request
-mix of tests/test_soak_server.py and bench/soak.py --server. Ten kinds in turn: chat replies
+mix of tests/serve/test_soak_server.py and bench/soak.py --server. Ten kinds in turn: chat replies
 (plain and streamed), a stream the client leaves after its first chunk, a raw completion, the
 model list and the status (on a kept-alive connection and on fresh ones), bad JSON (400), an
 unknown path (404), half a request head and a hang-up. Each reply is checked; every read has a

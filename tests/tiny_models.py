@@ -22,6 +22,15 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# A template that reads what a request carries besides roles and contents: an option (with a default, as gpt-oss's does) and each message's name.
+OPTIONS_TEMPLATE = (
+    "<|im_start|>system\nReasoning: {{ reasoning_effort | default('medium') }}<|im_end|>\n"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}{% if message.name %} ({{ message.name }}){% endif %}{{ '\\n' }}"
+    "{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _CORPUS = [
@@ -140,7 +149,7 @@ def build_tool_model(folder: Path | str, seed: int = 0, special: list[str] | Non
     return Path(folder)
 
 
-# An agent harness's model (tests/test_harnesses.py, bench/harness_prefix.py): the tool model's
+# An agent harness's model (tests/serve/test_harnesses.py, bench/harness_prefix.py): the tool model's
 # template and tokenizer, a context long enough for Codex CLI's and Claude Code's first requests (~41k
 # and ~50k characters of system prompt and tools: ~30k and ~36k tokens here) and Claude Code's
 # max_tokens 32000, and one small layer: what the conformance runs check is the wire and the cache.
@@ -257,4 +266,11 @@ def build_model(folder: Path | str, family: str = "llama", seed: int = 0, quanti
         (folder / "verbatim.json").write_text(json.dumps(ENGINE_OPTIONS[family]))
     build_tokenizer(folder)
     marker.write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def build_templated_model(folder: Path, template: str) -> Path:
+    """A tiny llama whose tokenizer carries `template` as its chat template."""
+    build_model(folder, "llama")
+    build_tokenizer(folder, template)
     return folder

@@ -43,7 +43,7 @@ from engine.cache.snapshot import cache_arrays, cache_nbytes, describe_layers, n
 from engine.generate.constraints import Guide
 from engine.generate.model import LoadedModel
 from engine.generate.prepare import Prepared
-from engine.generate.sampling import Sampler, top_logprobs
+from engine.generate.sampling import Sampler, logits_processors, top_logprobs
 from engine.generate.stops import reply_stops
 from engine.generate.templating import TextStream
 from engine.types import (
@@ -466,7 +466,9 @@ def decode(
     repetition penalty's history is the prompt's end, which holds them); what it returns and
     yields is the new part only (event indices from 0)."""
     settings = request.sampler
-    sampler = Sampler(settings, start=earlier)
+    # The grammar's mask reflects every token read so far (the guide consumed them).
+    sampler = Sampler(settings, start=earlier,
+                      processors=logits_processors(settings, guide.mask if guide is not None else None))
     use_history = settings.repetition_penalty != 1.0
     history = mx.array(prompt[-settings.repetition_context :]) if use_history else None
     text = TextStream(lm.tokenizer, set(lm.no_text))
@@ -495,9 +497,7 @@ def decode(
         return lm.model(token_in.reshape(1, 1), cache=cache)[:, -1, :]
 
     def pick(logits: mx.array) -> tuple[mx.array, mx.array, Any]:
-        # A grammar's mask reflects every token read so far (the guide consumed them).
-        mask = guide.mask() if guide is not None else None
-        token, logprob, dist = sampler.sample(logits, history, mask)
+        token, logprob, dist = sampler.sample(logits, history)
         return token, logprob, (top_logprobs(dist, n_top) if n_top > 0 else None)
 
     def step(token_in: mx.array) -> tuple[mx.array, mx.array, Any]:

@@ -4,13 +4,13 @@ Never the global PRNG: MLX's global random state is per-thread and was seen to f
 `mx.compile` on worker threads (MLX 0.32.0). A generation owns `mx.random.key(seed)` and splits
 it once per step, so the same seed gives the same draws in any process or thread.
 
-The key schedule (tests/test_edge_promises.py recomputes sampled tokens from it):
+The key schedule (tests/engine/test_edge_promises.py recomputes sampled tokens from it):
 
     key_0 = mx.random.key(seed)
     key_{i+1}, step_key_i = mx.random.split(key_i)          # every step i, greedy or not
     token_i = mx.random.categorical(truncate(logprobs_i / T), key=step_key_i)
 
-`logprobs_i` is the step's log-distribution [1, vocab] (after the repetition penalty) and
+`logprobs_i` is the step's log-distribution [1, vocab] (after the logits processors) and
 `truncate` sets tokens outside top-k / min-p / top-p to -inf. Each step draws with a key of its
 own, never used before or again: consecutive draws are independent, and the draw at step i
 depends only on the seed and i. A Continue of a reply that has n tokens starts at key_n
@@ -19,66 +19,95 @@ depends only on the seed and i. A Continue of a reply that has n tokens starts a
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import mlx.core as mx
 
 from engine.types import SamplerSettings
 
 
+# A logits processor, as mlx-lm's `generate_step` takes them: (the tokens so far: the prompt's end
+# and the reply; logits [1, vocab] float32) -> logits. A request's processors apply in order to
+# every step's logits before the seeded draw (`logits_processors`).
+LogitsProcessor = Callable[[Optional[mx.array], mx.array], mx.array]
+
+
+def logits_processors(settings: SamplerSettings, mask: Optional[Callable[[], mx.array]] = None
+                      ) -> list[LogitsProcessor]:
+    """A request's processors, in the order they apply: the grammar's mask first (`mask`: the
+    allowed next tokens, [1, vocab] bool; engine/generate/constraints.py), so every setting after
+    it (penalty, bias, greedy, temperature, truncation) chooses among allowed tokens only and the
+    logprob is the constrained distribution's; then the repetition penalty, then the logit bias."""
+    out: list[LogitsProcessor] = []
+    if mask is not None:
+        out.append(lambda tokens, logits: masked(logits, mask()))
+    if settings.repetition_penalty != 1.0:
+        out.append(repetition_penalty(settings.repetition_penalty, settings.repetition_context))
+    if settings.logit_bias:
+        out.append(logit_bias(settings.logit_bias))
+    return out
+
+
+def repetition_penalty(penalty: float, context: int) -> LogitsProcessor:
+    """The last `context` tokens' logits divided by `penalty` (multiplied, where negative)."""
+
+    def process(tokens: Optional[mx.array], logits: mx.array) -> mx.array:
+        if tokens is None or tokens.size == 0:
+            return logits
+        ids = tokens[-context:]
+        picked = logits[:, ids]
+        logits[:, ids] = mx.where(picked < 0, picked * penalty, picked / penalty)
+        return logits
+
+    return process
+
+
+def logit_bias(pairs: tuple[tuple[int, float], ...]) -> LogitsProcessor:
+    """Each biased token's bias added to its logit (OpenAI's logit_bias; ids already checked
+    against the vocabulary by the request's preparation)."""
+    ids, values = zip(*pairs)
+    id_array, value_array = mx.array(ids, dtype=mx.int32), mx.array(values, dtype=mx.float32)
+
+    def process(tokens: Optional[mx.array], logits: mx.array) -> mx.array:
+        logits[:, id_array] = logits[:, id_array] + value_array
+        return logits
+
+    return process
+
+
 class Sampler:
-    def __init__(self, settings: SamplerSettings, start: int = 0) -> None:
+    """The seeded draw of a generation: its processors applied to a step's logits, the
+    log-distribution taken, then greedy or tempered and truncated sampling with the step's key."""
+
+    def __init__(self, settings: SamplerSettings, start: int = 0,
+                 processors: Optional[list[LogitsProcessor]] = None) -> None:
         self.s = settings
+        self.processors = logits_processors(settings) if processors is None else processors
         self._key = mx.random.key(settings.seed)
         for _ in range(start):  # a Continue: the steps the reply so far already drew
             self._key, _ = mx.random.split(self._key)
-        self._bias: Optional[tuple[mx.array, mx.array]] = None
-        if settings.logit_bias:
-            ids, values = zip(*settings.logit_bias)
-            self._bias = mx.array(ids, dtype=mx.int32), mx.array(values, dtype=mx.float32)
-
-    def _apply_logit_bias(self, logits: mx.array) -> mx.array:
-        """Add each biased token's bias to its logit (OpenAI's logit_bias; ids already checked
-        against the vocabulary by Engine.prepare)."""
-        if self._bias is None:
-            return logits
-        ids, values = self._bias
-        logits[:, ids] = logits[:, ids] + values
-        return logits
-
-    def _apply_repetition_penalty(self, logits: mx.array, history: Optional[mx.array]) -> mx.array:
-        if self.s.repetition_penalty == 1.0 or history is None or history.size == 0:
-            return logits
-        ids = history[-self.s.repetition_context :]
-        picked = logits[:, ids]
-        penalty = self.s.repetition_penalty
-        logits[:, ids] = mx.where(picked < 0, picked * penalty, picked / penalty)
-        return logits
 
     def __call__(self, logits: mx.array, history: Optional[mx.array] = None) -> tuple[mx.array, mx.array]:
         """Pick the next token from `logits` [1, vocab]; return lazy (token [1], logprob []).
 
         Lazy so the decode loop can schedule the next forward before reading this token.
-        The logprob is that of the chosen token under the model's distribution (after the
-        repetition penalty and the logit bias, before temperature and truncation): comparable
-        across runs and settings, which is what determinism checks compare.
+        The logprob is that of the chosen token under the model's distribution after the
+        processors (the grammar's mask, the repetition penalty and the logit bias), before
+        temperature and truncation: comparable across runs and settings, which is what
+        determinism checks compare.
         """
         token, logprob, _ = self.sample(logits, history)
         return token, logprob
 
-    def sample(self, logits: mx.array, history: Optional[mx.array] = None, mask: Optional[mx.array] = None
-               ) -> tuple[mx.array, mx.array, mx.array]:
+    def sample(self, logits: mx.array, history: Optional[mx.array] = None) -> tuple[mx.array, mx.array, mx.array]:
         """`__call__`, plus the whole (lazy) log-distribution [1, vocab] the logprob comes from.
-        `mask` [1, vocab] (bool): the tokens a grammar allows (engine/generate/constraints.py)."""
+        `history`: the tokens so far, what the processors read."""
         # The key advances every step, greedy or not, so a step's draw never depends on
         # which settings earlier steps used.
         self._key, step_key = mx.random.split(self._key)
-        # The grammar's mask first, before anything picks: every setting below (penalty, bias,
-        # greedy, temperature, truncation) chooses among allowed tokens only, and the logprob is
-        # that of the constrained distribution.
-        logits = masked(logits.astype(mx.float32), mask)
-        logits = self._apply_repetition_penalty(logits, history)
-        logits = self._apply_logit_bias(logits)
+        logits = logits.astype(mx.float32)
+        for process in self.processors:
+            logits = process(history, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         s = self.s
         if s.temperature <= 0:

@@ -266,13 +266,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = await _read_json(request)
     parsed = responses.parse(body, _defaults(request))
     store, namespace = request.app[RESPONSES_KEY], request.get(NAMESPACE_KEY)
-    previous = store.get(namespace, parsed.previous).conversation if parsed.previous else None
+    previous = store.get(namespace, parsed.previous) if parsed.previous else None
     parsed = responses.resolve(parsed, previous)
 
     def final(name: str, outcome: Outcome) -> Any:
         obj = responses.final(parsed, name, outcome)
         if parsed.store:
-            store.put(namespace, obj, responses.conversation(parsed, outcome))
+            store.put(namespace, obj, responses.conversation(parsed, outcome), parsed.files)
         return obj
 
     return await _generate(request, parsed.model, parsed.request, "responses", body, parsed.stream,

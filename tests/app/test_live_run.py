@@ -15,7 +15,7 @@ from app.core.conversation.view_models import debug_vm
 from app.core.generation.live_run import LiveRun, live_debug_vm
 from app.core.store import Action, ChatSettings
 from engine.types import CacheReport, PrefillProgress, RestoreEvent, SamplerSettings, TokenEvent
-from tests.app.test_chat_model import chat, close, load, make_chat, wait_for  # noqa: F401 (a fixture)
+from tests.app.chat_helpers import close, load, make_chat, wait_for
 
 LONG = "Why is the sky blue? Because of Rayleigh scattering of sunlight. " * 40  # ~700 tokens: ~45 chunks of 16
 

@@ -11,7 +11,7 @@ from app.core import ops
 from app.core.chat import Chat
 from app.core.engine_link.memory_text import memory_now_text, memory_split_text
 from engine.memory import MIB, default_memory_budget
-from tests.app.test_chat_model import chat, load, wait_for  # noqa: F401 (a fixture)
+from tests.app.chat_helpers import load, wait_for
 
 PROMPT = "Why is the sky blue? Because of Rayleigh scattering of sunlight. " * 20
 
@@ -23,7 +23,7 @@ def refreshed(chat: Chat) -> Any:
 
 
 def test_the_memory_is_read_after_every_run_and_a_budget_applies_at_once_and_after_a_load(
-    chat: Chat, tiny_model: Path  # noqa: F811
+    chat: Chat, tiny_model: Path
 ) -> None:
     link = chat.link
     for i in range(3):

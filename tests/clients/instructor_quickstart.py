@@ -1,7 +1,7 @@
 """instructor's quickstart against a Verbatim server, run in instructor's own environment.
 
 instructor 1.17 needs `jiter<0.15` and so an openai release (3.3) older than the one the main
-test environment pins; tests/test_agent_clients.py runs this file with .venv-instructor's Python
+test environment pins; tests/serve/test_agent_clients.py runs this file with .venv-instructor's Python
 (scripts/client_envs.sh) and reads what it prints: one JSON object, each mode's validated reply.
 
     python instructor_quickstart.py BASE_URL MODEL SEED

@@ -1,5 +1,5 @@
 """Writes the cache folder next to this file: index.json and snapshots/*.safetensors, one snapshot
-of every kind, as the disk tier writes them (format 3). tests/test_disk_ownership.py opens the
+of every kind, as the disk tier writes them (format 3). tests/cache/test_disk_ownership.py opens the
 committed copy and checks that today's code reads it and writes its index back byte for byte.
 
 The committed files were written by the code before the snapshot kinds and restore sources became

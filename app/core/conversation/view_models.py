@@ -239,7 +239,7 @@ def no_restore_reason(r: Any) -> str:
 
 def continue_text(r: CacheReport, long: bool = False) -> str:
     """The badge of a continued reply: from which token, and how the cache got there. Exact mode
-    promises the unstopped run's reply (tests/test_continue.py); fast mode does not."""
+    promises the unstopped run's reply (tests/engine/test_continue.py); fast mode does not."""
     n = r.continued_from
     if not n:
         return "continued"

@@ -62,7 +62,7 @@ The package, one idea a module: tier.py (this front, what the prompt cache calls
 and its writer thread), plan.py (what a save writes), writer.py (the writer's queue and holds),
 packfiles.py (the files), reader.py (reading a snapshot back), pack.py and format.py (the file
 format), files.py (file primitives), report.py (counters, warnings), hooks.py (observation
-points). Each field is written by its own class (tests/test_disk_ownership.py checks it).
+points). Each field is written by its own class (tests/cache/test_disk_ownership.py checks it).
 """
 
 from __future__ import annotations

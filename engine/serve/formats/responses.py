@@ -300,15 +300,21 @@ def parse(body: Any, defaults: Defaults = Defaults()) -> ParsedResponse:
                           boolean(body, "store", True), prev, tuple(skipped), tuple(documents))
 
 
-def resolve(p: ParsedResponse, previous: Optional[list[dict[str, Any]]]) -> ParsedResponse:
+def resolve(p: ParsedResponse, previous: Optional["Stored"]) -> ParsedResponse:
     """The request with the previous response's conversation before its input, checked whole
-    (every tool result answers a call made before it); its id, derived from the request."""
-    history = [*previous, *p.history] if previous is not None else p.history
+    (every tool result answers a call made before it), and the previous response's files before
+    its own (the documents stay attached for the whole chain, as the conversation does); its id,
+    derived from the request and its files."""
+    history = [*previous.conversation, *p.history] if previous is not None else p.history
+    documents: list[FileBytes] = []
+    for f in [*(previous.files if previous is not None else ()), *p.files]:
+        checked(files.collect, documents, f, "input")
     system = p.request.messages[: len(p.request.messages) - len(p.history)]
     checked(tools.check_results, history)
     request = replace(p.request, messages=[*system, *history])
-    ident = hashlib.sha256(json.dumps([repr(request), p.previous]).encode()).hexdigest()[:48]
-    return replace(p, request=request, history=history, id="resp_" + ident)
+    ident = hashlib.sha256(json.dumps([repr(request), p.previous, [f.digest for f in documents]]).encode()
+                           ).hexdigest()[:48]
+    return replace(p, request=request, history=history, files=tuple(documents), id="resp_" + ident)
 
 
 # -- the store -------------------------------------------------------------------------------------
@@ -319,6 +325,7 @@ class Stored:
     response: dict[str, Any]  # the response object, as answered
     conversation: list[dict[str, Any]]  # its history and its reply, as the engine's messages
     size: int
+    files: tuple[FileBytes, ...] = ()  # the files its chain attached (a later response keeps them)
 
 
 class ResponseStore:
@@ -329,11 +336,13 @@ class ResponseStore:
         self.limit, self.max_bytes = limit, max_bytes
         self._by_ns: dict[Optional[str], OrderedDict[str, Stored]] = {}
 
-    def put(self, namespace: Optional[str], response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+    def put(self, namespace: Optional[str], response: dict[str, Any], conversation: list[dict[str, Any]],
+            attached: tuple[FileBytes, ...] = ()) -> None:
         kept = self._by_ns.setdefault(namespace, OrderedDict())
-        size = len(json.dumps(conversation, default=str)) + len(json.dumps(response, default=str))
+        size = (len(json.dumps(conversation, default=str)) + len(json.dumps(response, default=str))
+                + sum(len(f.data) for f in attached))
         kept.pop(response["id"], None)
-        kept[response["id"]] = Stored(response, conversation, size)
+        kept[response["id"]] = Stored(response, conversation, size, attached)
         while len(kept) > self.limit or (len(kept) > 1 and sum(s.size for s in kept.values()) > self.max_bytes):
             kept.popitem(last=False)
 
@@ -505,7 +514,7 @@ class ResponseStream:
         out += self.output.close("completed")
         obj = response_object(self.p, self.model, status, self.output.items, outcome)
         if self.p.store:
-            self.store.put(self.namespace, obj, conversation(self.p, outcome))
+            self.store.put(self.namespace, obj, conversation(self.p, outcome), self.p.files)
         out.append(self.output._event(f"response.{status}", response=obj))
         return self._sse(out)
 
