@@ -255,8 +255,10 @@ def test_the_debug_panel_shows_the_run_in_progress_then_its_final_report(
     assert all(s["prefill_tokens"].endswith(planned) and s["snapshots"] == "–" for s in during)
     made = [int(s["prefill_tokens"].split(" of ")[0].replace(",", "")) for s in during]
     assert made == sorted(made) and made[-1] > 0
-    assert any(s["chunks"].startswith(f"0 of {len(final.chunks)} made · planned {len(final.chunks)} forwards")
-               for s in during)
+    n = len(final.chunks)  # the forwards made so far of those planned, as they were made
+    assert all(f" of {n} made · planned {n} forwards: " in s["chunks"] for s in during)
+    forwards = [int(s["chunks"].split(" of ")[0]) for s in during]
+    assert forwards == sorted(forwards) and forwards[0] < n
     # Then the final report replaces it.
     assert "in progress" not in panel.title.text() and panel.value("prefill_tokens") == str(final.prefill_tokens)
     assert panel.value("chunks").startswith(f"{len(final.chunks)} forwards: ")
