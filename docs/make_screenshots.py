@@ -1,5 +1,6 @@
-"""Regenerate docs/screenshot-{main,debug,small,models}.png from a real session with a real model
-(small: the smallest size the window allows, with the debug dock open).
+"""Regenerate docs/screenshot-{main,debug,small,models,settings,debug-live}.png from a real session
+with a real model (small: the smallest size the window allows, with the debug dock open; settings:
+the settings dialog with the app's memory; debug-live: the debug panel during a long prefill).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
         .venv/bin/python docs/make_screenshots.py [--model demo] [--theme light] [--scale 1.5]
@@ -7,7 +8,9 @@
 Runs offscreen (no display needed; fonts come from fontconfig), in a throw-away data dir, with
 a fixed seed so the conversation is the same every time on the same model. It asks questions,
 streams the replies, regenerates the last one (which must come back identical: the script fails
-otherwise), opens the debug panel on that reply and the model manager, and grabs each view.
+otherwise), opens the debug panel on that reply, the model manager and the settings, and grabs
+each view; last, it asks a long follow-up and grabs the debug panel while the prompt is read (the
+run in progress: what was restored, the prefill so far), then stops it.
 Takes a minute or two on a CPU with the demo model (OpenBLAS preloaded on Linux).
 """
 
@@ -26,6 +29,8 @@ SIDE_CHATS = [
     "Name three planets in our solar system.",
     "What are the three primary colors?",
 ]
+LONG_TEXT = " ".join(["Light from the sun reaches the air, and the short blue waves scatter off its molecules "
+                      "far more than the long red ones, so the sky looks blue by day and red at dusk."] * 24)
 MAIN_CHAT = [
     "What is photosynthesis? Answer in one sentence.",
     "Write a Python function that checks whether a number is prime.",
@@ -122,8 +127,35 @@ def main() -> int:
     settle()
     dlg.grab().save(str(args.out / "screenshot-models.png"))
     dlg.close()
+
+    from app.qt.conversation.settings_dialog import SettingsDialog
+
+    link = w.chat.link
+    settings = SettingsDialog(w.chat.conversation.settings(), w, link.template_system, link.memory_budget,
+                              link.memory_report)
+    settings.show()
+    settle()
+    settings.grab().save(str(args.out / "screenshot-settings.png"))
+    settings.close()
+
+    # The debug panel while a long follow-up's prompt is read: the restore, then the prefill so far.
+    w.resize(1560, 1080)
+    w.debug_panel.show()
+    w.composer.setPlainText("Summarise this in one sentence: " + LONG_TEXT)
+    w.reply_bar.send()
+
+    def reading() -> bool:  # the prefill under way, past what was restored
+        live = w.chat.generation.live
+        return live is not None and live.phase == "prefilling" and live.done > live.restore.report.restored
+
+    wait_until(lambda: reading() or not w.chat.generation.busy)
+    settle()
+    w.grab().save(str(args.out / "screenshot-debug-live.png"))
+    ops.stop(w.chat)
+    wait_until(lambda: not w.chat.generation.busy)
     w.close()
-    print(f"wrote {', '.join(f'screenshot-{n}.png' for n in ('main', 'debug', 'small', 'models'))} to {args.out}")
+    shots = ("main", "debug", "small", "models", "settings", "debug-live")
+    print(f"wrote {', '.join(f'screenshot-{n}.png' for n in shots)} to {args.out}")
     QApplication.processEvents()
     return 0
 

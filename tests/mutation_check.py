@@ -62,6 +62,7 @@ DH = "tests/engine/test_documents_hostile.py::"
 PP = "tests/engine/test_planted_promises.py::"
 RP = "tests/engine/test_run_progress.py::"
 MM = "tests/cache/test_memory_budget.py::"
+LR = "tests/app/test_live_run.py::"
 KEPT_WHILE_USED = "        return 1 if used is None or all(d in used for d in needed) else 0\n"
 DOCS = ROOT / "docs" / "testing.md"
 DEFAULT_TIMEOUT = 300  # seconds per pytest run of one mutant (the baseline: this per mutation)
@@ -813,6 +814,51 @@ MUTATIONS: list[Mutation] = [
         "MLX's buffer cache left unbounded",
         (("engine/memory.py", "    return int(mx.set_cache_limit(limit))\n", "    return int(mx.set_cache_limit(1 << 40))\n"),),
         (MM + "test_once_the_tier_is_full_the_engines_memory_stops_growing",),
+    ),
+    # issue 50, item 5, the window: the run in progress (tests/app/test_live_run.py, the debug panel)
+    Mutation(
+        "the run in progress ignores the prefill's progress",
+        (("app/core/generation/live_run.py", "                run = replace(run, done=event.done, total=event.total)\n",
+          "                run = replace(run, total=event.total)\n"),),
+        (LR + "test_a_live_run_folds_the_restore_the_progress_and_decode",
+         LR + "test_the_run_in_progress_is_the_restore_then_the_prefill_then_the_final_report"),
+    ),
+    Mutation(
+        "the run in progress is not told as it advances",
+        (("app/core/generation/model.py", "            self.live = live\n            self.live_changed.emit(live)\n",
+          "            self.live = live\n"),),
+        (LR + "test_the_run_in_progress_is_the_restore_then_the_prefill_then_the_final_report",
+         "tests/gui/test_reply_report.py::test_the_debug_panel_shows_the_run_in_progress_then_its_final_report"),
+    ),
+    Mutation(
+        "the debug panel shows a reply being made as one with no report",
+        (("app/qt/inspector/debug_panel.py", "        if live is not None and run is None:\n",
+          "        if live is not None and run is None and False:\n"),),
+        ("tests/gui/test_reply_report.py::test_the_debug_panel_shows_the_run_in_progress_then_its_final_report",),
+    ),
+    # issue 50, item 7, the window: the memory tier's budget set in Settings, the memory split shown
+    Mutation(
+        "the memory budget set in the window waits for the next load",
+        (("app/core/engine_link/model.py", "        self.memory_budget = budget\n        self.jobs.spawn(self._apply_memory_budget(budget))\n",
+          "        self.memory_budget = budget\n"),),
+        ("tests/app/test_memory_link.py::test_the_memory_is_read_after_every_run_and_a_budget_applies_at_once_and_after_a_load",
+         "tests/gui/test_models_and_settings.py::"
+         "test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start"),
+    ),
+    Mutation(
+        "the memory budget kept in settings.ini is not applied at start",
+        (("app/qt/window/window.py", "        self.settings.restore_memory_budget()  # before the load: the engine's tier starts with it\n",
+          ""),),
+        ("tests/gui/test_models_and_settings.py::"
+         "test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start",),
+    ),
+    Mutation(
+        "the process's memory split is never read",
+        (("app/core/engine_link/model.py", "        self._show_stats(stats, memory)\n        self._show_memory(report)\n",
+          "        self._show_stats(stats, memory)\n"),),
+        ("tests/app/test_memory_link.py::test_the_memory_is_read_after_every_run_and_a_budget_applies_at_once_and_after_a_load",
+         "tests/gui/test_models_and_settings.py::"
+         "test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start"),
     ),
     # issue 50, item 9: promises no test checked (tests/engine/test_planted_promises.py)
     Mutation(

@@ -122,6 +122,8 @@ def test_the_window_attached_to_a_two_rank_server(
     # Stop mid-reply: the reply keeps what it has, its token ids too (the stream names them).
     w.conversations.new()
     w.settings.apply(settings(max_tokens=3000, logit_bias=no_reply_ends(Path(cluster.model))))  # no early end
+    shown: list[str] = []  # the debug panel's title as the server's stream advanced the run
+    w.chat.generation.live_changed.connect(lambda live: shown.append(w.debug_panel.title.text()) if live else None)
     send(qtbot, w, "Tell me a long story.", wait=False)
     qtbot.waitUntil(lambda: w.chat.generation.stream.tokens >= 3 or not w.chat.generation.busy, timeout=SERVER)
     assert w.chat.generation.busy, "the reply ended before it could be stopped"
@@ -130,6 +132,13 @@ def test_the_window_attached_to_a_two_rank_server(
     stopped = w.session.store.get_message(replies(w)[-1].id)
     assert stopped.status == "interrupted" and 3 <= len(stopped.tokens) < 3000
     assert len(stopped.logprobs) == len(stopped.tokens) and all(t >= 0 for t in stopped.tokens)
+    # While it ran, the panel showed the server's restore and prefill (verbatim.progress), not a
+    # blank; stopped, its report states the forwards the server made and the seed it used.
+    assert any(" · in progress: prefill" in t for t in shown), shown
+    r = stopped.report
+    assert r.seed == stopped.seed and r.prefill_tokens == sum(b - a for a, b in r.chunks) > 0
+    assert w.debug_panel.memory_box.title() == "Memory (on the server)"
+    assert w.debug_panel.process_memory.text() == "The memory that matters is the server's, in its own process."
     w.settings.apply(settings())
     w.conversations.show(reply_conv)
     assert w.chat.conversation.selected.id == reply.id

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QMessageBox, QPushButton
 
 from app.core import ops
 from app.qt.window.window import MainWindow
-from tests.gui.driver import LONG, replies, send, settings, wait_idle, watch
+from tests.gui.driver import LONG, LONG_PROMPT, replies, send, settings, wait_idle, watch
 
 pytestmark = pytest.mark.gui
 
@@ -211,3 +211,66 @@ def test_the_system_prompt_placeholder_shows_what_the_model_gets(
                                                 "helpful AI assistant named SmolLM, trained by Hugging Face”")
     else:
         assert _placeholder_shown(qtbot, w) == "None set: the model gets no system prompt (its chat template adds none)"
+
+
+# -- issue 50, item 7: the memory, visible and bounded ----------------------------------------------------
+def refreshed(qtbot: Any, w: MainWindow) -> None:
+    """The engine link read the cache's numbers and the memory again (after every engine job
+    asked before: the engine thread runs them in order)."""
+    done: list[bool] = []
+
+    async def read() -> None:  # this read, not one asked before it (the dialog asks for one too)
+        await w.chat.link.refresh_stats()
+        done.append(True)
+
+    w.chat.jobs.spawn(read())
+    qtbot.waitUntil(lambda: bool(done), timeout=LONG)
+
+
+def test_settings_show_the_memory_and_change_the_prompt_caches_budget_at_once_and_at_the_next_start(
+    qtbot: Any, open_window: Callable[..., MainWindow], tmp_path: Path
+) -> None:
+    from PySide6.QtCore import QTimer
+
+    from app.qt.conversation.settings_dialog import SettingsDialog
+    from engine.memory import MIB, default_memory_budget
+
+    data = tmp_path / "kept"
+    w = open_window(data_dir=data, max_tokens=4)
+    for i in range(3):  # three conversations' states in the memory tier
+        w.conversations.new()
+        send(qtbot, w, f"Question {i}: " + LONG_PROMPT)
+    link = w.chat.link
+    refreshed(qtbot, w)
+    before = link.memory_report
+    assert before is not None and before.tier_entries >= 3 and before.tier_budget == default_memory_budget() and before.weights > 0 and before.tier > MIB
+    # The debug panel shows the process's memory split, read again after the run.
+    w.menus.debug_action.trigger()
+    assert w.debug_panel.process_memory.text() == "\n".join(before.lines())
+    assert w.debug_panel.memory_box.title() == "Memory (this process)"
+
+    seen: dict[str, str] = {}
+
+    def set_budget() -> None:
+        dlg = next(d for d in w.findChildren(SettingsDialog, "settingsDialog") if d.isVisible())
+        seen.update(budget=dlg.memory_budget.text(), now=dlg.memory_now.text(), split=dlg.memory_split.text())
+        dlg.memory_budget.setValue(1)  # 1 MB: less than the tier holds
+        dlg.accept()
+
+    QTimer.singleShot(0, set_budget)
+    w.settings.open_dialog()
+    assert seen["budget"] == f"default ({default_memory_budget() / MIB:,.0f} MB for this machine)"
+    assert seen["now"] == (f"Holds {before.tier / MIB:,.0f} MB now of {before.tier_budget / MIB:,.0f} MB "
+                           f"({before.tier_entries} snapshots).")
+    assert seen["split"].splitlines()[0] == before.lines()[0]  # "Model weights: …"
+    # Applied at once: the tier evicts down to the new budget, and the panel shows it.
+    refreshed(qtbot, w)
+    after = link.memory_report
+    assert after.tier_budget == MIB and after.tier <= MIB and after.tier_entries < before.tier_entries
+    assert w.debug_panel.process_memory.text() == "\n".join(after.lines())
+    assert int(w.qsettings.value("engine/memory_budget")) == MIB
+    w.close()
+    # Kept: the next start's engine has it.
+    again = open_window(data_dir=data, max_tokens=4)
+    refreshed(qtbot, again)
+    assert again.chat.link.memory_report.tier_budget == MIB and again.chat.link.memory_budget == MIB

@@ -14,6 +14,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
 from app.core import ops
+from app.core.conversation.view_models import restored_of
 from app.qt.window.window import MainWindow
 from tests.gui.driver import LONG, LONG_PROMPT, click, replies, send, status_said, wait_idle, watch
 
@@ -217,3 +218,55 @@ def test_the_run_picked_in_the_runs_menu_is_shown_again_after_a_restart(
     assert [a.isChecked() for a in widget.runs_button.menu().actions()] == [True, False]
     again.debug_panel.show()
     assert "run 1 of 2" in again.debug_panel.title.text()
+
+
+# -- issue 50, item 5: the run in progress, then the final report -------------------------------------
+def test_the_debug_panel_shows_the_run_in_progress_then_its_final_report(
+    qtbot: Any, open_window: Callable[..., MainWindow]
+) -> None:
+    w = open_window(max_tokens=4, batch_interval=0.0, chunk=16)  # every event shown: ~190 forwards
+    w.menus.debug_action.trigger()
+    panel = w.debug_panel
+    shown: list[dict[str, str]] = []
+
+    def look(live: Any) -> None:  # after the panel's own subscriber: what it shows for this run
+        if live is not None:
+            keys = ("restored", "source", "prefill_tokens", "chunks", "seed", "snapshots")
+            shown.append({"title": panel.title.text(), "layers": str(panel.layers.rowCount()),
+                          **{k: panel.value(k) for k in keys}})
+
+    w.chat.generation.live_changed.connect(look)
+    send(qtbot, w, LONG_PROMPT * 3, wait=False)
+    started = panel.title.text()  # the reply is selected, nothing of its run came yet
+    # The panel shows the restore and then a progress value before the reply ends (no sleep: the
+    # wait ends on what the panel shows, or fails when the reply ended first).
+    prefilling = re.compile(r"in progress: prefilling ([\d,]+) / ([\d,]+) tokens")
+    qtbot.waitUntil(lambda: any((m := prefilling.search(s["title"])) and m.group(1) != "0" for s in shown)
+                    or not w.chat.generation.busy, timeout=LONG)
+    assert w.chat.generation.busy, "the reply ended before the panel showed its progress"
+    wait_idle(qtbot, w)
+    final = watch(w).finished.result.report
+    assert "in progress: restoring the prompt cache" in started  # at once, never blank
+    assert shown and all("no cache report" not in s["title"] for s in shown)
+    during = [s for s in shown if prefilling.search(s["title"])]
+    assert during and during[0]["restored"].startswith(restored_of(final))
+    assert during[0]["layers"] == str(len(final.layers)) and during[0]["seed"] == str(final.seed)
+    planned = f"of {final.prefill_tokens:,} planned"
+    assert all(s["prefill_tokens"].endswith(planned) and s["snapshots"] == "–" for s in during)
+    made = [int(s["prefill_tokens"].split(" of ")[0].replace(",", "")) for s in during]
+    assert made == sorted(made) and made[-1] > 0
+    n = len(final.chunks)  # the forwards made so far of those planned, as they were made
+    assert all(f" of {n} made · planned {n} forwards: " in s["chunks"] for s in during)
+    forwards = [int(s["chunks"].split(" of ")[0]) for s in during]
+    assert forwards == sorted(forwards) and forwards[0] < n
+    # Then the final report replaces it.
+    assert "in progress" not in panel.title.text() and panel.value("prefill_tokens") == str(final.prefill_tokens)
+    assert panel.value("chunks").startswith(f"{len(final.chunks)} forwards: ")
+
+    # A regenerate's re-check: what it restored, from where, while it runs.
+    shown.clear()
+    ops.regenerate(w.chat, fresh=False)
+    wait_idle(qtbot, w)
+    again = watch(w).finished.result.report
+    restored = [s for s in shown if "· regenerated · in progress: " in s["title"] and s["source"] == "memory"]
+    assert restored and restored[0]["restored"] == panel.value("restored") == restored_of(again)

@@ -1,7 +1,8 @@
 """The engine the window talks to (no Qt): the model loaded (or loading), the engine's prefill
 chunk, and where it runs: in this process, or on a Verbatim server (`server`, a ServerLink,
 watched while attached: is it still there, and with the same model?). Also the prompt cache's
-numbers and MLX's memory. The model picker, the status bar and the debug panel's store box bind
+numbers and the process's memory (engine/memory.py: the split, and the memory tier's budget the
+user sets: `set_memory_budget`, applied at once and again after every load). The model picker, the status bar and the debug panel's store box bind
 to its signals; the load, the connection and the watch are its own methods, so every decision
 about these fields is made here.
 
@@ -28,6 +29,7 @@ from engine import remote
 from engine.bridge import engine_swap
 from engine.engine import ModelInfo
 from engine.errors import Cancelled
+from engine.memory import MemoryReport, default_memory_budget
 from engine.models.resolve import ModelEntry
 from engine.serve.schema import template_reads
 
@@ -57,6 +59,7 @@ class EngineLink:
     server_changed = Signal(object)  # Optional[ServerLink]: attached / reachability changed / detached
     stats_changed = Signal(dict, object)  # the prompt cache's numbers, MLX's memory (None: not read)
     models_found = Signal(list)  # list[ModelEntry]: the models found on this machine
+    memory_changed = Signal(object)  # Optional[MemoryReport]: where the memory is (None: on a server, its own)
 
     def __init__(self, jobs: EngineJobs, session: ChatSession, notices: Notices, chunk: int = 512) -> None:
         self.jobs, self.session, self.notices = jobs, session, notices
@@ -75,6 +78,8 @@ class EngineLink:
         self.stats: dict[str, Any] = {}
         self.models: list[ModelEntry] = []  # found on this machine (discover): the picker, and "which model would"
         self.memory = 0  # MLX's active memory, as last read
+        self.memory_report: Optional[MemoryReport] = None  # the process's memory split, as last read
+        self.memory_budget: Optional[int] = None  # the memory tier's budget asked for (None: the engine's default)
         # Builds the in-process engine again after a server (the window's factory), and what to
         # load here when a server cannot be reached and no model is loaded (the window's last).
         self.make_local: Optional[Callable[[], Any]] = None
@@ -147,8 +152,12 @@ class EngineLink:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
+        budget = self.memory_budget
+
         def job(engine: Any) -> tuple[ModelInfo, dict[str, Any], int, Optional[int], tuple[str, ...]]:
             info = engine.load(spec, progress=progress, cancel=cancel)
+            if budget is not None:  # an engine built again after a server starts with its default
+                engine.set_memory_budget(budget)
             # The request options (reasoning_effort, ...) its chat template reads: the local server's.
             reads = template_reads(getattr(getattr(engine, "lm", None), "tokenizer", None))
             return info, engine.cache_stats(), mlx_memory(), getattr(engine, "chunk", None), reads
@@ -179,6 +188,7 @@ class EngineLink:
         self.loaded.emit(spec, self.name, info)
         self.jobs.spawn(self._find_template_system())
         self._show_stats(stats, memory)
+        self.jobs.spawn(self.refresh_stats())  # the memory split with the model's weights in it
 
     def _progressed(self, fraction: float, message: str) -> None:
         if not self.jobs.closed:
@@ -312,16 +322,45 @@ class EngineLink:
     async def refresh_stats(self, clear: bool = False) -> None:
         """The prompt cache's numbers and MLX's memory, from the engine thread (after `clear`ing
         the cache when asked)."""
-        def job(engine: Any) -> tuple[dict[str, Any], int]:
+        def job(engine: Any) -> tuple[dict[str, Any], int, Optional[MemoryReport]]:
             if clear:
                 engine.clear_cache()
-            return engine.cache_stats(), mlx_memory()
+            return engine.cache_stats(), mlx_memory(), engine.memory_report()
 
         try:
-            stats, memory = await self.jobs.call(job)
+            stats, memory, report = await self.jobs.call(job)
         except Exception:
             return  # no engine (it could not start, or it is closing): nothing to show
         self._show_stats(stats, memory)
+        self._show_memory(report)
+
+    def _show_memory(self, report: Optional[MemoryReport]) -> None:
+        if self.jobs.closed:
+            return
+        self.memory_report = report
+        self.memory_changed.emit(report)
+
+    def set_memory_budget(self, budget: Optional[int]) -> None:
+        """The memory tier's budget from now on, in bytes (None: the engine's default, sized to
+        the machine): applied at once on the engine thread (a smaller one evicts at once) and after
+        every load. A server's memory is its own: attached to one, this says so and changes nothing."""
+        if self.server is not None:
+            why = "The memory of a server is managed on that server: this window cannot change its budget."
+            self.notices.status(why, 5000)
+            self.notices.tell(why)
+            return
+        self.memory_budget = budget
+        self.jobs.spawn(self._apply_memory_budget(budget))
+
+    async def _apply_memory_budget(self, budget: Optional[int]) -> None:
+        try:
+            await self.jobs.call(lambda engine: engine.set_memory_budget(
+                budget if budget is not None else default_memory_budget()))
+        except Exception as e:
+            if not self.jobs.closed:
+                self.notices.error("The memory budget could not be changed", user_message(e))
+            return
+        await self.refresh_stats()
 
     def _show_stats(self, stats: dict[str, Any], memory: Optional[int]) -> None:
         if self.jobs.closed:

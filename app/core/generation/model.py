@@ -6,6 +6,8 @@ and `ended`. Only its own methods write its fields and emit them.
 One reply, from `start` on:
 
     start(pending)   the conversation shows it (Conversation.follow_reply), the status line says so
+                     `live_changed`: the run in progress (live_run.py), advanced once a batch by the
+                     engine's RestoreEvent, PrefillProgress and first token; None when it ended
     _generate        engine_batches(executor, request, observe=ReplyRecorder)
                        engine thread: ReplyRecorder saves text + tokens every few seconds, then the
                        reply and its run (ChatSession.finish -> SavedReply)
@@ -27,6 +29,7 @@ from app.core.conversation.model import Conversation
 from app.core.conversation.view_models import finished_text, progress_text
 from app.core.engine_link.model import EngineLink
 from app.core.generation.continuing import earlier_of, whole_result
+from app.core.generation.live_run import LiveRun
 from app.core.generation.replay import Replay, expect
 from app.core.generation.reply_recorder import ReplyRecorder
 from app.core.jobs import EngineJobs, user_message
@@ -63,6 +66,7 @@ class Generation:
     streamed = Signal(int, str, int)  # reply id, its text so far, tokens so far (once a batch)
     prefilled = Signal(int, int, int)  # reply id, prompt tokens in the cache so far, of how many
     replayed = Signal(int, object)  # reply id, Replay: a regenerate expected to repeat, as verified so far
+    live_changed = Signal(object)  # Optional[LiveRun]: the run in progress as far as it got (None: none)
     finished = Signal(object)  # FinishedReply: a reply ended and was saved
 
     def __init__(self, session: ChatSession, jobs: EngineJobs, conversation: Conversation, listing: ConversationList,
@@ -73,6 +77,7 @@ class Generation:
         self.pending: Optional[PendingReply] = None
         self.stream = StreamState()
         self.replay: Optional[Replay] = None  # the pending regenerate's verification (replay.py)
+        self.live: Optional[LiveRun] = None  # the pending reply's run as far as it got (live_run.py)
         self._offset = 0  # a Continue: tokens of the reply before it (event indices start after)
         self._cancel = CancelToken()  # the pending reply's
 
@@ -90,9 +95,11 @@ class Generation:
         self.stream = StreamState(pending.earlier_text, len(earlier))
         self._offset = len(earlier)
         self.replay = self._expected_repeat(pending)
+        self.live = LiveRun(pending.reply_id, pending.action)
         self._cancel = self.jobs.cancel_token()
         self.jobs.spawn(self._generate(pending, self._cancel))
         self.started.emit(pending)
+        self.live_changed.emit(self.live)
         self.listing.refresh()
         self.conversation.follow_reply(pending)
         if earlier:
@@ -188,6 +195,10 @@ class Generation:
         if self.jobs.closed or self.pending is not pending:
             return result
         self.stream = s = replace(self.stream, text=self.stream.text + "".join(pieces), tokens=tokens, prefill=prefill)
+        live = self.live.advanced(batch) if self.live is not None else None
+        if live != self.live:  # once a batch: the restore, the prefill's progress, decode begun
+            self.live = live
+            self.live_changed.emit(live)
         if pieces:  # the last batch too: what streamed is what was generated
             self.streamed.emit(pending.reply_id, s.text, s.tokens)
             if replay is not None:  # once a batch, as the text: the count shown follows the engine
@@ -201,6 +212,9 @@ class Generation:
         self.pending = None
         self.stream = StreamState()
         self.replay = None
+        live, self.live = self.live, None
+        if live is not None:
+            self.live_changed.emit(None)
         if pending is not None:
             self.ended.emit(pending)
             self.listing.refresh()

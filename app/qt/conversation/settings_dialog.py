@@ -1,6 +1,9 @@
 """Conversation settings: system prompt, sampler, seed, exact / fast mode: the dialog, and how the
 window applies them (`SettingsControl`: to the open conversation through app/core/ops.py, and as
-the defaults a new chat starts with, kept in settings.ini)."""
+the defaults a new chat starts with, kept in settings.ini). Also the app's memory (not the
+conversation's): the prompt cache's memory budget and what it holds now, with the process's
+memory split (EngineLink.memory_report); a budget set here is applied at once (EngineLink.
+set_memory_budget), kept in settings.ini ("engine/memory_budget") and applied again at start."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QGroupBox,
     QLabel,
     QPlainTextEdit,
     QSpinBox,
@@ -28,6 +32,10 @@ from app.core import ops
 from app.core.chat import Chat
 from app.core.store import ChatSettings
 from app.core.engine_link.template_default import placeholder
+from app.core.engine_link.memory_text import memory_now_text, memory_split_text
+from engine.memory import MIB, MemoryReport, default_memory_budget, physical_memory
+
+MEMORY_BUDGET_KEY = "engine/memory_budget"  # settings.ini: the memory tier's budget in bytes (absent: the default)
 
 MODE_HELP = {
     "exact": "Exact: every reply is bit-identical to a run with no cache (the previous reply is re-read).",
@@ -45,8 +53,11 @@ def _dspin(lo: float, hi: float, step: float, decimals: int = 2) -> QDoubleSpinB
 
 class SettingsDialog(QDialog):
     def __init__(self, settings: ChatSettings, parent: Optional[QWidget] = None,
-                 template_system: Optional[str] = None) -> None:  # fmt: skip
-        """`template_system`: the model's template's own system prompt ('' none, None unknown)."""
+                 template_system: Optional[str] = None, memory_budget: Optional[int] = None,
+                 memory: Optional[MemoryReport] = None, remote: bool = False) -> None:  # fmt: skip
+        """`template_system`: the model's template's own system prompt ('' none, None unknown);
+        `memory_budget`: the memory tier's budget set (None: the default); `memory`: the process's
+        memory as last read; `remote`: attached to a server (whose memory is its own)."""
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Conversation settings")
@@ -110,6 +121,8 @@ class SettingsDialog(QDialog):
         self.as_default = QCheckBox("Use these settings for new conversations")
         self.as_default.setChecked(True)
         lay.addWidget(self.as_default)
+        lay.addWidget(self._memory_box(memory_budget, remote))
+        self.show_memory(memory, remote)
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok
             | QDialogButtonBox.StandardButton.Cancel
@@ -122,6 +135,46 @@ class SettingsDialog(QDialog):
         )
         lay.addWidget(buttons)
         self.set_value(settings)
+
+    def _memory_box(self, budget: Optional[int], remote: bool) -> QGroupBox:
+        """The app's memory, for every conversation: the prompt cache's budget in memory, what it
+        holds now and where the process's memory is."""
+        box = QGroupBox("Memory (the app's, for every conversation)")
+        box.setObjectName("memoryBox")
+        form = QFormLayout(box)
+        self.memory_budget = QSpinBox()
+        self.memory_budget.setObjectName("memoryBudget")
+        top = max(physical_memory() // MIB, 64 * 1024)
+        self.memory_budget.setRange(0, top)
+        self.memory_budget.setSingleStep(256)
+        self.memory_budget.setSuffix(" MB")
+        default = round(default_memory_budget() / MIB)
+        self.memory_budget.setSpecialValueText(f"default ({default:,} MB for this machine)")
+        self.memory_budget.setValue(0 if budget is None else max(budget // MIB, 1))
+        self.memory_budget.setToolTip("Replies restore their conversation from the prompt cache: in memory up to "
+                                      "this budget (the oldest snapshots go first), then from the disk. "
+                                      f"The default is a sixteenth of this machine's memory ({default:,} MB).")
+        self.memory_budget.setEnabled(not remote)
+        form.addRow("Prompt cache in memory", self.memory_budget)
+        self.memory_now = QLabel()
+        self.memory_now.setObjectName("memoryNow")
+        self.memory_now.setWordWrap(True)
+        form.addRow("", self.memory_now)
+        self.memory_split = QLabel()
+        self.memory_split.setObjectName("memorySplit")
+        self.memory_split.setWordWrap(True)
+        form.addRow("This process", self.memory_split)
+        return box
+
+    def show_memory(self, memory: Optional[MemoryReport], remote: bool = False) -> None:
+        """What the prompt cache holds in memory now, and the process's memory split."""
+        self.memory_now.setText(memory_now_text(memory, remote))
+        self.memory_split.setText(memory_split_text(memory, remote))
+
+    def memory_budget_value(self) -> Optional[int]:
+        """The budget asked for, in bytes (None: the default)."""
+        mb = self.memory_budget.value()
+        return mb * MIB if mb else None
 
     def set_value(self, s: ChatSettings) -> None:
         self._base = s.sampler  # keeps knobs the dialog does not show (repetition_context)
@@ -161,6 +214,16 @@ class SettingsDialog(QDialog):
         )
 
 
+def stored_memory_budget(qsettings: QSettings) -> Optional[int]:
+    """The memory tier's budget kept in settings.ini (None: the default, or unreadable)."""
+    raw = qsettings.value(MEMORY_BUDGET_KEY)
+    try:
+        n = int(raw) if raw is not None else 0
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
 def default_settings(qsettings: QSettings) -> ChatSettings:
     """The settings a new chat starts with (settings.ini's "chat/defaults"; as built when unreadable)."""
     raw = qsettings.value("chat/defaults")
@@ -186,9 +249,33 @@ class SettingsControl:
         ops.apply_settings(self.chat, settings)
 
     def open_dialog(self) -> None:
-        dlg = SettingsDialog(self.chat.conversation.settings(), self.parent, self.chat.link.template_system)
+        link = self.chat.link
+        remote = link.server is not None
+        dlg = SettingsDialog(self.chat.conversation.settings(), self.parent, link.template_system,
+                             link.memory_budget, link.memory_report, remote)
+        shown = lambda memory: dlg.show_memory(memory, link.server is not None)  # noqa: E731
+        link.memory_changed.connect(shown)
+        self.chat.jobs.spawn(link.refresh_stats())  # what the memory holds now, while the dialog is open
         try:
             if dlg.exec():
                 self.apply(dlg.value(), dlg.as_default.isChecked())
+                if not remote and dlg.memory_budget_value() != link.memory_budget:
+                    self.set_memory_budget(dlg.memory_budget_value())
         finally:
+            link.memory_changed.disconnect(shown)
             dlg.deleteLater()  # a child of the window: it would stay until the window goes (soak test)
+
+    def set_memory_budget(self, budget: Optional[int]) -> None:
+        """The memory tier's budget (bytes; None: the default), applied at once and kept for the
+        next start."""
+        if budget is None:
+            self.qsettings.remove(MEMORY_BUDGET_KEY)
+        else:
+            self.qsettings.setValue(MEMORY_BUDGET_KEY, int(budget))
+        self.chat.link.set_memory_budget(budget)
+
+    def restore_memory_budget(self) -> None:
+        """At start: the budget kept in settings.ini, if any (else the engine's default stays)."""
+        budget = stored_memory_budget(self.qsettings)
+        if budget is not None:
+            self.chat.link.set_memory_budget(budget)

@@ -1,8 +1,10 @@
 """The debug panel: everything the prompt cache did for the selected reply, and the store totals.
 
 Shows a reply's run: its `CacheReport` and `ReplyOutcome` (the latest run, or one picked from the
-reply's runs; stored, so also after a restart), as worded by `view_models.debug_vm`; this module
-only lays them out. Bound to the selected reply (the open conversation's selection), the cold
+reply's runs; stored, so also after a restart), as worded by `view_models.debug_vm`; while the
+selected reply is being made, its run in progress (the generation's `LiveRun`: what was restored
+and from where, the declines, the forwards made of those planned, `live_run.live_debug_vm`) until
+the final report replaces it; this module only lays them out. Bound to the selected reply (the open conversation's selection), the cold
 runs (Verify's verdict) and the engine link (the cache store's numbers; a server's cache is its
 own, so no Clear cache then); Verify and Clear cache are intents to those.
 """
@@ -28,11 +30,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.engine_link.memory_text import memory_split_text
+from app.core.generation.live_run import LiveRun, live_debug_vm, live_title
 from app.core.store import Run
 
 if TYPE_CHECKING:
     from app.core.chat import Chat
     from app.core.engine_link.model import ServerLink
+    from engine.memory import MemoryReport
 from app.qt.widgets.wrap_label import WrapLabel
 from app.core.conversation.view_models import (
     IDENTITY_FIELDS,
@@ -43,6 +48,7 @@ from app.core.conversation.view_models import (
     STORE_FIELDS,
     TIMING_FIELDS,
     VERIFYING,
+    DebugVM,
     MessageVM,
     debug_vm,
     stats_rows,
@@ -101,6 +107,7 @@ class DebugPanel(QDockWidget):
         self.values: dict[str, QLabel] = {}
         self._pending_vm: Optional[MessageVM] = None
         self._pending_run: Optional[Run] = None
+        self._live: Optional[LiveRun] = None  # the reply being made's run, as far as it got
         self._dirty = False
 
         inner = QWidget()
@@ -174,6 +181,15 @@ class DebugPanel(QDockWidget):
         store.addRow(row)
         lay.addWidget(store_box)
 
+        # The process's memory: the weights, the live KV cache, the memory tier, MLX's buffer cache,
+        # RSS (Engine.memory_report, read again after every run); a server's is its own.
+        self.memory_box = QGroupBox("Memory (this process)")
+        self.process_memory = WrapLabel("–")
+        self.process_memory.setObjectName("debug_process_memory")
+        self.process_memory.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        QVBoxLayout(self.memory_box).addWidget(self.process_memory)
+        lay.addWidget(self.memory_box)
+
         self.layers = _table(LAYER_COLUMNS, "layerTable")
         self.layers.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.layers.setMinimumHeight(120)
@@ -198,7 +214,9 @@ class DebugPanel(QDockWidget):
         chat.conversation.selected_changed.connect(self.show_reply)
         chat.link.stats_changed.connect(lambda stats, memory: self.show_stats(stats))
         chat.link.server_changed.connect(self._show_server)
+        chat.link.memory_changed.connect(lambda report: self.show_memory(report, chat.link.server is not None))
         chat.cold_runs.verify_changed.connect(self._show_verify)
+        chat.generation.live_changed.connect(self.show_live)
         self.verifyRequested.connect(chat.cold_runs.verify)
         self.clearRequested.connect(chat.link.clear_cache)
 
@@ -226,6 +244,18 @@ class DebugPanel(QDockWidget):
         self._dirty = False
         self._fill(vm, run)
 
+    def show_live(self, live: Optional[LiveRun]) -> None:
+        """The run in progress advanced: shown when it is the selected reply's; None: it ended (the
+        final report comes with the reply saved, when the selection is read again)."""
+        run = live if live is not None else self._live  # the run that advanced or ended
+        self._live = live
+        if run is None or self._pending_vm is None or self._pending_vm.id != run.reply_id:
+            return
+        if not self.isVisible():
+            self._dirty = True
+            return
+        self._fill(self._pending_vm, self._pending_run)
+
     def showEvent(self, event: Any) -> None:  # type: ignore[override]
         super().showEvent(event)
         if self._dirty:
@@ -240,17 +270,33 @@ class DebugPanel(QDockWidget):
         self.compare_button.setEnabled(vm is not None and vm.tokens > 0 and vm.status != "generating")
         if not same:
             self.values["verify"].setText("–")
-        if vm is None or vm.report is None:
-            self.title.setText(NO_REPLY if vm is None else NO_REPORT)
-            for key, _ in REPORT_FIELDS + TIMING_FIELDS + [("identity", "")]:
-                self.values[key].setText("–")
-            self.layers.setRowCount(0)
-            self.ranks.setText("")
-            self.rank_box.setVisible(False)
-            self.document_box.setVisible(False)
-            self.declines.setText("none")
+        live = self._live if vm is not None and self._live is not None and self._live.reply_id == vm.id else None
+        if live is not None and run is None:
+            self._fill_live(vm, live)
             return
-        d = debug_vm(vm, run)
+        if vm is None or vm.report is None:
+            self._clear(NO_REPLY if vm is None else NO_REPORT)
+            return
+        self._show_vm(debug_vm(vm, run))
+
+    def _fill_live(self, vm: MessageVM, live: LiveRun) -> None:
+        d = live_debug_vm(vm, live)
+        if d is None:  # before the restore: only what the run is doing
+            self._clear(live_title(vm, live))
+            return
+        self._show_vm(d)
+
+    def _clear(self, title: str) -> None:
+        self.title.setText(title)
+        for key, _ in REPORT_FIELDS + TIMING_FIELDS + [("identity", "")]:
+            self.values[key].setText("–")
+        self.layers.setRowCount(0)
+        self.ranks.setText("")
+        self.rank_box.setVisible(False)
+        self.document_box.setVisible(False)
+        self.declines.setText("none")
+
+    def _show_vm(self, d: DebugVM) -> None:
         self.title.setText(d.title)
         for key, text in d.rows.items():
             self.values[key].setText(text)
@@ -284,6 +330,11 @@ class DebugPanel(QDockWidget):
         """The server answers again: a cold run that failed while it was away is no news now."""
         if self.values["verify"].text().startswith("failed: "):
             self.values["verify"].setText("–")
+
+    def show_memory(self, report: Optional["MemoryReport"], remote: bool = False) -> None:
+        """The process's memory split (None and `remote`: the memory is the server's)."""
+        self.memory_box.setTitle("Memory (on the server)" if remote else "Memory (this process)")
+        self.process_memory.setText(memory_split_text(report, remote))
 
     def show_stats(self, stats: dict[str, Any]) -> None:
         """The cache store's numbers; attached to a server, each row names what it holds there

@@ -128,6 +128,7 @@ class MainWindow(QMainWindow):
         # Garbage collection on this thread, and a full one only between replies (gc_pacer.py).
         self.gc_pacer = GcPacer(busy=lambda: self.chat.generation.busy, parent=self)
         self.gc_pacer.start()
+        self.settings.restore_memory_budget()  # before the load: the engine's tier starts with it
         self.models.load(model)
         self.models.discover()
 
