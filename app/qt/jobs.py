@@ -11,7 +11,9 @@
 Either way the coroutine resumes on the GUI thread, so code after an `await` may touch widgets,
 and there are no job ids to check: each flow awaits its own future. A generation's events come
 through engine/bridge.py (app/core/generation/model.py); an import's or a download's progress
-crosses threads with superqt's `ensure_main_thread`, throttled by its `qthrottled`. Cancelling is
+crosses threads with `to_gui` (the loop's call_soon_threadsafe, as the bridge does; superqt's
+`ensure_main_thread` moves a QObject from the calling Python thread, which crashed PySide in a
+full run), throttled by superqt's `qthrottled`. Cancelling is
 the job's `CancelToken`; cancelling the asyncio task only stops the coroutine waiting for it.
 
 The loop is the qasync loop that `app.qt.main.ensure_application` installs with the
@@ -58,6 +60,19 @@ def spawn(coro: Coroutine[Any, Any, T]) -> "asyncio.Task[T]":
 def _log_failure(task: "asyncio.Task[Any]") -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("background flow failed", exc_info=task.exception())
+
+
+def to_gui(fn: Callable[..., None]) -> Callable[..., None]:
+    """`fn` made callable from any thread: each call runs on the GUI thread, in order."""
+    loop = gui_loop()
+
+    def call(*args: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    return call
 
 
 async def on_engine(executor: EngineExecutor, fn: Callable[[Engine], T]) -> T:

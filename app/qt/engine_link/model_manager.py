@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from shiboken6 import isValid
-from superqt.utils import ensure_main_thread, qthrottled
+from superqt.utils import qthrottled
 
 from app.core.engine_link.models import discover, entry_name, entry_spec, source_label
 from app.core.conversation.view_models import format_bytes
@@ -65,7 +65,7 @@ class ModelManager(QDialog):
         self.resize(780, 460)
         self.controller = controller
         # The import's or download's progress, called on a worker thread: on this thread, throttled.
-        self._progress = ensure_main_thread(qthrottled(self._on_progress, PROGRESS_MS))
+        self._progress = jobs.to_gui(qthrottled(self._on_progress, PROGRESS_MS))
         self.extra_dirs = list(extra_dirs)
         self.current_spec = current_spec
         self.entries: list[Any] = []
