@@ -278,6 +278,8 @@ def _body(request: GenerationRequest, chat: bool) -> dict[str, Any]:
     }
     if request.stop:
         body["stop"] = list(request.stop)
+    if s.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias}
     c = request.continuation
     messages = request.messages
     if c is not None:  # our Continue: the reply's ids so far (or its text, as the last message)

@@ -489,6 +489,12 @@ MUTATIONS: list[Mutation] = [
         ("tests/serve/test_server_formats.py::test_anthropic_usage_split_stop_reasons_and_the_seed_of_the_server",),
     ),
     Mutation(
+        "a remote engine leaves the sampler's logit_bias out of its request",
+        (("engine/remote.py", '        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias}\n',
+          "        pass\n"),),
+        ("tests/serve/test_remote.py::test_remote_engine_streams_reports_per_rank_verifies_and_sees_the_server_go",),
+    ),
+    Mutation(
         "a Responses chain forgets the files its earlier inputs attached",
         (("engine/serve/formats/responses.py", "    for f in [*(previous.files if previous is not None else ()), *p.files]:\n",
           "    for f in p.files:\n"),),

@@ -5,13 +5,13 @@ connecting to the sub-models' signals."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from app.core import ops
 from app.core.chat import Chat
 from app.core.store import ChatSettings
 from engine.types import SamplerSettings
-from tests.app.chat_helpers import TIMEOUT, close, load, make_chat, wait_for
+from tests.app.chat_helpers import TIMEOUT, close, load, make_chat, settings, wait_for
 
 
 class Log:

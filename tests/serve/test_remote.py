@@ -79,6 +79,10 @@ def test_remote_engine_streams_reports_per_rank_verifies_and_sees_the_server_go(
     after = eng.generate(req)
     assert after.tokens == first.tokens and after.logprobs == first.logprobs
 
+    # The sampler's logit_bias goes to the server: the greedy first token banned, another comes.
+    banned = GenerationRequest(SKY, SamplerSettings(seed=0, max_tokens=4, logit_bias={str(first.tokens[0]): -100}))
+    assert eng.generate(banned).tokens[0] != first.tokens[0]
+
     # The server goes away: a clear error, nothing hangs.
     assert cluster.stop() == [0, 0], cluster.log()
     with pytest.raises(EngineError, match="cannot reach the server"):
