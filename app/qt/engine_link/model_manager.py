@@ -65,7 +65,9 @@ class ModelManager(QDialog):
         self.resize(780, 460)
         self.controller = controller
         # The import's or download's progress, called on a worker thread: on this thread, throttled.
-        self._progress = jobs.to_gui(qthrottled(self._on_progress, PROGRESS_MS))
+        self._throttled = qthrottled(self._on_progress, PROGRESS_MS)
+        self._progress = jobs.to_gui(self._throttled)
+        self._working = False  # an import or a download runs: its progress is shown
         self.extra_dirs = list(extra_dirs)
         self.current_spec = current_spec
         self.entries: list[Any] = []
@@ -279,7 +281,9 @@ class ModelManager(QDialog):
         self.refresh()
 
     def _on_progress(self, fraction: float, message: str) -> None:
-        if not isValid(self):
+        # A step the worker reported before it ended may arrive (queued, or the throttle's
+        # trailing call) after the end was shown: it never writes over it.
+        if not isValid(self) or not self._working:
             return
         self.progress.setValue(int(fraction * 1000))
         busy = self._importing and fraction < 1  # at the end the message says it all (no "(100%)")
@@ -292,6 +296,9 @@ class ModelManager(QDialog):
             self._cancel.cancel()
 
     def _busy(self, on: bool, message: str = "") -> None:
+        if not on:  # the last step the worker reported is shown (its signal sent) before the end
+            self._throttled.flush(restart_timer=False)
+        self._working = on
         self.progress.setVisible(on)
         self.progress.setValue(0)
         self.cancel_button.setVisible(on)
