@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+
+from tests.ast_writes import MUTATORS, assigned, with_classes
 
 ROOT = Path(__file__).resolve().parents[2]
-MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "remove",
-            "add", "discard", "sort", "reverse"}
 # Modules that may hand jobs to the executor directly: the executor itself, the bridge, the
 # server's admitted jobs (engine/serve/generation.py, which engine_routes.py uses too; the bridge's
 # docstring says why) and `serve`'s start-up (it waits for the model to load before any asyncio
@@ -59,17 +59,6 @@ def sub_models(sources: dict[str, str]) -> dict[str, tuple[set[str], set[str]]]:
 
 def _is_self(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id in ("self", "cls")
-
-
-def _with_classes(tree: ast.AST) -> Iterator[tuple[ast.AST, Optional[ast.ClassDef]]]:
-    """Every node, with the class it is written in (None at module level)."""
-    def walk(node: ast.AST, cls: Optional[ast.ClassDef]) -> Iterator[tuple[ast.AST, Optional[ast.ClassDef]]]:
-        yield node, cls
-        inner = node if isinstance(node, ast.ClassDef) else cls
-        for child in ast.iter_child_nodes(node):
-            yield from walk(child, inner)
-
-    yield from walk(tree, None)
 
 
 def _declared_signals(cls: Optional[ast.ClassDef]) -> set[str]:
@@ -114,23 +103,12 @@ def violations(source: str, models: dict[str, tuple[set[str], set[str]]]) -> lis
         return (isinstance(t, ast.Attribute) and t.attr in fields and not _is_self(t.value)
                 and bool(_names(t.value) & through) and not (call and t.attr in sub))
 
-    for node, cls in _with_classes(tree):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        elif isinstance(node, ast.Delete):
-            targets = list(node.targets)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+    for node, cls in with_classes(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
             if outside(node.func.value, call=True):
                 found.append((node.lineno, "writes " + ast.unparse(node)[:80]))
-        while targets:
-            t = targets.pop()
-            if isinstance(t, (ast.Tuple, ast.List)):  # a, x.f = ...
-                targets.extend(t.elts)
-            elif outside(t):
-                found.append((node.lineno, "writes " + ast.unparse(node)[:80]))
+        if any(outside(t) for t in assigned(node)):
+            found.append((node.lineno, "writes " + ast.unparse(node)[:80]))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
                 and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in fields \
                 and not _is_self(node.args[0]):

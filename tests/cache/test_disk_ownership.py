@@ -22,11 +22,10 @@ from engine.cache.disk.tier import DiskCache
 from engine.cache.kinds import SnapshotKind
 from engine.cache.meta import SnapshotMeta
 from engine.cache.snapshot import Snapshot, cache_nbytes, clone_cache, new_snapshot_id
+from tests.ast_writes import MUTATORS, assigned, with_classes
 
 ROOT = Path(__file__).resolve().parents[2]
 DISK = ROOT / "engine/cache/disk"
-MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "remove",
-            "add", "discard"}
 # How the code names each object it may hold -> (the class, the module that defines it). A write
 # to `<name>.field` (or `<expr>.<name>.field`) from anywhere but that class's own methods (`self`)
 # is an outside writer; `counts` is the report's, written only by `Report`.
@@ -105,16 +104,6 @@ def _named(node: ast.expr, inside: bool) -> Optional[str]:
     return chain[-1] if inside or "disk" in chain[:-1] else None
 
 
-def _classes_by_line(tree: ast.Module) -> Iterator[tuple[ast.AST, Optional[str]]]:
-    """Every node with the name of the class whose body it is in (None: module level)."""
-    def walk(node: ast.AST, cls: Optional[str]) -> Iterator[tuple[ast.AST, Optional[str]]]:
-        for child in ast.iter_child_nodes(node):
-            inner = child.name if isinstance(child, ast.ClassDef) else cls
-            yield child, inner
-            yield from walk(child, inner)
-    yield from walk(tree, None)
-
-
 def outside_writers(source: str, module: str, fields: dict[str, set[str]]) -> list[str]:
     """Lines of `source` (the module `module`, a path under engine/cache/disk/ or any other) that
     write a field of an owned object from outside its class, change the index outside its owner,
@@ -122,15 +111,10 @@ def outside_writers(source: str, module: str, fields: dict[str, set[str]]) -> li
     found: list[tuple[int, str]] = []
     inside = module.startswith("engine/cache/disk/")
     name = module.rsplit("/", 1)[-1] if inside else module
-    for node, cls in _classes_by_line(ast.parse(source)):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        elif isinstance(node, ast.Delete):
-            targets = list(node.targets)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+    for node, in_class in with_classes(ast.parse(source)):
+        cls = in_class.name if in_class is not None else None
+        targets = assigned(node)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, holder = node.func.attr, _named(node.func.value, inside)
             if method in MUTATORS and isinstance(node.func.value, ast.Attribute):
                 targets = [node.func.value]  # report.warnings.append(...)
@@ -140,11 +124,7 @@ def outside_writers(source: str, module: str, fields: dict[str, set[str]]) -> li
                 found.append((node.lineno, ast.unparse(node)[:90]))
             if holder in ("queue", "writer") and method in QUEUE_TAKER_SIDE and name != "store.py":
                 found.append((node.lineno, ast.unparse(node)[:90]))
-        while targets:
-            t = targets.pop()
-            if isinstance(t, (ast.Tuple, ast.List)):
-                targets.extend(t.elts)
-                continue
+        for t in targets:
             while isinstance(t, ast.Subscript):
                 t = t.value
             if not isinstance(t, ast.Attribute):
